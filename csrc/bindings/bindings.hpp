@@ -1,0 +1,12 @@
+// One register function per area; module.cpp only calls them.
+#pragma once
+
+#include <pybind11/pybind11.h>
+
+namespace stoker::bindings {
+
+void register_errors(pybind11::module_& m);
+void register_reader(pybind11::module_& m);
+void register_formats(pybind11::module_& m);
+
+}  // namespace stoker::bindings

@@ -1,0 +1,62 @@
+// Index parsers: shard -> columnar numpy arrays of samples and members.
+#include <pybind11/stl.h>
+
+#include "bindings.hpp"
+#include "numpy_util.hpp"
+#include "stoker/format/shard_index.hpp"
+#include "stoker/io/thread_pool.hpp"
+
+namespace py = pybind11;
+
+namespace stoker::bindings {
+
+namespace {
+
+py::dict index_to_dict(format::ShardIndex&& index) {
+  py::dict out;
+  out["format"] = index.format;
+  out["file_size"] = index.file_size;
+  if (index.format == "npy") {
+    const format::NpyHeader& npy = index.npy;
+    out["descr"] = npy.descr;
+    out["fortran_order"] = npy.fortran_order;
+    out["shape"] = py::tuple(py::cast(npy.shape));
+    out["data_offset"] = npy.data_offset;
+    out["itemsize"] = npy.itemsize;
+    out["row_bytes"] = npy.row_bytes;
+    return out;
+  }
+  out["keys"] = py::cast(index.keys);
+  out["field_names"] = py::cast(index.field_names);
+  out["sample_start"] = vector_to_numpy(std::move(index.sample_start));
+  out["member_field"] = vector_to_numpy(std::move(index.member_field));
+  out["member_offset"] = vector_to_numpy(std::move(index.member_offset));
+  out["member_length"] = vector_to_numpy(std::move(index.member_length));
+  out["member_out_length"] = vector_to_numpy(std::move(index.member_out_length));
+  out["member_codec"] = vector_to_numpy(std::move(index.member_codec));
+  out["member_crc"] = vector_to_numpy(std::move(index.member_crc));
+  return out;
+}
+
+}  // namespace
+
+void register_formats(py::module_& m) {
+  m.def(
+      "index_shards",
+      [](const std::vector<std::string>& paths, const std::vector<std::string>& formats,
+         size_t num_threads) {
+        std::vector<format::ShardIndex> indexes;
+        {
+          py::gil_scoped_release release;
+          indexes = format::index_shards(
+              paths, formats, num_threads == 0 ? io::ThreadPool::default_size() : num_threads);
+        }
+        py::list out;
+        for (auto& index : indexes) out.append(index_to_dict(std::move(index)));
+        return out;
+      },
+      py::arg("paths"), py::arg("formats"), py::arg("num_threads") = 0,
+      "Index shards (formats: 'tar', 'zip', 'npy') on a few threads; one dict per shard.");
+}
+
+}  // namespace stoker::bindings

@@ -1,0 +1,9 @@
+#include "bindings.hpp"
+
+PYBIND11_MODULE(_core, m) {
+  m.doc() = "stoker's C++ core: the shard reader and the index parsers";
+  m.attr("__version__") = STOKER_VERSION;
+  stoker::bindings::register_errors(m);
+  stoker::bindings::register_reader(m);
+  stoker::bindings::register_formats(m);
+}

@@ -1,0 +1,224 @@
+// ShardReader, its file tables and its pending reads. Submitting holds the
+// GIL (planning is cheap, and it keeps submits from racing a fork); waiting
+// releases it and checks for Ctrl-C between short slices.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <optional>
+
+#include "bindings.hpp"
+#include "numpy_util.hpp"
+#include "stoker/errors.hpp"
+#include "stoker/io/shard_reader.hpp"
+
+namespace py = pybind11;
+
+namespace stoker::bindings {
+
+namespace {
+
+template <typename T>
+using Column = py::array_t<T, py::array::c_style | py::array::forcecast>;
+template <typename T>
+using OptionalColumn = std::optional<Column<T>>;
+
+constexpr int64_t kWaitSliceMs = 50;
+
+class PyPendingRead {
+ public:
+  PyPendingRead(std::shared_ptr<io::PendingRead> pending, py::object result)
+      : pending_(std::move(pending)), result_(std::move(result)), pid_(getpid()) {}
+
+  ~PyPendingRead() {
+    // The reads write into memory `result_` keeps alive: let them finish
+    // before it can be freed.
+    if (pending_ && getpid() == pid_ && !pending_->done()) {
+      py::gil_scoped_release release;
+      try {
+        pending_->wait(-1);
+      } catch (...) {  // the error belongs to a batch nobody wants any more
+      }
+    }
+  }
+
+  py::object wait(std::optional<double> timeout) {
+    using Clock = std::chrono::steady_clock;
+    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                       std::chrono::duration<double>(timeout.value_or(0.0)));
+    for (;;) {
+      int64_t slice = kWaitSliceMs;
+      if (timeout) {
+        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+        slice = std::clamp<int64_t>(left.count(), 0, kWaitSliceMs);
+      }
+      bool finished;
+      {
+        py::gil_scoped_release release;
+        finished = pending_->wait(slice);
+      }
+      if (finished) return result_;
+      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+      if (timeout && Clock::now() >= deadline) {
+        PyErr_SetString(PyExc_TimeoutError, "the batch is still being read");
+        throw py::error_already_set();
+      }
+    }
+  }
+
+  bool done() const { return pending_->done(); }
+
+ private:
+  std::shared_ptr<io::PendingRead> pending_;
+  py::object result_;  // what wait() returns: the batch buffer
+  pid_t pid_;
+};
+
+std::vector<io::ReadRequest> make_requests(const Column<uint32_t>& file_ids,
+                                           const Column<uint64_t>& offsets,
+                                           const Column<uint64_t>& lengths,
+                                           const Column<uint64_t>& dest_offsets,
+                                           const OptionalColumn<uint64_t>& out_lengths,
+                                           const OptionalColumn<uint8_t>& codecs,
+                                           const OptionalColumn<uint32_t>& crcs,
+                                           const OptionalColumn<bool>& check_crc) {
+  py::ssize_t n = file_ids.size();
+  auto same_length = [n](py::ssize_t size, const char* name) {
+    if (size != n) {
+      throw py::value_error(std::string(name) + " has " + std::to_string(size) +
+                            " entries but file_ids has " + std::to_string(n));
+    }
+  };
+  same_length(offsets.size(), "offsets");
+  same_length(lengths.size(), "lengths");
+  same_length(dest_offsets.size(), "dest_offsets");
+  if (out_lengths) same_length(out_lengths->size(), "out_lengths");
+  if (codecs) same_length(codecs->size(), "codecs");
+  if (crcs) same_length(crcs->size(), "crcs");
+  if (check_crc) same_length(check_crc->size(), "check_crc");
+  if (check_crc && !crcs) throw py::value_error("check_crc needs crcs");
+
+  std::vector<io::ReadRequest> requests(n);
+  const uint32_t* f = file_ids.data();
+  const uint64_t* o = offsets.data();
+  const uint64_t* l = lengths.data();
+  const uint64_t* d = dest_offsets.data();
+  for (py::ssize_t i = 0; i < n; ++i) {
+    io::ReadRequest& r = requests[i];
+    r.file = f[i];
+    r.offset = o[i];
+    r.length = l[i];
+    r.dest_offset = d[i];
+    r.out_length = out_lengths ? out_lengths->data()[i] : l[i];
+    r.codec = codecs ? static_cast<io::Codec>(codecs->data()[i]) : io::Codec::kStored;
+    if (crcs) {
+      r.crc32 = crcs->data()[i];
+      // By default only decoded members are checked: inflating touches every
+      // byte anyway, while stored ones are served as they are on disk.
+      r.check_crc = check_crc ? check_crc->data()[i] : r.codec != io::Codec::kStored;
+    }
+  }
+  return requests;
+}
+
+}  // namespace
+
+void register_reader(py::module_& m) {
+  py::class_<io::FileTable, std::shared_ptr<io::FileTable>>(
+      m, "FileTable", "The files a dataset's read requests refer to by index.")
+      .def(py::init([](std::vector<std::string> paths) {
+             return std::make_shared<io::FileTable>(io::FileTable{std::move(paths)});
+           }),
+           py::arg("paths"))
+      .def("__len__", [](const io::FileTable& t) { return t.paths.size(); })
+      .def("__getitem__",
+           [](const io::FileTable& t, size_t i) {
+             if (i >= t.paths.size()) throw py::index_error();
+             return t.paths[i];
+           })
+      .def_property_readonly("paths", [](const io::FileTable& t) { return t.paths; })
+      .def(py::pickle([](const io::FileTable& t) { return py::make_tuple(t.paths); },
+                      [](py::tuple state) {
+                        return std::make_shared<io::FileTable>(
+                            io::FileTable{state[0].cast<std::vector<std::string>>()});
+                      }));
+
+  py::class_<PyPendingRead>(m, "PendingRead", "A batch being read; wait() returns its buffer.")
+      .def("wait", &PyPendingRead::wait, py::arg("timeout") = py::none(),
+           "Block (GIL released, Ctrl-C honoured) until the batch is read; return its buffer. "
+           "Raises the batch's error, or TimeoutError after `timeout` seconds.")
+      .def("done", &PyPendingRead::done);
+
+  py::class_<io::ShardReader, std::shared_ptr<io::ShardReader>>(
+      m, "ShardReader",
+      "Reads whole batches of (file, offset, length) ranges into one buffer on a thread pool.")
+      .def(py::init<size_t, size_t>(), py::arg("num_threads") = 0,
+           py::arg("max_open_files") = 256)
+      .def_property_readonly("num_threads", &io::ShardReader::num_threads)
+      .def_property_readonly("max_open_files", &io::ShardReader::max_open_files)
+      .def("open_files", &io::ShardReader::open_files)
+      .def(
+          "read",
+          [](io::ShardReader& reader, std::shared_ptr<io::FileTable> files,
+             const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
+             const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets, uint64_t size,
+             const OptionalColumn<uint64_t>& out_lengths, const OptionalColumn<uint8_t>& codecs,
+             const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc) {
+            auto requests = make_requests(file_ids, offsets, lengths, dest_offsets, out_lengths,
+                                          codecs, crcs, check_crc);
+            auto pending = reader.submit(std::move(files), std::move(requests), size);
+            const auto& buffer = pending->buffer();
+            py::object array = bytes_to_numpy(buffer->data(), size, buffer);
+            return PyPendingRead(std::move(pending), std::move(array));
+          },
+          py::arg("files"), py::arg("file_ids"), py::arg("offsets"), py::arg("lengths"),
+          py::arg("dest_offsets"), py::arg("size"), py::arg("out_lengths") = py::none(),
+          py::arg("codecs") = py::none(), py::arg("crcs") = py::none(),
+          py::arg("check_crc") = py::none(),
+          "Read the pieces into a new page-aligned buffer of `size` bytes; piece i lands at "
+          "dest_offsets[i].")
+      .def(
+          "read_into",
+          [](io::ShardReader& reader, py::buffer dest, std::shared_ptr<io::FileTable> files,
+             const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
+             const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets,
+             const OptionalColumn<uint64_t>& out_lengths, const OptionalColumn<uint8_t>& codecs,
+             const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc) {
+            py::buffer_info info = dest.request(true);
+            if (!PyBuffer_IsContiguous(info.view(), 'C')) {
+              throw py::value_error("read_into needs a C-contiguous buffer");
+            }
+            auto requests = make_requests(file_ids, offsets, lengths, dest_offsets, out_lengths,
+                                          codecs, crcs, check_crc);
+            auto pending = reader.submit(std::move(files), std::move(requests),
+                                         static_cast<uint8_t*>(info.ptr),
+                                         static_cast<uint64_t>(info.size * info.itemsize));
+            return PyPendingRead(std::move(pending), dest);
+          },
+          py::arg("dest"), py::arg("files"), py::arg("file_ids"), py::arg("offsets"),
+          py::arg("lengths"), py::arg("dest_offsets"), py::arg("out_lengths") = py::none(),
+          py::arg("codecs") = py::none(), py::arg("crcs") = py::none(),
+          py::arg("check_crc") = py::none(),
+          "Read the pieces into `dest` (a writable C-contiguous buffer kept alive until done). "
+          "If the read fails, `dest` may hold some of the pieces.");
+
+  m.def(
+      "bench_pread",
+      [](const io::FileTable& files, const Column<uint32_t>& file_ids,
+         const Column<uint64_t>& offsets, const Column<uint64_t>& lengths, size_t num_threads) {
+        Column<uint64_t> dest(offsets.size());
+        std::fill_n(dest.mutable_data(), dest.size(), 0);
+        auto requests = make_requests(file_ids, offsets, lengths, dest, std::nullopt,
+                                      std::nullopt, std::nullopt, std::nullopt);
+        py::gil_scoped_release release;
+        return io::bench_pread(files, requests, num_threads);
+      },
+      py::arg("files"), py::arg("file_ids"), py::arg("offsets"), py::arg("lengths"),
+      py::arg("num_threads") = 0,
+      "Benchmarks only: the same reads as bare preads on num_threads threads, no batching. "
+      "Returns seconds.");
+  m.def("default_num_threads", &io::ThreadPool::default_size);
+}
+
+}  // namespace stoker::bindings

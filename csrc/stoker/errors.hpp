@@ -1,0 +1,46 @@
+// The error kinds the core raises. The bindings map each onto a Python type
+// (StokerError, ShardFormatError, ReadError); every one carries the file and
+// the byte offset it is about, so a user can find the bad bytes.
+#pragma once
+
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+
+namespace stoker {
+
+class Error : public std::runtime_error {
+ public:
+  Error(std::string path, uint64_t offset, const std::string& what)
+      : std::runtime_error(path + ": offset " + std::to_string(offset) + ": " + what),
+        path_(std::move(path)),
+        offset_(offset) {}
+  // For errors that are about no file in particular (bad arguments, misuse).
+  explicit Error(const std::string& what) : std::runtime_error(what), offset_(0) {}
+
+  const std::string& path() const { return path_; }
+  uint64_t offset() const { return offset_; }
+
+ private:
+  std::string path_;
+  uint64_t offset_;
+};
+
+// The bytes of a shard are not what its format (or its index) says.
+class FormatError : public Error {
+ public:
+  using Error::Error;
+};
+
+// The operating system refused: a missing file, EIO, a permission problem.
+class ReadError : public Error {
+ public:
+  ReadError(std::string path, uint64_t offset, int err, const std::string& what)
+      : Error(std::move(path), offset, what), errno_(err) {}
+  int error_number() const { return errno_; }
+
+ private:
+  int errno_;
+};
+
+}  // namespace stoker

@@ -1,0 +1,222 @@
+// .npy files (format versions 1, 2 and 3): each row along the first axis is
+// one sample.
+#include <cstring>
+#include <string>
+
+#include "stoker/errors.hpp"
+#include "stoker/format/bytes.hpp"
+#include "stoker/format/shard_index.hpp"
+#include "stoker/format/window_reader.hpp"
+
+namespace stoker::format {
+
+namespace {
+
+// The header is a Python dict literal; this reads just the subset numpy
+// writes: string, bool and integer-tuple values.
+class HeaderParser {
+ public:
+  HeaderParser(const std::string& text, const std::string& path, uint64_t base)
+      : s_(text), path_(path), base_(base) {}
+
+  NpyHeader parse() {
+    NpyHeader header;
+    bool has_descr = false, has_order = false, has_shape = false;
+    expect('{');
+    for (;;) {
+      skip_space();
+      if (peek() == '}') break;
+      std::string key = string_value();
+      expect(':');
+      skip_space();
+      if (key == "descr") {
+        if (peek() == '[') fail("structured dtypes are not supported");
+        header.descr = string_value();
+        has_descr = true;
+      } else if (key == "fortran_order") {
+        header.fortran_order = bool_value();
+        has_order = true;
+      } else if (key == "shape") {
+        header.shape = shape_value();
+        has_shape = true;
+      } else {
+        fail("unexpected key '" + key + "'");
+      }
+      skip_space();
+      if (peek() == ',') {
+        ++at_;
+        continue;
+      }
+      if (peek() != '}') fail("expected ',' or '}'");
+    }
+    if (!has_descr || !has_order || !has_shape) {
+      fail("header lacks one of 'descr', 'fortran_order', 'shape'");
+    }
+    return header;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) {
+    throw FormatError(path_, base_ + at_, "bad .npy header: " + why);
+  }
+  char peek() { return at_ < s_.size() ? s_[at_] : '\0'; }
+  void skip_space() {
+    while (at_ < s_.size() && (s_[at_] == ' ' || s_[at_] == '\t' || s_[at_] == '\n')) ++at_;
+  }
+  void expect(char c) {
+    skip_space();
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++at_;
+  }
+  std::string string_value() {
+    skip_space();
+    char quote = peek();
+    if (quote != '\'' && quote != '"') fail("expected a string");
+    size_t end = s_.find(quote, at_ + 1);
+    if (end == std::string::npos) fail("unterminated string");
+    std::string value = s_.substr(at_ + 1, end - at_ - 1);
+    at_ = end + 1;
+    return value;
+  }
+  bool bool_value() {
+    if (s_.compare(at_, 4, "True") == 0) {
+      at_ += 4;
+      return true;
+    }
+    if (s_.compare(at_, 5, "False") == 0) {
+      at_ += 5;
+      return false;
+    }
+    fail("expected True or False");
+  }
+  std::vector<uint64_t> shape_value() {
+    expect('(');
+    std::vector<uint64_t> shape;
+    for (;;) {
+      skip_space();
+      if (peek() == ')') break;
+      if (peek() < '0' || peek() > '9') fail("shape must be a tuple of non-negative integers");
+      uint64_t n = 0;
+      while (peek() >= '0' && peek() <= '9') {
+        if (n > (UINT64_MAX - 9) / 10) fail("dimension too large");
+        n = n * 10 + (s_[at_++] - '0');
+      }
+      if (peek() == 'L') ++at_;  // written by Python 2
+      shape.push_back(n);
+      skip_space();
+      if (peek() == ',') {
+        ++at_;
+        continue;
+      }
+      if (peek() != ')') fail("expected ',' or ')' in shape");
+    }
+    ++at_;
+    return shape;
+  }
+
+  const std::string& s_;
+  const std::string& path_;
+  uint64_t base_;
+  size_t at_ = 0;
+};
+
+// Bytes per element of a simple numpy dtype string ("<f4", "|b1", "<U10",
+// "<M8[ns]"); 0 for anything stoker does not read (objects, structs).
+uint64_t itemsize_of(const std::string& descr) {
+  size_t i = 0;
+  if (i < descr.size() && std::strchr("<>|=", descr[i])) ++i;
+  if (i >= descr.size()) return 0;
+  char kind = descr[i++];
+  if (!std::strchr("biufcSUVmM", kind)) return 0;
+  uint64_t n = 0;
+  size_t digits = 0;
+  while (i < descr.size() && descr[i] >= '0' && descr[i] <= '9') {
+    if (++digits > 12) return 0;
+    n = n * 10 + (descr[i++] - '0');
+  }
+  if (digits == 0) return 0;
+  if ((kind == 'm' || kind == 'M') && i < descr.size() && descr[i] == '[') {
+    i = descr.find(']', i);
+    if (i == std::string::npos) return 0;
+    ++i;
+  }
+  if (i != descr.size()) return 0;
+  return kind == 'U' ? n * 4 : n;
+}
+
+bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) {
+  if (a != 0 && b > UINT64_MAX / a) return true;
+  out = a * b;
+  return false;
+}
+
+}  // namespace
+
+ShardIndex index_npy(const std::string& path) {
+  WindowReader in(path);
+  ShardIndex index;
+  index.format = "npy";
+  index.file_size = in.size();
+
+  const uint8_t* pre = in.at(0, 10, ".npy preamble");
+  if (std::memcmp(pre, "\x93NUMPY", 6) != 0) {
+    throw FormatError(path, 0, "bad magic: not a .npy file");
+  }
+  uint8_t major = pre[6], minor = pre[7];
+  uint64_t header_length, header_start;
+  if (major == 1) {
+    header_length = le16(pre + 8);
+    header_start = 10;
+  } else if (major == 2 || major == 3) {
+    header_length = le32(in.at(8, 4, ".npy header length"));
+    header_start = 12;
+  } else {
+    throw FormatError(path, 6,
+                      "unsupported .npy format version " + std::to_string(major) + "." +
+                          std::to_string(minor));
+  }
+  const uint8_t* text = in.at(header_start, header_length, ".npy header");
+  std::string header_text(reinterpret_cast<const char*>(text), header_length);
+  NpyHeader header = HeaderParser(header_text, path, header_start).parse();
+  header.data_offset = header_start + header_length;
+  header.itemsize = itemsize_of(header.descr);
+  if (header.itemsize == 0) {
+    throw FormatError(path, header_start,
+                      "dtype '" + header.descr + "' is not supported (numeric, bool, bytes, "
+                      "unicode, datetime; not object or structured)");
+  }
+  if (header.shape.empty()) {
+    throw FormatError(path, header_start, "a 0-d array has no rows to use as samples");
+  }
+  uint64_t row_elements = 1;
+  int long_axes = 0;
+  for (size_t d = 0; d < header.shape.size(); ++d) {
+    if (header.shape[d] > 1) ++long_axes;
+    if (d > 0 && mul_overflows(row_elements, header.shape[d], row_elements)) {
+      throw FormatError(path, header_start, "shape overflows");
+    }
+  }
+  // In Fortran order a row is strided through the whole file; it is only
+  // contiguous (and the same bytes as C order) when at most one axis is long.
+  if (header.fortran_order && long_axes > 1) {
+    throw FormatError(path, header_start,
+                      "Fortran-ordered array: its rows are not contiguous on disk, so they "
+                      "cannot be read as samples. Re-save it with "
+                      "numpy.save(path, numpy.ascontiguousarray(a))");
+  }
+  uint64_t data_bytes;
+  if (mul_overflows(row_elements, header.itemsize, header.row_bytes) ||
+      mul_overflows(header.row_bytes, header.shape[0], data_bytes)) {
+    throw FormatError(path, header_start, "shape overflows");
+  }
+  if (data_bytes > in.size() - header.data_offset) {
+    throw FormatError(path, header.data_offset,
+                      "truncated: the header declares " + std::to_string(data_bytes) +
+                          " bytes of data but the file holds " +
+                          std::to_string(in.size() - header.data_offset));
+  }
+  index.npy = std::move(header);
+  return index;
+}
+
+}  // namespace stoker::format

@@ -1,0 +1,77 @@
+// What an index parser learns from a shard: its samples, each a key and some
+// fields, each field a byte range (possibly compressed). Columnar, so Python
+// turns it into numpy arrays without a loop per member.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "stoker/io/shard_reader.hpp"
+
+namespace stoker::format {
+
+struct NpyHeader {
+  std::string descr;           // numpy dtype string, e.g. "<f4"
+  bool fortran_order = false;  // refused for arrays with more than one axis of size > 1
+  std::vector<uint64_t> shape;
+  uint64_t data_offset = 0;
+  uint64_t itemsize = 0;
+  uint64_t row_bytes = 0;  // bytes of one sample: one index along the first axis
+};
+
+struct ShardIndex {
+  std::string format;  // "tar", "zip" or "npy"
+  uint64_t file_size = 0;
+
+  // tar and zip. sample_start has one entry per sample plus one.
+  std::vector<std::string> keys;
+  std::vector<uint32_t> sample_start{0};
+  std::vector<std::string> field_names;
+  std::vector<uint16_t> member_field;
+  std::vector<uint64_t> member_offset;
+  std::vector<uint64_t> member_length;      // bytes on disk
+  std::vector<uint64_t> member_out_length;  // bytes once decoded
+  std::vector<uint8_t> member_codec;        // io::Codec
+  std::vector<uint32_t> member_crc;         // zip's CRC-32; checked for compressed members
+
+  // npy: the rows are the samples.
+  NpyHeader npy;
+};
+
+// Groups members into samples by the WebDataset rule: the key is the member's
+// path up to the first dot of its base name, the field is the rest. Members
+// with the same key that follow each other form one sample.
+class SampleBuilder {
+ public:
+  SampleBuilder(ShardIndex& index, const std::string& path) : index_(index), path_(path) {}
+
+  // `header_offset` is where the member's header is, for error messages.
+  void add(const std::string& name, uint64_t header_offset, uint64_t offset, uint64_t length,
+           uint64_t out_length, io::Codec codec, uint32_t crc);
+  void finish();
+
+ private:
+  uint16_t field_id(const std::string& field, uint64_t header_offset);
+
+  ShardIndex& index_;
+  const std::string& path_;
+  std::unordered_map<std::string, uint16_t> field_ids_;
+  std::vector<uint16_t> fields_in_sample_;
+};
+
+// Each parser reads only headers, never the members' bytes, and throws
+// FormatError (file and offset) on anything it cannot trust.
+ShardIndex index_tar(const std::string& path);
+ShardIndex index_zip(const std::string& path);
+ShardIndex index_npy(const std::string& path);
+// format: "tar", "zip" or "npy".
+ShardIndex index_shard(const std::string& path, const std::string& format);
+
+// Index many shards on `num_threads` threads; results in input order. The
+// first failing shard (in input order) is the error thrown.
+std::vector<ShardIndex> index_shards(const std::vector<std::string>& paths,
+                                     const std::vector<std::string>& formats, size_t num_threads);
+
+}  // namespace stoker::format

@@ -1,0 +1,30 @@
+#include "stoker/format/window_reader.hpp"
+
+#include <algorithm>
+
+#include "stoker/errors.hpp"
+
+namespace stoker::format {
+
+WindowReader::WindowReader(const std::string& path, uint64_t window)
+    : path_(path), fd_(io::open_for_read(path)), size_(io::file_size(fd_.get(), path)),
+      window_(window) {}
+
+const uint8_t* WindowReader::at(uint64_t offset, uint64_t length, const char* what) {
+  if (offset > size_ || length > size_ - offset) {
+    throw FormatError(path_, offset,
+                      std::string("truncated: ") + what + " needs " + std::to_string(length) +
+                          " bytes but the file ends at " + std::to_string(size_));
+  }
+  if (offset >= buffer_start_ && offset + length <= buffer_start_ + buffer_length_) {
+    return buffer_.data() + (offset - buffer_start_);
+  }
+  uint64_t want = std::min(std::max(length, window_), size_ - offset);
+  if (buffer_.size() < want) buffer_.resize(want);
+  io::pread_exact(fd_.get(), path_, buffer_.data(), want, offset);
+  buffer_start_ = offset;
+  buffer_length_ = want;
+  return buffer_.data();
+}
+
+}  // namespace stoker::format

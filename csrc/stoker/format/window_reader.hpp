@@ -1,0 +1,34 @@
+// Sequential-ish access to a shard's headers through a read-ahead window, so
+// walking a tar of small members costs one pread per window, not per header.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "stoker/io/posix_file.hpp"
+
+namespace stoker::format {
+
+class WindowReader {
+ public:
+  explicit WindowReader(const std::string& path, uint64_t window = 64 * 1024);
+
+  uint64_t size() const { return size_; }
+  const std::string& path() const { return path_; }
+  // Pointer to bytes [offset, offset + length), valid until the next call.
+  // Throws FormatError if the file ends before offset + length; `what` says
+  // what was being read there.
+  const uint8_t* at(uint64_t offset, uint64_t length, const char* what);
+
+ private:
+  std::string path_;
+  io::FileDescriptor fd_;
+  uint64_t size_;
+  uint64_t window_;
+  std::vector<uint8_t> buffer_;
+  uint64_t buffer_start_ = 0;
+  uint64_t buffer_length_ = 0;
+};
+
+}  // namespace stoker::format

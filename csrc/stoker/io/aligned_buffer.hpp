@@ -1,0 +1,34 @@
+// Page-aligned host memory: batch buffers and (later) ring slots. Page
+// alignment lets any dtype be viewed in place and lets CUDA pin the pages.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <new>
+
+namespace stoker::io {
+
+class AlignedBuffer {
+ public:
+  static constexpr size_t kAlignment = 4096;
+
+  explicit AlignedBuffer(size_t size) : size_(size) {
+    size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+    data_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded));
+    if (data_ == nullptr) throw std::bad_alloc();
+  }
+  ~AlignedBuffer() { std::free(data_); }
+  AlignedBuffer(const AlignedBuffer&) = delete;
+  AlignedBuffer& operator=(const AlignedBuffer&) = delete;
+
+  uint8_t* data() { return data_; }
+  const uint8_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ private:
+  uint8_t* data_;
+  size_t size_;
+};
+
+}  // namespace stoker::io

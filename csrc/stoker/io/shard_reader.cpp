@@ -1,0 +1,299 @@
+#include "stoker/io/shard_reader.hpp"
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <thread>
+
+#include "stoker/errors.hpp"
+#include "stoker/io/inflate.hpp"
+
+namespace stoker::io {
+
+namespace {
+
+// Two ranges of one file closer than this are read with one pread: below a
+// few pages, reading the gap costs less than a second system call.
+constexpr uint64_t kMaxGap = 8 * 1024;
+// ...but a merged read stays small enough to sit in a thread's scratch buffer.
+constexpr uint64_t kMaxRun = 1024 * 1024;
+// Work per task: big enough to amortise a queue hand-off, small enough that
+// a batch spreads over every thread.
+constexpr uint64_t kMinTaskBytes = 64 * 1024;
+// A thread's scratch buffer is given back when a read needed more than this.
+constexpr size_t kScratchKeep = 8 * 1024 * 1024;
+
+// A run: pieces that are read from one span of one file with one pread.
+struct Run {
+  uint32_t file;
+  uint64_t start;
+  uint64_t end;
+  uint32_t first;  // into the plan's order[]
+  uint32_t count;
+};
+
+struct Plan {
+  std::shared_ptr<const FileTable> files;
+  std::vector<ReadRequest> requests;
+  std::vector<uint32_t> order;  // requests sorted by (file, offset)
+  std::vector<Run> runs;
+  uint8_t* dest;
+};
+
+void plan_runs(Plan& plan) {
+  const auto& req = plan.requests;
+  plan.order.resize(req.size());
+  for (uint32_t i = 0; i < req.size(); ++i) plan.order[i] = i;
+  std::sort(plan.order.begin(), plan.order.end(), [&](uint32_t a, uint32_t b) {
+    return req[a].file != req[b].file ? req[a].file < req[b].file : req[a].offset < req[b].offset;
+  });
+  for (uint32_t k = 0; k < plan.order.size(); ++k) {
+    const ReadRequest& r = req[plan.order[k]];
+    uint64_t end = r.offset + r.length;
+    if (!plan.runs.empty()) {
+      Run& run = plan.runs.back();
+      uint64_t new_end = std::max(run.end, end);
+      if (run.file == r.file && r.offset <= run.end + kMaxGap && new_end - run.start <= kMaxRun) {
+        run.end = new_end;
+        ++run.count;
+        continue;
+      }
+    }
+    plan.runs.push_back(Run{r.file, r.offset, end, k, 1});
+  }
+}
+
+// True when a run's pieces lie back to back both in the file and in the
+// destination, so the whole span can be read straight into place.
+bool reads_in_place(const Plan& plan, const Run& run) {
+  uint64_t file_at = run.start;
+  uint64_t dest_at = plan.requests[plan.order[run.first]].dest_offset;
+  for (uint32_t k = run.first; k < run.first + run.count; ++k) {
+    const ReadRequest& r = plan.requests[plan.order[k]];
+    if (r.codec != Codec::kStored || r.offset != file_at || r.dest_offset != dest_at) return false;
+    file_at += r.length;
+    dest_at += r.length;
+  }
+  return file_at == run.end;
+}
+
+void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
+                  const std::string& path) {
+  if (r.codec == Codec::kStored) {
+    std::memcpy(dest, src, r.length);
+  } else {
+    inflate_exact(src, r.length, dest, r.out_length, path, r.offset);
+  }
+  if (r.check_crc) {
+    uint32_t got = crc32_of(dest, r.out_length);
+    if (got != r.crc32) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "CRC-32 mismatch: expected %08x, got %08x", r.crc32, got);
+      throw FormatError(path, r.offset, buf);
+    }
+  }
+}
+
+void execute_run(const Plan& plan, const Run& run, FileCache& cache, std::vector<uint8_t>& scratch) {
+  const std::string& path = plan.files->paths[run.file];
+  auto fd = cache.get(path);
+  if (reads_in_place(plan, run)) {
+    const ReadRequest& first = plan.requests[plan.order[run.first]];
+    pread_exact(fd->get(), path, plan.dest + first.dest_offset, run.end - run.start, run.start);
+    return;
+  }
+  uint64_t span = run.end - run.start;
+  if (scratch.size() < span) scratch.resize(span);
+  pread_exact(fd->get(), path, scratch.data(), span, run.start);
+  for (uint32_t k = run.first; k < run.first + run.count; ++k) {
+    const ReadRequest& r = plan.requests[plan.order[k]];
+    decode_piece(r, scratch.data() + (r.offset - run.start), plan.dest + r.dest_offset, path);
+  }
+  if (scratch.size() > kScratchKeep) std::vector<uint8_t>().swap(scratch);
+}
+
+void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
+              uint64_t dest_size) {
+  for (const ReadRequest& r : requests) {
+    if (r.file >= files.paths.size()) {
+      throw Error("read request names file " + std::to_string(r.file) + " but the table has " +
+                  std::to_string(files.paths.size()));
+    }
+    const std::string& path = files.paths[r.file];
+    if (r.codec == Codec::kStored && r.out_length != r.length) {
+      throw Error(path, r.offset, "stored piece has length " + std::to_string(r.length) +
+                                      " but output length " + std::to_string(r.out_length));
+    }
+    if (r.codec != Codec::kStored && r.codec != Codec::kDeflate) {
+      throw Error(path, r.offset, "unknown codec " + std::to_string(int(r.codec)));
+    }
+    if (r.dest_offset > dest_size || r.out_length > dest_size - r.dest_offset) {
+      throw Error(path, r.offset, "piece of " + std::to_string(r.out_length) +
+                                      " bytes at buffer offset " + std::to_string(r.dest_offset) +
+                                      " does not fit a buffer of " + std::to_string(dest_size));
+    }
+    if (r.offset + r.length < r.offset) throw Error(path, r.offset, "range overflows");
+  }
+}
+
+}  // namespace
+
+bool PendingRead::wait(int64_t timeout_ms) {
+  if (getpid() != owner_) {
+    throw Error(
+        "this batch was submitted by the parent process before a fork; its reads are not "
+        "running here. Submit it again in this process.");
+  }
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto complete = [this] { return remaining_.load(std::memory_order_acquire) == 0; };
+  if (timeout_ms < 0) {
+    finished_.wait(lock, complete);
+  } else if (!finished_.wait_for(lock, std::chrono::milliseconds(timeout_ms), complete)) {
+    return false;
+  }
+  if (error_) std::rethrow_exception(error_);
+  return true;
+}
+
+void PendingRead::fail(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_) error_ = std::move(error);
+  failed_.store(true, std::memory_order_relaxed);
+}
+
+void PendingRead::finish_task() {
+  // Take the lock so a waiter cannot miss the wake-up between its check and
+  // its sleep.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) finished_.notify_all();
+}
+
+struct ShardReader::Engine {
+  Engine(size_t threads, size_t open_files) : pool(threads), files(open_files) {}
+  ThreadPool pool;
+  FileCache files;
+};
+
+ShardReader::ShardReader(size_t num_threads, size_t max_open_files)
+    : num_threads_(num_threads == 0 ? ThreadPool::default_size() : num_threads),
+      max_open_files_(max_open_files == 0 ? 1 : max_open_files),
+      pid_(getpid()),
+      engine_(std::make_unique<Engine>(num_threads_, max_open_files_)) {}
+
+ShardReader::~ShardReader() {
+  // In a forked child the engine's threads do not exist and its locks may be
+  // held by them: joining would hang, so the parent's engine is leaked.
+  if (getpid() != pid_) engine_.release();
+}
+
+ShardReader::Engine& ShardReader::engine() {
+  pid_t now = getpid();
+  if (now != pid_) {
+    engine_.release();  // see the destructor
+    engine_ = std::make_unique<Engine>(num_threads_, max_open_files_);
+    pid_ = now;
+  }
+  return *engine_;
+}
+
+size_t ShardReader::open_files() { return engine().files.size(); }
+
+std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
+                                                 std::vector<ReadRequest> requests, uint8_t* dest,
+                                                 uint64_t dest_size) {
+  return submit_into(std::move(files), std::move(requests), dest, dest_size, nullptr);
+}
+
+std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
+                                                 std::vector<ReadRequest> requests,
+                                                 uint64_t dest_size) {
+  auto buffer = std::make_shared<AlignedBuffer>(dest_size);
+  uint8_t* dest = buffer->data();
+  return submit_into(std::move(files), std::move(requests), dest, dest_size, std::move(buffer));
+}
+
+std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const FileTable> files,
+                                                      std::vector<ReadRequest> requests,
+                                                      uint8_t* dest, uint64_t dest_size,
+                                                      std::shared_ptr<AlignedBuffer> buffer) {
+  validate(*files, requests, dest_size);
+  Engine& eng = engine();
+  auto plan = std::make_shared<Plan>();
+  plan->files = std::move(files);
+  plan->requests = std::move(requests);
+  plan->dest = dest;
+  plan_runs(*plan);
+
+  // Cut the runs into tasks of roughly equal bytes.
+  uint64_t total = 0;
+  for (const Run& run : plan->runs) total += run.end - run.start;
+  uint64_t target = std::max<uint64_t>(total / (2 * num_threads_) + 1, kMinTaskBytes);
+  std::vector<std::pair<size_t, size_t>> tasks;  // [begin, end) in runs
+  size_t begin = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < plan->runs.size(); ++i) {
+    bytes += plan->runs[i].end - plan->runs[i].start;
+    if (bytes >= target) {
+      tasks.emplace_back(begin, i + 1);
+      begin = i + 1;
+      bytes = 0;
+    }
+  }
+  if (begin < plan->runs.size()) tasks.emplace_back(begin, plan->runs.size());
+
+  auto pending = std::make_shared<PendingRead>(pid_, tasks.size(), std::move(buffer));
+  FileCache* cache = &eng.files;
+  for (auto [first, last] : tasks) {
+    eng.pool.submit([plan, pending, cache, first = first, last = last] {
+      thread_local std::vector<uint8_t> scratch;
+      try {
+        for (size_t i = first; i < last && !pending->failed(); ++i) {
+          execute_run(*plan, plan->runs[i], *cache, scratch);
+        }
+      } catch (...) {
+        pending->fail(std::current_exception());
+      }
+      pending->finish_task();
+    });
+  }
+  return pending;
+}
+
+double bench_pread(const FileTable& files, const std::vector<ReadRequest>& requests,
+                   size_t num_threads) {
+  validate(files, requests, UINT64_MAX);
+  if (num_threads == 0) num_threads = ThreadPool::default_size();
+  std::vector<FileDescriptor> fds;
+  fds.reserve(files.paths.size());
+  for (const auto& path : files.paths) fds.push_back(open_for_read(path));
+  uint64_t biggest = 0;
+  for (const auto& r : requests) biggest = std::max(biggest, r.length);
+
+  std::vector<std::exception_ptr> errors(num_threads);
+  auto start = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < num_threads; ++t) {
+    threads.emplace_back([&, t] {
+      std::vector<uint8_t> buffer(biggest);
+      try {
+        for (size_t i = t; i < requests.size(); i += num_threads) {
+          const ReadRequest& r = requests[i];
+          pread_exact(fds[r.file].get(), files.paths[r.file], buffer.data(), r.length, r.offset);
+        }
+      } catch (...) {
+        errors[t] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::chrono::duration<double> elapsed = std::chrono::steady_clock::now() - start;
+  for (auto& error : errors) {
+    if (error) std::rethrow_exception(error);
+  }
+  return elapsed.count();
+}
+
+}  // namespace stoker::io

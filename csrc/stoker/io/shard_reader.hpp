@@ -1,0 +1,115 @@
+// ShardReader: reads a whole batch of byte ranges, from any number of files,
+// into one caller-visible buffer using a pool of threads. Each batch is
+// planned once (sorted, neighbouring ranges merged into one pread) and then
+// split into a few tasks, so the per-sample cost is a few integer operations.
+#pragma once
+
+#include <sys/types.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "stoker/io/aligned_buffer.hpp"
+#include "stoker/io/file_cache.hpp"
+#include "stoker/io/thread_pool.hpp"
+
+namespace stoker::io {
+
+enum class Codec : uint8_t {
+  kStored = 0,   // bytes are used as they are on disk
+  kDeflate = 1,  // raw deflate (zip method 8), inflated into the destination
+};
+
+// The files a dataset's requests refer to by index. Built once per dataset and
+// shared with every batch, so a request is three integers, not a path.
+struct FileTable {
+  std::vector<std::string> paths;
+};
+
+struct ReadRequest {
+  uint32_t file = 0;         // index into the FileTable
+  uint64_t offset = 0;       // where the bytes start in the file
+  uint64_t length = 0;       // bytes on disk
+  uint64_t dest_offset = 0;  // where the decoded bytes go in the batch buffer
+  uint64_t out_length = 0;   // decoded size (== length for stored bytes)
+  Codec codec = Codec::kStored;
+  bool check_crc = false;  // compare the decoded bytes' CRC-32 with `crc32`
+  uint32_t crc32 = 0;
+};
+
+// One batch in flight. Waiting rethrows the first error any piece hit; the
+// buffer is only handed out when every piece succeeded.
+class PendingRead {
+ public:
+  PendingRead(pid_t owner, size_t tasks, std::shared_ptr<AlignedBuffer> buffer)
+      : owner_(owner), remaining_(tasks), buffer_(std::move(buffer)) {}
+
+  // Waits up to `timeout_ms` (negative: forever). True when the batch is
+  // complete; throws the batch's error if it failed.
+  bool wait(int64_t timeout_ms);
+  bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
+  // The buffer the batch was read into, when the reader allocated it.
+  const std::shared_ptr<AlignedBuffer>& buffer() const { return buffer_; }
+
+  // Called by the reader's tasks.
+  bool failed() const { return failed_.load(std::memory_order_relaxed); }
+  void fail(std::exception_ptr error);
+  void finish_task();
+
+ private:
+  pid_t owner_;
+  std::atomic<size_t> remaining_;
+  std::atomic<bool> failed_{false};
+  std::shared_ptr<AlignedBuffer> buffer_;
+  std::mutex mutex_;
+  std::condition_variable finished_;
+  std::exception_ptr error_;
+};
+
+class ShardReader {
+ public:
+  // num_threads 0: ThreadPool::default_size(). max_open_files bounds the
+  // descriptors kept open between batches.
+  explicit ShardReader(size_t num_threads = 0, size_t max_open_files = 256);
+  ~ShardReader();
+
+  // Reads `requests` into `dest` (which must stay valid until the returned
+  // read is done). Must not run concurrently with fork().
+  std::shared_ptr<PendingRead> submit(std::shared_ptr<const FileTable> files,
+                                      std::vector<ReadRequest> requests, uint8_t* dest,
+                                      uint64_t dest_size);
+  // As above, into a fresh page-aligned buffer of `dest_size` bytes.
+  std::shared_ptr<PendingRead> submit(std::shared_ptr<const FileTable> files,
+                                      std::vector<ReadRequest> requests, uint64_t dest_size);
+
+  size_t num_threads() const { return num_threads_; }
+  size_t max_open_files() const { return max_open_files_; }
+  size_t open_files();
+
+ private:
+  struct Engine;
+  std::shared_ptr<PendingRead> submit_into(std::shared_ptr<const FileTable> files,
+                                           std::vector<ReadRequest> requests, uint8_t* dest,
+                                           uint64_t dest_size,
+                                           std::shared_ptr<AlignedBuffer> buffer);
+  Engine& engine();
+
+  size_t num_threads_;
+  size_t max_open_files_;
+  pid_t pid_;
+  std::unique_ptr<Engine> engine_;
+};
+
+// The ceiling the reader is measured against: the same reads as bare preads on
+// `num_threads` threads, each into its own buffer, with no batching at all.
+// Returns the seconds the reads took (files are opened before timing starts).
+double bench_pread(const FileTable& files, const std::vector<ReadRequest>& requests,
+                   size_t num_threads);
+
+}  // namespace stoker::io

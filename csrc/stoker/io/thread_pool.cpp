@@ -1,0 +1,50 @@
+#include "stoker/io/thread_pool.hpp"
+
+#include <algorithm>
+
+namespace stoker::io {
+
+ThreadPool::ThreadPool(size_t num_threads)
+    : num_threads_(num_threads == 0 ? default_size() : num_threads) {}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stopping_ = true;
+  }
+  wake_.notify_all();
+  for (auto& worker : workers_) worker.join();
+}
+
+size_t ThreadPool::default_size() {
+  size_t cores = std::thread::hardware_concurrency();
+  return std::clamp<size_t>(cores, 2, 64);
+}
+
+void ThreadPool::submit(std::function<void()> task) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (workers_.empty()) {
+      workers_.reserve(num_threads_);
+      for (size_t i = 0; i < num_threads_; ++i) workers_.emplace_back([this] { worker_loop(); });
+    }
+    queue_.push_back(std::move(task));
+  }
+  wake_.notify_one();
+}
+
+void ThreadPool::worker_loop() {
+  for (;;) {
+    std::function<void()> task;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
+      if (queue_.empty()) return;  // stopping, and nothing left to do
+      task = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    task();  // tasks catch their own errors; see ShardReader
+  }
+}
+
+}  // namespace stoker::io
