@@ -1,9 +1,10 @@
 // The exception hierarchy of stoker's contract. Types are made here, with
 // Python's own bases (ValueError, OSError), so C++ errors arrive as them.
+#include "stoker/errors.hpp"
+
 #include <string>
 
 #include "bindings.hpp"
-#include "stoker/errors.hpp"
 
 namespace py = pybind11;
 

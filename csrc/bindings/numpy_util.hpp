@@ -20,8 +20,7 @@ pybind11::array_t<T> vector_to_numpy(std::vector<T>&& values) {
 template <typename Owner>
 pybind11::array_t<uint8_t> bytes_to_numpy(uint8_t* data, size_t size, std::shared_ptr<Owner> keep) {
   auto* holder = new std::shared_ptr<Owner>(std::move(keep));
-  pybind11::capsule owner(holder,
-                          [](void* p) { delete static_cast<std::shared_ptr<Owner>*>(p); });
+  pybind11::capsule owner(holder, [](void* p) { delete static_cast<std::shared_ptr<Owner>*>(p); });
   return pybind11::array_t<uint8_t>({size}, {size_t{1}}, data, owner);
 }
 

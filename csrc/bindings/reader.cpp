@@ -75,14 +75,11 @@ class PyPendingRead {
   pid_t pid_;
 };
 
-std::vector<io::ReadRequest> make_requests(const Column<uint32_t>& file_ids,
-                                           const Column<uint64_t>& offsets,
-                                           const Column<uint64_t>& lengths,
-                                           const Column<uint64_t>& dest_offsets,
-                                           const OptionalColumn<uint64_t>& out_lengths,
-                                           const OptionalColumn<uint8_t>& codecs,
-                                           const OptionalColumn<uint32_t>& crcs,
-                                           const OptionalColumn<bool>& check_crc) {
+std::vector<io::ReadRequest> make_requests(
+    const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
+    const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets,
+    const OptionalColumn<uint64_t>& out_lengths, const OptionalColumn<uint8_t>& codecs,
+    const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc) {
   py::ssize_t n = file_ids.size();
   auto same_length = [n](py::ssize_t size, const char* name) {
     if (size != n) {
@@ -153,8 +150,7 @@ void register_reader(py::module_& m) {
   py::class_<io::ShardReader, std::shared_ptr<io::ShardReader>>(
       m, "ShardReader",
       "Reads whole batches of (file, offset, length) ranges into one buffer on a thread pool.")
-      .def(py::init<size_t, size_t>(), py::arg("num_threads") = 0,
-           py::arg("max_open_files") = 256)
+      .def(py::init<size_t, size_t>(), py::arg("num_threads") = 0, py::arg("max_open_files") = 256)
       .def_property_readonly("num_threads", &io::ShardReader::num_threads)
       .def_property_readonly("max_open_files", &io::ShardReader::max_open_files)
       .def("open_files", &io::ShardReader::open_files)
@@ -209,8 +205,8 @@ void register_reader(py::module_& m) {
          const Column<uint64_t>& offsets, const Column<uint64_t>& lengths, size_t num_threads) {
         Column<uint64_t> dest(offsets.size());
         std::fill_n(dest.mutable_data(), dest.size(), 0);
-        auto requests = make_requests(file_ids, offsets, lengths, dest, std::nullopt,
-                                      std::nullopt, std::nullopt, std::nullopt);
+        auto requests = make_requests(file_ids, offsets, lengths, dest, std::nullopt, std::nullopt,
+                                      std::nullopt, std::nullopt);
         py::gil_scoped_release release;
         return io::bench_pread(files, requests, num_threads);
       },
@@ -219,6 +215,19 @@ void register_reader(py::module_& m) {
       "Benchmarks only: the same reads as bare preads on num_threads threads, no batching. "
       "Returns seconds.");
   m.def("default_num_threads", &io::ThreadPool::default_size);
+  m.def(
+      "stat_sizes",
+      [](const std::vector<std::string>& paths, size_t num_threads) {
+        std::vector<int64_t> sizes;
+        {
+          py::gil_scoped_release release;
+          sizes = io::stat_sizes(
+              paths, num_threads == 0 ? io::ThreadPool::default_size() * 4 : num_threads);
+        }
+        return vector_to_numpy(std::move(sizes));
+      },
+      py::arg("paths"), py::arg("num_threads") = 0,
+      "Sizes of many files, stat'ed in parallel; -errno where a stat failed.");
 }
 
 }  // namespace stoker::bindings

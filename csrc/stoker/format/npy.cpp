@@ -171,9 +171,9 @@ ShardIndex index_npy(const std::string& path) {
     header_length = le32(in.at(8, 4, ".npy header length"));
     header_start = 12;
   } else {
-    throw FormatError(path, 6,
-                      "unsupported .npy format version " + std::to_string(major) + "." +
-                          std::to_string(minor));
+    throw FormatError(
+        path, 6,
+        "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor));
   }
   const uint8_t* text = in.at(header_start, header_length, ".npy header");
   std::string header_text(reinterpret_cast<const char*>(text), header_length);
@@ -182,8 +182,9 @@ ShardIndex index_npy(const std::string& path) {
   header.itemsize = itemsize_of(header.descr);
   if (header.itemsize == 0) {
     throw FormatError(path, header_start,
-                      "dtype '" + header.descr + "' is not supported (numeric, bool, bytes, "
-                      "unicode, datetime; not object or structured)");
+                      "dtype '" + header.descr +
+                          "' is not supported (numeric, bool, bytes, "
+                          "unicode, datetime; not object or structured)");
   }
   if (header.shape.empty()) {
     throw FormatError(path, header_start, "a 0-d array has no rows to use as samples");

@@ -1,10 +1,8 @@
 #include "stoker/format/shard_index.hpp"
 
 #include <algorithm>
-#include <atomic>
 #include <cctype>
 #include <exception>
-#include <thread>
 
 #include "stoker/errors.hpp"
 
@@ -16,7 +14,8 @@ void SampleBuilder::add(const std::string& raw_name, uint64_t header_offset, uin
   while (name.substr(0, 2) == "./") name.remove_prefix(2);
   if (name.empty() || name.back() == '/') return;  // a directory
   size_t slash = name.rfind('/');
-  std::string_view dir = slash == std::string_view::npos ? std::string_view() : name.substr(0, slash + 1);
+  std::string_view dir =
+      slash == std::string_view::npos ? std::string_view() : name.substr(0, slash + 1);
   std::string_view base = slash == std::string_view::npos ? name : name.substr(slash + 1);
   size_t dot = base.find('.');
   // No extension, or a dot file: nothing to call the field, so not a sample part.
@@ -39,10 +38,11 @@ void SampleBuilder::add(const std::string& raw_name, uint64_t header_offset, uin
     fields_in_sample_.clear();
   }
   uint16_t id = field_id(field, header_offset);
-  if (std::find(fields_in_sample_.begin(), fields_in_sample_.end(), id) != fields_in_sample_.end()) {
-    throw FormatError(path_, header_offset,
-                      "sample '" + index_.keys.back() + "' has two members with field '" + field +
-                          "'");
+  if (std::find(fields_in_sample_.begin(), fields_in_sample_.end(), id) !=
+      fields_in_sample_.end()) {
+    throw FormatError(
+        path_, header_offset,
+        "sample '" + index_.keys.back() + "' has two members with field '" + field + "'");
   }
   fields_in_sample_.push_back(id);
   if (index_.member_field.size() >= UINT32_MAX) {
@@ -83,26 +83,17 @@ ShardIndex index_shard(const std::string& path, const std::string& format) {
 
 std::vector<ShardIndex> index_shards(const std::vector<std::string>& paths,
                                      const std::vector<std::string>& formats, size_t num_threads) {
-  if (paths.size() != formats.size()) throw Error("index_shards: paths and formats differ in length");
+  if (paths.size() != formats.size())
+    throw Error("index_shards: paths and formats differ in length");
   std::vector<ShardIndex> results(paths.size());
   std::vector<std::exception_ptr> errors(paths.size());
-  std::atomic<size_t> next{0};
-  auto work = [&] {
-    for (size_t i = next++; i < paths.size(); i = next++) {
-      try {
-        results[i] = index_shard(paths[i], formats[i]);
-      } catch (...) {
-        errors[i] = std::current_exception();
-      }
+  io::parallel_for(paths.size(), num_threads, [&](size_t i) {
+    try {
+      results[i] = index_shard(paths[i], formats[i]);
+    } catch (...) {
+      errors[i] = std::current_exception();
     }
-  };
-  size_t n = std::min(std::max<size_t>(num_threads, 1), paths.size());
-  // Short-lived threads: indexing happens once per dataset, and owning no
-  // long-lived threads keeps this safe to call around fork().
-  std::vector<std::thread> threads;
-  for (size_t t = 1; t < n; ++t) threads.emplace_back(work);
-  work();
-  for (auto& thread : threads) thread.join();
+  });
   for (auto& error : errors) {
     if (error) std::rethrow_exception(error);
   }

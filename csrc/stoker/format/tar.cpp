@@ -66,9 +66,8 @@ void check_checksum(const uint8_t* h, const std::string& path, uint64_t pos) {
   }
   if (static_cast<int64_t>(stored) != unsigned_sum && static_cast<int64_t>(stored) != signed_sum) {
     throw FormatError(path, pos,
-                      "bad tar header checksum: stored " + std::to_string(stored) +
-                          ", computed " + std::to_string(unsigned_sum) +
-                          " (corrupt or not a tar file)");
+                      "bad tar header checksum: stored " + std::to_string(stored) + ", computed " +
+                          std::to_string(unsigned_sum) + " (corrupt or not a tar file)");
   }
 }
 
@@ -166,8 +165,8 @@ ShardIndex index_tar(const std::string& path) {
     if (size > in.size() - data) {
       throw FormatError(path, pos,
                         "member '" + name + "' of " + std::to_string(size) +
-                            " bytes runs past the end of the file (" +
-                            std::to_string(in.size()) + " bytes): truncated shard");
+                            " bytes runs past the end of the file (" + std::to_string(in.size()) +
+                            " bytes): truncated shard");
     }
     uint64_t next = data + (size + kBlock - 1) / kBlock * kBlock;
 
@@ -200,12 +199,18 @@ ShardIndex index_tar(const std::string& path) {
     pax = PaxOverrides();
     pos = next;
   }
+  if (pos > in.size()) {
+    // tar pads every member to whole blocks: a file that ends inside the
+    // padding was cut short, even though the last member's bytes are there.
+    throw FormatError(path, in.size(), "truncated: the file ends inside a member's block padding");
+  }
   if (pos < in.size() && pos + kBlock > in.size()) {
     // A partial header after the last member is a truncation, unless it is
     // the zero padding some writers leave short.
     const uint8_t* rest = in.at(pos, in.size() - pos, "tar trailer");
     for (uint64_t i = 0; i < in.size() - pos; ++i) {
-      if (rest[i] != 0) throw FormatError(path, pos, "truncated: partial tar header at end of file");
+      if (rest[i] != 0)
+        throw FormatError(path, pos, "truncated: partial tar header at end of file");
     }
   }
   samples.finish();

@@ -190,7 +190,8 @@ ShardIndex index_zip(const std::string& path) {
     } else {
       throw FormatError(path, e.entry_pos,
                         "member '" + e.name + "' uses compression method " +
-                            std::to_string(e.method) + "; only stored (0) and deflate (8) are supported");
+                            std::to_string(e.method) +
+                            "; only stored (0) and deflate (8) are supported");
     }
     if (e.local_header >= cd.offset) {
       throw FormatError(path, e.entry_pos,
@@ -199,7 +200,8 @@ ShardIndex index_zip(const std::string& path) {
     }
     const uint8_t* local = in.at(e.local_header, 30, "zip local header");
     if (le32(local) != kLocalHeader) {
-      throw FormatError(path, e.local_header, "bad local header signature for member '" + e.name + "'");
+      throw FormatError(path, e.local_header,
+                        "bad local header signature for member '" + e.name + "'");
     }
     uint64_t data = e.local_header + 30 + le16(local + 26) + le16(local + 28);
     if (data > cd.offset || e.compressed > cd.offset - data) {

@@ -15,7 +15,8 @@ class AlignedBuffer {
 
   explicit AlignedBuffer(size_t size) : size_(size) {
     size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
-    data_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded));
+    data_ =
+        static_cast<uint8_t*>(std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded));
     if (data_ == nullptr) throw std::bad_alloc();
   }
   ~AlignedBuffer() { std::free(data_); }

@@ -9,6 +9,7 @@
 #include <cstring>
 
 #include "stoker/errors.hpp"
+#include "stoker/io/thread_pool.hpp"
 
 namespace stoker::io {
 
@@ -62,8 +63,8 @@ void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, u
       if (errno == EINTR) continue;
       int err = errno;
       throw ReadError(path, offset + done, err,
-                      std::string("read of ") + std::to_string(length) + " bytes failed: " +
-                          std::strerror(err));
+                      std::string("read of ") + std::to_string(length) +
+                          " bytes failed: " + std::strerror(err));
     }
     if (got == 0) {
       throw FormatError(path, offset + done,
@@ -74,6 +75,21 @@ void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, u
     }
     done += static_cast<uint64_t>(got);
   }
+}
+
+std::vector<int64_t> stat_sizes(const std::vector<std::string>& paths, size_t num_threads) {
+  std::vector<int64_t> sizes(paths.size());
+  parallel_for(paths.size(), num_threads, [&](size_t i) {
+    struct stat st;
+    if (::stat(paths[i].c_str(), &st) != 0) {
+      sizes[i] = -errno;
+    } else if (S_ISDIR(st.st_mode)) {
+      sizes[i] = -EISDIR;
+    } else {
+      sizes[i] = static_cast<int64_t>(st.st_size);
+    }
+  });
+  return sizes;
 }
 
 }  // namespace stoker::io

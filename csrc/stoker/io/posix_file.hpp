@@ -5,6 +5,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 namespace stoker::io {
 
@@ -34,5 +35,9 @@ uint64_t file_size(int fd, const std::string& path);
 // End of file before `length` bytes is a FormatError (the file is shorter
 // than whatever told us to read there); an OS failure is a ReadError.
 void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, uint64_t offset);
+
+// Sizes of many files, stat'ed on `num_threads` threads (on a network mount
+// each stat is a round trip). A file that cannot be stat'ed gets -errno.
+std::vector<int64_t> stat_sizes(const std::vector<std::string>& paths, size_t num_threads);
 
 }  // namespace stoker::io

@@ -97,7 +97,8 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
   }
 }
 
-void execute_run(const Plan& plan, const Run& run, FileCache& cache, std::vector<uint8_t>& scratch) {
+void execute_run(const Plan& plan, const Run& run, FileCache& cache,
+                 std::vector<uint8_t>& scratch) {
   const std::string& path = plan.files->paths[run.file];
   auto fd = cache.get(path);
   if (reads_in_place(plan, run)) {
@@ -124,16 +125,18 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
     }
     const std::string& path = files.paths[r.file];
     if (r.codec == Codec::kStored && r.out_length != r.length) {
-      throw Error(path, r.offset, "stored piece has length " + std::to_string(r.length) +
-                                      " but output length " + std::to_string(r.out_length));
+      throw Error(path, r.offset,
+                  "stored piece has length " + std::to_string(r.length) + " but output length " +
+                      std::to_string(r.out_length));
     }
     if (r.codec != Codec::kStored && r.codec != Codec::kDeflate) {
       throw Error(path, r.offset, "unknown codec " + std::to_string(int(r.codec)));
     }
     if (r.dest_offset > dest_size || r.out_length > dest_size - r.dest_offset) {
-      throw Error(path, r.offset, "piece of " + std::to_string(r.out_length) +
-                                      " bytes at buffer offset " + std::to_string(r.dest_offset) +
-                                      " does not fit a buffer of " + std::to_string(dest_size));
+      throw Error(path, r.offset,
+                  "piece of " + std::to_string(r.out_length) + " bytes at buffer offset " +
+                      std::to_string(r.dest_offset) + " does not fit a buffer of " +
+                      std::to_string(dest_size));
     }
     if (r.offset + r.length < r.offset) throw Error(path, r.offset, "range overflows");
   }

@@ -1,6 +1,7 @@
 #include "stoker/io/thread_pool.hpp"
 
 #include <algorithm>
+#include <atomic>
 
 namespace stoker::io {
 
@@ -45,6 +46,18 @@ void ThreadPool::worker_loop() {
     }
     task();  // tasks catch their own errors; see ShardReader
   }
+}
+
+void parallel_for(size_t n, size_t num_threads, const std::function<void(size_t)>& fn) {
+  std::atomic<size_t> next{0};
+  auto work = [&] {
+    for (size_t i = next++; i < n; i = next++) fn(i);
+  };
+  size_t count = std::min(std::max<size_t>(num_threads, 1), n);
+  std::vector<std::thread> threads;
+  for (size_t t = 1; t < count; ++t) threads.emplace_back(work);
+  work();
+  for (auto& thread : threads) thread.join();
 }
 
 }  // namespace stoker::io

@@ -37,4 +37,10 @@ class ThreadPool {
   bool stopping_ = false;
 };
 
+// Runs fn(i) for i in [0, n) on up to `num_threads` short-lived threads (the
+// caller's among them) and returns when all are done. For one-off work such
+// as indexing: it leaves no threads behind, so it is safe around fork().
+// fn must not throw.
+void parallel_for(size_t n, size_t num_threads, const std::function<void(size_t)>& fn);
+
 }  // namespace stoker::io
