@@ -54,7 +54,7 @@ def test_large_deflate_member(tmp_path):
 
 def _good(tmp_path, compression=zipfile.ZIP_STORED):
     return bytearray(
-        open(write_zip(tmp_path / "good.zip", make_samples(6), compression), "rb").read()
+        Path(write_zip(tmp_path / "good.zip", make_samples(6), compression)).read_bytes()
     )
 
 

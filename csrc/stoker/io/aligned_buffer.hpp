@@ -13,10 +13,10 @@ class AlignedBuffer {
  public:
   static constexpr size_t kAlignment = 4096;
 
-  explicit AlignedBuffer(size_t size) : size_(size) {
-    size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
-    data_ =
-        static_cast<uint8_t*>(std::aligned_alloc(kAlignment, rounded == 0 ? kAlignment : rounded));
+  explicit AlignedBuffer(size_t size)
+      : size_(size), capacity_((size + kAlignment - 1) / kAlignment * kAlignment) {
+    if (capacity_ == 0) capacity_ = kAlignment;
+    data_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity_));
     if (data_ == nullptr) throw std::bad_alloc();
   }
   ~AlignedBuffer() { std::free(data_); }
@@ -26,10 +26,14 @@ class AlignedBuffer {
   uint8_t* data() { return data_; }
   const uint8_t* data() const { return data_; }
   size_t size() const { return size_; }
+  size_t capacity() const { return capacity_; }
+  // Reuse for a batch of `size` bytes; size must not exceed capacity().
+  void resize(size_t size) { size_ = size; }
 
  private:
   uint8_t* data_;
   size_t size_;
+  size_t capacity_;
 };
 
 }  // namespace stoker::io

@@ -52,28 +52,61 @@ uint64_t file_size(int fd, const std::string& path) {
   return static_cast<uint64_t>(st.st_size);
 }
 
+namespace {
+
+[[noreturn]] void throw_read_failure(const std::string& path, uint64_t offset, uint64_t length,
+                                     uint64_t at, int err) {
+  throw ReadError(path, at, err,
+                  "read of " + std::to_string(length) + " bytes at offset " +
+                      std::to_string(offset) + " failed: " + std::strerror(err));
+}
+
+[[noreturn]] void throw_short_read(const std::string& path, uint64_t offset, uint64_t length,
+                                   uint64_t at) {
+  throw FormatError(path, at,
+                    "short read: wanted " + std::to_string(length) + " bytes at offset " +
+                        std::to_string(offset) + " but the file ends at " + std::to_string(at) +
+                        " (was it truncated or replaced after it was indexed?)");
+}
+
+}  // namespace
+
 void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, uint64_t offset) {
-  auto* out = static_cast<char*>(dest);
+  struct iovec iov = {dest, length};
+  preadv_exact(fd, path, &iov, 1, offset);
+}
+
+void preadv_exact(int fd, const std::string& path, struct iovec* iov, int count, uint64_t offset) {
+  uint64_t length = 0;
+  for (int i = 0; i < count; ++i) length += iov[i].iov_len;
   uint64_t done = 0;
-  while (done < length) {
-    // Linux caps one read at about 2 GiB; ask for less and loop.
-    size_t want = static_cast<size_t>(std::min<uint64_t>(length - done, 1ull << 30));
-    ssize_t got = ::pread(fd, out + done, want, static_cast<off_t>(offset + done));
+  while (count > 0) {
+    if (iov->iov_len == 0) {
+      ++iov;
+      --count;
+      continue;
+    }
+    // Linux caps one read at about 2 GiB and IOV_MAX buffers: ask for less and loop.
+    int n = std::min(count, 1024);
+    ssize_t got = n == 1 ? ::pread(fd, iov->iov_base, std::min<size_t>(iov->iov_len, 1u << 30),
+                                   static_cast<off_t>(offset + done))
+                         : ::preadv(fd, iov, n, static_cast<off_t>(offset + done));
     if (got < 0) {
       if (errno == EINTR) continue;
-      int err = errno;
-      throw ReadError(path, offset + done, err,
-                      std::string("read of ") + std::to_string(length) +
-                          " bytes failed: " + std::strerror(err));
+      throw_read_failure(path, offset, length, offset + done, errno);
     }
-    if (got == 0) {
-      throw FormatError(path, offset + done,
-                        "short read: wanted " + std::to_string(length) + " bytes at offset " +
-                            std::to_string(offset) + " but the file ends at " +
-                            std::to_string(offset + done) +
-                            " (was it truncated or replaced after it was indexed?)");
-    }
+    if (got == 0) throw_short_read(path, offset, length, offset + done);
     done += static_cast<uint64_t>(got);
+    for (auto left = static_cast<size_t>(got); left > 0;) {  // consume what was read
+      size_t take = std::min(left, iov->iov_len);
+      iov->iov_base = static_cast<char*>(iov->iov_base) + take;
+      iov->iov_len -= take;
+      left -= take;
+      if (iov->iov_len == 0) {
+        ++iov;
+        --count;
+      }
+    }
   }
 }
 

@@ -2,6 +2,8 @@
 // the index parsers so that every read reports errors the same way.
 #pragma once
 
+#include <sys/uio.h>
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -35,6 +37,10 @@ uint64_t file_size(int fd, const std::string& path);
 // End of file before `length` bytes is a FormatError (the file is shorter
 // than whatever told us to read there); an OS failure is a ReadError.
 void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, uint64_t offset);
+
+// Like pread_exact, but scatters the bytes at `offset` over `count` buffers
+// (may modify `iov`). Same errors.
+void preadv_exact(int fd, const std::string& path, struct iovec* iov, int count, uint64_t offset);
 
 // Sizes of many files, stat'ed on `num_threads` threads (on a network mount
 // each stat is a round trip). A file that cannot be stat'ed gets -errno.

@@ -19,10 +19,13 @@ namespace {
 // few pages, reading the gap costs less than a second system call.
 constexpr uint64_t kMaxGap = 8 * 1024;
 // ...but a merged read stays small enough to sit in a thread's scratch buffer.
-constexpr uint64_t kMaxRun = 1024 * 1024;
-// Work per task: big enough to amortise a queue hand-off, small enough that
-// a batch spreads over every thread.
-constexpr uint64_t kMinTaskBytes = 64 * 1024;
+constexpr uint64_t kMaxRun = 256 * 1024;
+// Work per chunk: small enough that a batch spreads over every thread (and
+// the waiter), big enough that claiming it is noise.
+constexpr uint64_t kMinChunkBytes = 32 * 1024;
+// Batch buffers kept for reuse: enough for a deep prefetch of large batches.
+constexpr size_t kIdleBuffers = 16;
+constexpr size_t kIdleBufferBytes = 256 * 1024 * 1024;
 // A thread's scratch buffer is given back when a read needed more than this.
 constexpr size_t kScratchKeep = 8 * 1024 * 1024;
 
@@ -35,15 +38,20 @@ struct Run {
   uint32_t count;
 };
 
-struct Plan {
+}  // namespace
+
+struct ReadPlan {
   std::shared_ptr<const FileTable> files;
   std::vector<ReadRequest> requests;
   std::vector<uint32_t> order;  // requests sorted by (file, offset)
   std::vector<Run> runs;
-  uint8_t* dest;
+  std::vector<std::pair<size_t, size_t>> chunks;  // [first, last) runs, the unit of work
+  uint8_t* dest = nullptr;
 };
 
-void plan_runs(Plan& plan) {
+namespace {
+
+void plan_runs(ReadPlan& plan) {
   const auto& req = plan.requests;
   plan.order.resize(req.size());
   for (uint32_t i = 0; i < req.size(); ++i) plan.order[i] = i;
@@ -66,18 +74,21 @@ void plan_runs(Plan& plan) {
   }
 }
 
-// True when a run's pieces lie back to back both in the file and in the
-// destination, so the whole span can be read straight into place.
-bool reads_in_place(const Plan& plan, const Run& run) {
-  uint64_t file_at = run.start;
-  uint64_t dest_at = plan.requests[plan.order[run.first]].dest_offset;
+// Scatter buffers for a run whose pieces are stored and in file order without
+// overlaps: each piece straight into its place, each gap into `discard`. Empty
+// false when the run needs the scratch path (compressed or overlapping pieces).
+bool scatter_list(const ReadPlan& plan, const Run& run, uint8_t* discard,
+                  std::vector<struct iovec>& iov) {
+  iov.clear();
+  uint64_t at = run.start;
   for (uint32_t k = run.first; k < run.first + run.count; ++k) {
     const ReadRequest& r = plan.requests[plan.order[k]];
-    if (r.codec != Codec::kStored || r.offset != file_at || r.dest_offset != dest_at) return false;
-    file_at += r.length;
-    dest_at += r.length;
+    if (r.codec != Codec::kStored || r.offset < at) return false;
+    if (r.offset > at) iov.push_back({discard, static_cast<size_t>(r.offset - at)});
+    iov.push_back({plan.dest + r.dest_offset, static_cast<size_t>(r.length)});
+    at = r.offset + r.length;
   }
-  return file_at == run.end;
+  return true;
 }
 
 void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
@@ -97,13 +108,14 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
   }
 }
 
-void execute_run(const Plan& plan, const Run& run, FileCache& cache,
+void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
                  std::vector<uint8_t>& scratch) {
   const std::string& path = plan.files->paths[run.file];
   auto fd = cache.get(path);
-  if (reads_in_place(plan, run)) {
-    const ReadRequest& first = plan.requests[plan.order[run.first]];
-    pread_exact(fd->get(), path, plan.dest + first.dest_offset, run.end - run.start, run.start);
+  static uint8_t discard[kMaxGap];  // gap bytes land here and are never read
+  thread_local std::vector<struct iovec> iov;
+  if (scatter_list(plan, run, discard, iov)) {
+    preadv_exact(fd->get(), path, iov.data(), static_cast<int>(iov.size()), run.start);
     return;
   }
   uint64_t span = run.end - run.start;
@@ -142,7 +154,57 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
   }
 }
 
+void plan_chunks(ReadPlan& plan, size_t num_threads) {
+  uint64_t total = 0;
+  for (const Run& run : plan.runs) total += run.end - run.start;
+  uint64_t target = std::max<uint64_t>(total / (4 * (num_threads + 1)) + 1, kMinChunkBytes);
+  size_t first = 0;
+  uint64_t bytes = 0;
+  for (size_t i = 0; i < plan.runs.size(); ++i) {
+    bytes += plan.runs[i].end - plan.runs[i].start;
+    if (bytes >= target) {
+      plan.chunks.emplace_back(first, i + 1);
+      first = i + 1;
+      bytes = 0;
+    }
+  }
+  if (first < plan.runs.size()) plan.chunks.emplace_back(first, plan.runs.size());
+}
+
 }  // namespace
+
+PendingRead::PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan,
+                         std::shared_ptr<FileCache> files, std::shared_ptr<AlignedBuffer> buffer)
+    : owner_(owner),
+      plan_(std::move(plan)),
+      files_(std::move(files)),
+      buffer_(std::move(buffer)),
+      remaining_(plan_->chunks.size()) {}
+
+void PendingRead::work() {
+  thread_local std::vector<uint8_t> scratch;
+  const size_t chunks = plan_->chunks.size();
+  for (size_t c = next_chunk_.fetch_add(1); c < chunks; c = next_chunk_.fetch_add(1)) {
+    if (!failed_.load(std::memory_order_relaxed)) {
+      try {
+        auto [first, last] = plan_->chunks[c];
+        for (size_t i = first; i < last; ++i) execute_run(*plan_, plan_->runs[i], *files_, scratch);
+      } catch (...) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        if (!error_) error_ = std::current_exception();
+        failed_.store(true, std::memory_order_relaxed);
+      }
+    }
+    finish_chunk();
+  }
+}
+
+void PendingRead::finish_chunk() {
+  // Under the lock, so a waiter cannot miss the wake-up between its check
+  // and its sleep.
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) finished_.notify_all();
+}
 
 bool PendingRead::wait(int64_t timeout_ms) {
   if (getpid() != owner_) {
@@ -150,6 +212,7 @@ bool PendingRead::wait(int64_t timeout_ms) {
         "this batch was submitted by the parent process before a fork; its reads are not "
         "running here. Submit it again in this process.");
   }
+  work();
   std::unique_lock<std::mutex> lock(mutex_);
   auto complete = [this] { return remaining_.load(std::memory_order_acquire) == 0; };
   if (timeout_ms < 0) {
@@ -161,48 +224,36 @@ bool PendingRead::wait(int64_t timeout_ms) {
   return true;
 }
 
-void PendingRead::fail(std::exception_ptr error) {
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (!error_) error_ = std::move(error);
-  failed_.store(true, std::memory_order_relaxed);
-}
-
-void PendingRead::finish_task() {
-  // Take the lock so a waiter cannot miss the wake-up between its check and
-  // its sleep.
-  std::lock_guard<std::mutex> lock(mutex_);
-  if (remaining_.fetch_sub(1, std::memory_order_acq_rel) == 1) finished_.notify_all();
-}
-
-struct ShardReader::Engine {
-  Engine(size_t threads, size_t open_files) : pool(threads), files(open_files) {}
-  ThreadPool pool;
-  FileCache files;
-};
-
 ShardReader::ShardReader(size_t num_threads, size_t max_open_files)
     : num_threads_(num_threads == 0 ? ThreadPool::default_size() : num_threads),
       max_open_files_(max_open_files == 0 ? 1 : max_open_files),
       pid_(getpid()),
-      engine_(std::make_unique<Engine>(num_threads_, max_open_files_)) {}
+      files_(std::make_shared<FileCache>(max_open_files_)),
+      buffers_(std::make_shared<BufferPool>(kIdleBuffers, kIdleBufferBytes)),
+      pool_(std::make_unique<ThreadPool>(num_threads_)) {}
 
 ShardReader::~ShardReader() {
-  // In a forked child the engine's threads do not exist and its locks may be
-  // held by them: joining would hang, so the parent's engine is leaked.
-  if (getpid() != pid_) engine_.release();
+  // In a forked child the pool's threads do not exist and its lock may be
+  // held by one of them: joining would hang, so the parent's pool is leaked.
+  if (getpid() != pid_) (void)pool_.release();
 }
 
-ShardReader::Engine& ShardReader::engine() {
+void ShardReader::check_process() {
   pid_t now = getpid();
-  if (now != pid_) {
-    engine_.release();  // see the destructor
-    engine_ = std::make_unique<Engine>(num_threads_, max_open_files_);
-    pid_ = now;
-  }
-  return *engine_;
+  if (now == pid_) return;
+  (void)pool_.release();  // see the destructor
+  // The cache's lock may also have been held at the fork: start a new one and
+  // leak the old (its descriptors are this process's copies; few and bounded).
+  new std::shared_ptr<FileCache>(std::move(files_));
+  files_ = std::make_shared<FileCache>(max_open_files_);
+  pool_ = std::make_unique<ThreadPool>(num_threads_);
+  pid_ = now;
 }
 
-size_t ShardReader::open_files() { return engine().files.size(); }
+size_t ShardReader::open_files() {
+  check_process();
+  return files_->size();
+}
 
 std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
                                                  std::vector<ReadRequest> requests, uint8_t* dest,
@@ -213,7 +264,7 @@ std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable
 std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
                                                  std::vector<ReadRequest> requests,
                                                  uint64_t dest_size) {
-  auto buffer = std::make_shared<AlignedBuffer>(dest_size);
+  auto buffer = buffers_->get(dest_size);
   uint8_t* dest = buffer->data();
   return submit_into(std::move(files), std::move(requests), dest, dest_size, std::move(buffer));
 }
@@ -223,45 +274,17 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
                                                       uint8_t* dest, uint64_t dest_size,
                                                       std::shared_ptr<AlignedBuffer> buffer) {
   validate(*files, requests, dest_size);
-  Engine& eng = engine();
-  auto plan = std::make_shared<Plan>();
+  check_process();
+  auto plan = std::make_shared<ReadPlan>();
   plan->files = std::move(files);
   plan->requests = std::move(requests);
   plan->dest = dest;
   plan_runs(*plan);
+  plan_chunks(*plan, num_threads_);
 
-  // Cut the runs into tasks of roughly equal bytes.
-  uint64_t total = 0;
-  for (const Run& run : plan->runs) total += run.end - run.start;
-  uint64_t target = std::max<uint64_t>(total / (2 * num_threads_) + 1, kMinTaskBytes);
-  std::vector<std::pair<size_t, size_t>> tasks;  // [begin, end) in runs
-  size_t begin = 0;
-  uint64_t bytes = 0;
-  for (size_t i = 0; i < plan->runs.size(); ++i) {
-    bytes += plan->runs[i].end - plan->runs[i].start;
-    if (bytes >= target) {
-      tasks.emplace_back(begin, i + 1);
-      begin = i + 1;
-      bytes = 0;
-    }
-  }
-  if (begin < plan->runs.size()) tasks.emplace_back(begin, plan->runs.size());
-
-  auto pending = std::make_shared<PendingRead>(pid_, tasks.size(), std::move(buffer));
-  FileCache* cache = &eng.files;
-  for (auto [first, last] : tasks) {
-    eng.pool.submit([plan, pending, cache, first = first, last = last] {
-      thread_local std::vector<uint8_t> scratch;
-      try {
-        for (size_t i = first; i < last && !pending->failed(); ++i) {
-          execute_run(*plan, plan->runs[i], *cache, scratch);
-        }
-      } catch (...) {
-        pending->fail(std::current_exception());
-      }
-      pending->finish_task();
-    });
-  }
+  size_t helpers = std::min(plan->chunks.size(), num_threads_);
+  auto pending = std::make_shared<PendingRead>(pid_, std::move(plan), files_, std::move(buffer));
+  for (size_t i = 0; i < helpers; ++i) pool_->submit([pending] { pending->work(); });
   return pending;
 }
 

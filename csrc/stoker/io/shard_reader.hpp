@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "stoker/io/aligned_buffer.hpp"
+#include "stoker/io/buffer_pool.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/thread_pool.hpp"
 
@@ -43,30 +44,39 @@ struct ReadRequest {
   uint32_t crc32 = 0;
 };
 
-// One batch in flight. Waiting rethrows the first error any piece hit; the
+struct ReadPlan;  // a batch's requests, sorted and grouped into runs (shard_reader.cpp)
+
+// One batch in flight. Its work is cut into chunks that pool threads claim
+// one at a time; a thread that waits claims chunks too, so waiting never means
+// sleeping through work the waiter could do itself (a wake-up costs more than
+// reading a small batch). Waiting rethrows the first error any piece hit; the
 // buffer is only handed out when every piece succeeded.
 class PendingRead {
  public:
-  PendingRead(pid_t owner, size_t tasks, std::shared_ptr<AlignedBuffer> buffer)
-      : owner_(owner), remaining_(tasks), buffer_(std::move(buffer)) {}
+  PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan, std::shared_ptr<FileCache> files,
+              std::shared_ptr<AlignedBuffer> buffer);
 
-  // Waits up to `timeout_ms` (negative: forever). True when the batch is
-  // complete; throws the batch's error if it failed.
+  // Helps read, then waits up to `timeout_ms` (negative: forever) for chunks
+  // other threads hold. True when the batch is complete; throws the batch's
+  // error if it failed.
   bool wait(int64_t timeout_ms);
   bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
   // The buffer the batch was read into, when the reader allocated it.
   const std::shared_ptr<AlignedBuffer>& buffer() const { return buffer_; }
 
-  // Called by the reader's tasks.
-  bool failed() const { return failed_.load(std::memory_order_relaxed); }
-  void fail(std::exception_ptr error);
-  void finish_task();
+  // Claims and reads chunks until none are left unclaimed.
+  void work();
 
  private:
+  void finish_chunk();
+
   pid_t owner_;
+  std::shared_ptr<const ReadPlan> plan_;
+  std::shared_ptr<FileCache> files_;
+  std::shared_ptr<AlignedBuffer> buffer_;
+  std::atomic<size_t> next_chunk_{0};
   std::atomic<size_t> remaining_;
   std::atomic<bool> failed_{false};
-  std::shared_ptr<AlignedBuffer> buffer_;
   std::mutex mutex_;
   std::condition_variable finished_;
   std::exception_ptr error_;
@@ -84,7 +94,8 @@ class ShardReader {
   std::shared_ptr<PendingRead> submit(std::shared_ptr<const FileTable> files,
                                       std::vector<ReadRequest> requests, uint8_t* dest,
                                       uint64_t dest_size);
-  // As above, into a fresh page-aligned buffer of `dest_size` bytes.
+  // As above, into a page-aligned buffer of `dest_size` bytes: a recycled one
+  // when a batch buffer of about that size was freed recently.
   std::shared_ptr<PendingRead> submit(std::shared_ptr<const FileTable> files,
                                       std::vector<ReadRequest> requests, uint64_t dest_size);
 
@@ -93,17 +104,19 @@ class ShardReader {
   size_t open_files();
 
  private:
-  struct Engine;
   std::shared_ptr<PendingRead> submit_into(std::shared_ptr<const FileTable> files,
                                            std::vector<ReadRequest> requests, uint8_t* dest,
                                            uint64_t dest_size,
                                            std::shared_ptr<AlignedBuffer> buffer);
-  Engine& engine();
+  // Replaces the pool and the descriptor cache after a fork.
+  void check_process();
 
   size_t num_threads_;
   size_t max_open_files_;
   pid_t pid_;
-  std::unique_ptr<Engine> engine_;
+  std::shared_ptr<FileCache> files_;  // batches in flight share it
+  std::shared_ptr<BufferPool> buffers_;
+  std::unique_ptr<ThreadPool> pool_;
 };
 
 // The ceiling the reader is measured against: the same reads as bare preads on

@@ -1,0 +1,175 @@
+"""How fast ShardReader reads shuffled batches of small records, next to its ceilings.
+
+    python benchmarks/read.py [--records 20000] [--record-bytes 12288] [--shards 20]
+
+Makes (once, under --data) tar shards of fixed-size records, warms the page cache, then
+measures in one run, median of --runs runs each:
+
+- ShardReader.read: shuffled batches of 64, one call per batch, waiting on each;
+- the same with 4 batches in flight (how the loader drives it);
+- ShardReader.read over batches in file order (neighbours merged into one preadv);
+- Dataset.get_batch: the same batches as lists of sample dicts (Python per sample);
+- a Python os.pread loop over the same ranges, files kept open;
+- ceiling 1: the bare C++ pread loop on --threads threads, no batching (bench_pread);
+- ceiling 2: a sequential read of the whole shard files.
+
+Prints records/s and the ratios to both ceilings.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import os
+import statistics
+import tarfile
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+import stoker
+from stoker import _core
+
+
+def make_shards(folder: str, records: int, record_bytes: int, shards: int) -> list[str]:
+    os.makedirs(folder, exist_ok=True)
+    paths = [os.path.join(folder, f"shard-{s:06d}.tar") for s in range(shards)]
+    stamp = os.path.join(folder, f".done-{records}-{record_bytes}-{shards}")
+    if os.path.exists(stamp):
+        return paths
+    rng = np.random.default_rng(0)
+    per_shard = -(-records // shards)
+    for s, path in enumerate(paths):
+        with tarfile.open(path + ".tmp", "w", format=tarfile.USTAR_FORMAT) as tar:
+            for i in range(s * per_shard, min(records, (s + 1) * per_shard)):
+                info = tarfile.TarInfo(f"{i:08d}.bin")
+                info.size = record_bytes
+                tar.addfile(info, io.BytesIO(rng.bytes(record_bytes)))
+        os.replace(path + ".tmp", path)
+    open(stamp, "w").close()
+    return paths
+
+
+def sequential_read(paths: list[str]) -> None:
+    buf = bytearray(1 << 20)
+    for path in paths:
+        with open(path, "rb", buffering=0) as f:
+            while f.readinto(buf):
+                pass
+
+
+def median_seconds(fn: Callable[[], None], runs: int) -> float:
+    fn()  # warm-up: page cache, threads, allocator
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--records", type=int, default=20_000)
+    parser.add_argument("--record-bytes", type=int, default=12 * 1024)
+    parser.add_argument("--shards", type=int, default=20)
+    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--data", default=os.path.join("bench-data", "read"))
+    args = parser.parse_args()
+
+    paths = make_shards(args.data, args.records, args.record_bytes, args.shards)
+    ds = stoker.Dataset(paths, num_threads=args.threads)
+    n = len(ds)
+    order = np.random.default_rng(1).permutation(n)
+    batches = [order[i : i + args.batch_size] for i in range(0, n, args.batch_size)]
+    rows = [ds._member_rows(b)[0] for b in batches]
+    files, offsets, lengths = ds._m_file, ds._m_offset, ds._m_length
+    reader = _core.ShardReader(args.threads)
+    table = ds._files
+    plans = []
+    for r in rows:
+        dest = np.arange(len(r), dtype=np.uint64) * np.uint64(args.record_bytes)
+        plans.append((files[r], offsets[r], lengths[r], dest, len(r) * args.record_bytes))
+
+    def shard_reader_sync() -> None:
+        for f, o, ln, d, size in plans:
+            reader.read(table, f, o, ln, d, size).wait()
+
+    def shard_reader_pipelined(depth: int = 4) -> None:
+        in_flight = []
+        for f, o, ln, d, size in plans:
+            in_flight.append(reader.read(table, f, o, ln, d, size))
+            if len(in_flight) >= depth:
+                in_flight.pop(0).wait()
+        for pending in in_flight:
+            pending.wait()
+
+    in_order = []
+    for start in range(0, n, args.batch_size):
+        r = ds._member_rows(np.arange(start, min(n, start + args.batch_size)))[0]
+        dest = np.arange(len(r), dtype=np.uint64) * np.uint64(args.record_bytes)
+        in_order.append((files[r], offsets[r], lengths[r], dest, len(r) * args.record_bytes))
+
+    def shard_reader_in_order() -> None:
+        for f, o, ln, d, size in in_order:
+            reader.read(table, f, o, ln, d, size).wait()
+
+    def dataset_get_batch() -> None:
+        for b in batches:
+            ds.get_batch(b)
+
+    fds = [os.open(p, os.O_RDONLY) for p in paths]
+    flat_files = np.concatenate([p[0] for p in plans]).tolist()
+    flat_offsets = np.concatenate([p[1] for p in plans]).tolist()
+
+    def python_pread() -> None:
+        size = args.record_bytes
+        for f, o in zip(flat_files, flat_offsets):
+            os.pread(fds[f], size, o)
+
+    all_files = np.concatenate([p[0] for p in plans])
+    all_offsets = np.concatenate([p[1] for p in plans])
+    all_lengths = np.concatenate([p[2] for p in plans])
+    bare_seconds = []
+
+    def bare_pread() -> None:
+        bare_seconds.append(
+            _core.bench_pread(table, all_files, all_offsets, all_lengths, args.threads)
+        )
+
+    sequential_read(paths)  # warm the page cache
+    results = {}
+    for name, fn in [
+        ("ceiling: bare C++ pread loop", bare_pread),
+        ("ceiling: sequential read of the shards", lambda: sequential_read(paths)),
+        ("ShardReader.read, one batch at a time", shard_reader_sync),
+        ("ShardReader.read, 4 batches in flight", shard_reader_pipelined),
+        ("ShardReader.read, batches in file order", shard_reader_in_order),
+        ("Dataset.get_batch (dicts per sample)", dataset_get_batch),
+        ("Python os.pread loop, files open", python_pread),
+    ]:
+        seconds = median_seconds(fn, args.runs)
+        if fn is bare_pread:  # its own timer excludes opening the files
+            seconds = statistics.median(bare_seconds[1:])
+        results[name] = n / seconds
+
+    bare = results["ceiling: bare C++ pread loop"]
+    seq = results["ceiling: sequential read of the shards"]
+    mb = args.record_bytes / 1e6
+    print(
+        f"{n} records of {args.record_bytes} bytes in {len(paths)} tar shards, shuffled "
+        f"batches of {args.batch_size}, {args.threads} threads, warm page cache, "
+        f"median of {args.runs} runs"
+    )
+    print(f"{'':42} {'records/s':>11} {'MB/s':>8} {'/ bare pread':>13} {'/ sequential':>13}")
+    for name, rate in results.items():
+        print(f"{name:42} {rate:11,.0f} {rate * mb:8,.0f} {rate / bare:13.2f} {rate / seq:13.2f}")
+    for fd in fds:
+        os.close(fd)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+#include "stoker/io/buffer_pool.hpp"
+
+namespace stoker::io {
+
+std::shared_ptr<AlignedBuffer> BufferPool::get(size_t size) {
+  std::unique_ptr<AlignedBuffer> buffer;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Take the smallest idle buffer that fits, unless it would waste more
+    // than half of itself.
+    size_t best = idle_.size();
+    for (size_t i = 0; i < idle_.size(); ++i) {
+      size_t capacity = idle_[i]->capacity();
+      if (capacity >= size && capacity / 2 <= size &&
+          (best == idle_.size() || capacity < idle_[best]->capacity())) {
+        best = i;
+      }
+    }
+    if (best < idle_.size()) {
+      buffer = std::move(idle_[best]);
+      idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(best));
+      idle_bytes_ -= buffer->capacity();
+    }
+  }
+  if (buffer) {
+    buffer->resize(size);
+  } else {
+    buffer = std::make_unique<AlignedBuffer>(size);
+  }
+  std::weak_ptr<BufferPool> pool = weak_from_this();
+  return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool](AlignedBuffer* b) {
+    if (auto alive = pool.lock()) {
+      alive->put(b);
+    } else {
+      delete b;
+    }
+  });
+}
+
+void BufferPool::put(AlignedBuffer* raw) {
+  std::unique_ptr<AlignedBuffer> buffer(raw);
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (idle_.size() >= max_buffers_ || idle_bytes_ + buffer->capacity() > max_bytes_) return;
+  idle_bytes_ += buffer->capacity();
+  idle_.push_back(std::move(buffer));
+}
+
+size_t BufferPool::idle_buffers() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return idle_.size();
+}
+
+}  // namespace stoker::io
