@@ -2,7 +2,7 @@ import subprocess
 import sys
 
 import stoker
-from conftest import make_samples, write_tar
+from shards import make_samples, write_tar
 from stoker.cli import main
 
 

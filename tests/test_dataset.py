@@ -8,7 +8,7 @@ import zipfile
 import numpy as np
 import pytest
 import stoker
-from conftest import as_bytes, assert_matches, make_samples, write_tar, write_zip
+from shards import as_bytes, assert_matches, make_samples, write_tar, write_zip
 from stoker.sources import expand_braces
 
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import stoker
 import webdataset as wds
-from conftest import as_bytes, assert_matches, make_samples, write_tar
+from shards import as_bytes, assert_matches, make_samples, write_tar
 
 
 @pytest.mark.parametrize(

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import stoker
-from conftest import assert_matches, make_samples, write_zip
+from shards import assert_matches, make_samples, write_zip
 
 
 @pytest.mark.parametrize(
