@@ -1,7 +1,11 @@
 """ShardReader on its own: whole batches of byte ranges into one buffer."""
 
 import os
+import signal
+import subprocess
+import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -69,6 +73,57 @@ def test_missing_file(tmp_path, files):
     with pytest.raises(stoker.ReadError, match=r"nope\.bin: offset 0: cannot open") as err:
         _read(stoker.ShardReader(2), table, [0], [0], [10])
     assert isinstance(err.value, OSError) and err.value.errno == 2
+
+
+def test_directory_is_not_a_file(tmp_path):
+    table = _core.FileTable([str(tmp_path)])
+    with pytest.raises(stoker.ReadError, match="is a directory"):
+        _read(stoker.ShardReader(1), table, [0], [0], [10])
+
+
+_CTRL_C_SCRIPT = """
+import os, signal, sys, threading, time
+import numpy as np
+import stoker
+
+# Shells start background jobs with SIGINT ignored, and Python then leaves it so.
+signal.signal(signal.SIGINT, signal.default_int_handler)
+path = sys.argv[1]
+with open(path, "wb") as f:
+    f.truncate(8 << 20)
+table = stoker.FileTable([path])
+n = 100_000  # 100,000 reads of 4 MiB: minutes of work, unless interrupted
+pending = stoker.ShardReader(1).read(
+    table, np.zeros(n, np.uint32), np.zeros(n, np.uint64), np.full(n, 4 << 20, np.uint64),
+    np.zeros(n, np.uint64), 4 << 20)
+threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT)).start()
+start = time.monotonic()
+try:
+    pending.wait()
+    print("finished without interruption")
+    sys.exit(1)
+except KeyboardInterrupt:
+    elapsed = time.monotonic() - start
+    pending.cancel()
+    try:
+        pending.wait()
+    except stoker.StokerError as e:
+        assert "cancelled" in str(e), e
+    print(f"interrupted after {elapsed:.2f}s")
+    sys.exit(0 if elapsed < 2 else 1)
+"""
+
+
+def test_ctrl_c_interrupts_a_long_wait(tmp_path):
+    # In its own process, so the SIGINT cannot reach the test runner.
+    result = subprocess.run(
+        [sys.executable, "-c", _CTRL_C_SCRIPT, str(tmp_path / "big.bin")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "interrupted after" in result.stdout
 
 
 def test_short_read_never_returns_a_buffer(tmp_path):
@@ -147,6 +202,67 @@ def test_forked_child_gets_its_own_pool(files):
             os._exit(2)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_fork_while_other_threads_read(files):
+    # Locks held by the parent's threads at fork() (fd cache, buffer pool, queue)
+    # must not exist in the child's path: fork many times in the middle of reads.
+    table, blobs = files
+    reader = stoker.ShardReader(2)
+    stop = threading.Event()
+
+    def keep_reading(seed):
+        rng = np.random.default_rng(seed)
+        while not stop.is_set():
+            n = 64
+            ids = rng.integers(0, 5, n).astype(np.uint32)
+            offsets = rng.integers(0, 190_000, n).astype(np.uint64)
+            _read(reader, table, ids, offsets, np.full(n, 4096))
+
+    readers = [threading.Thread(target=keep_reading, args=(s,)) for s in range(2)]
+    for t in readers:
+        t.start()
+    try:
+        for _ in range(25):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    buf, _ = _read(reader, table, [2, 4], [7, 9], [1000, 1000])
+                    ok = (
+                        bytes(buf[:1000]) == blobs[2][7:1007]
+                        and bytes(buf[1000:]) == blobs[4][9:1009]
+                    )
+                    os._exit(0 if ok else 1)
+                except BaseException:
+                    os._exit(2)
+            deadline = time.monotonic() + 20
+            while True:
+                done, status = os.waitpid(pid, os.WNOHANG)
+                if done:
+                    assert os.waitstatus_to_exitcode(status) == 0
+                    break
+                if time.monotonic() > deadline:
+                    os.kill(pid, signal.SIGKILL)
+                    os.waitpid(pid, 0)
+                    pytest.fail("a child forked during reads hung")
+                time.sleep(0.005)
+    finally:
+        stop.set()
+        for t in readers:
+            t.join()
+
+
+def test_batch_outlives_its_reader(files):
+    # Dropping a reader must not block on its batches; whoever waits finishes them.
+    table, blobs = files
+    rng = np.random.default_rng(0)
+    n = 3000
+    ids = rng.integers(0, 5, n).astype(np.uint32)
+    offsets = rng.integers(0, 190_000, n).astype(np.uint64)
+    buf, dest = _read(stoker.ShardReader(1), table, ids, offsets, np.full(n, 4096))
+    for i in range(n):
+        o, d = int(offsets[i]), int(dest[i])
+        assert bytes(buf[d : d + 4096]) == blobs[ids[i]][o : o + 4096]
 
 
 def test_bench_pread(files):

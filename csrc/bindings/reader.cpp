@@ -30,11 +30,15 @@ class PyPendingRead {
  public:
   PyPendingRead(std::shared_ptr<io::PendingRead> pending, py::object result)
       : pending_(std::move(pending)), result_(std::move(result)), pid_(getpid()) {}
+  // Moved-from handles own nothing, so their destructor cancels nothing.
+  PyPendingRead(PyPendingRead&&) = default;
+  PyPendingRead(const PyPendingRead&) = delete;
 
   ~PyPendingRead() {
-    // The reads write into memory `result_` keeps alive: let them finish
-    // before it can be freed.
+    // Nobody can see this batch any more: skip what has not started, and let
+    // the chunks in flight finish before `result_` (their memory) is freed.
     if (pending_ && getpid() == pid_ && !pending_->done()) {
+      pending_->cancel();
       py::gil_scoped_release release;
       try {
         pending_->wait(-1);
@@ -68,6 +72,7 @@ class PyPendingRead {
   }
 
   bool done() const { return pending_->done(); }
+  void cancel() { pending_->cancel(); }
 
  private:
   std::shared_ptr<io::PendingRead> pending_;
@@ -145,7 +150,9 @@ void register_reader(py::module_& m) {
       .def("wait", &PyPendingRead::wait, py::arg("timeout") = py::none(),
            "Block (GIL released, Ctrl-C honoured) until the batch is read; return its buffer. "
            "Raises the batch's error, or TimeoutError after `timeout` seconds.")
-      .def("done", &PyPendingRead::done);
+      .def("done", &PyPendingRead::done)
+      .def("cancel", &PyPendingRead::cancel,
+           "Skip the chunks not yet started; wait() then raises StokerError.");
 
   py::class_<io::ShardReader, std::shared_ptr<io::ShardReader>>(
       m, "ShardReader",

@@ -27,6 +27,15 @@ _readers: dict[tuple[int, int], _core.ShardReader] = {}
 _readers_lock = threading.Lock()
 
 
+def _new_lock_after_fork() -> None:
+    # Another thread may have held the lock at the fork; it does not exist here.
+    global _readers_lock
+    _readers_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
 def shared_reader(num_threads: int | None = None) -> _core.ShardReader:
     """The process's ShardReader for `num_threads` (0 or None: one per core).
 

@@ -21,8 +21,10 @@ constexpr uint64_t kMaxGap = 8 * 1024;
 // ...but a merged read stays small enough to sit in a thread's scratch buffer.
 constexpr uint64_t kMaxRun = 256 * 1024;
 // Work per chunk: small enough that a batch spreads over every thread (and
-// the waiter), big enough that claiming it is noise.
+// the waiter) and that a waiter checks for Ctrl-C often, big enough that
+// claiming it is noise.
 constexpr uint64_t kMinChunkBytes = 32 * 1024;
+constexpr uint64_t kMaxChunkBytes = 4 * 1024 * 1024;
 // Batch buffers kept for reuse: enough for a deep prefetch of large batches.
 constexpr size_t kIdleBuffers = 16;
 constexpr size_t kIdleBufferBytes = 256 * 1024 * 1024;
@@ -157,7 +159,8 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
 void plan_chunks(ReadPlan& plan, size_t num_threads) {
   uint64_t total = 0;
   for (const Run& run : plan.runs) total += run.end - run.start;
-  uint64_t target = std::max<uint64_t>(total / (4 * (num_threads + 1)) + 1, kMinChunkBytes);
+  uint64_t target =
+      std::clamp<uint64_t>(total / (4 * (num_threads + 1)) + 1, kMinChunkBytes, kMaxChunkBytes);
   size_t first = 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < plan.runs.size(); ++i) {
@@ -181,22 +184,35 @@ PendingRead::PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan,
       buffer_(std::move(buffer)),
       remaining_(plan_->chunks.size()) {}
 
-void PendingRead::work() {
+void PendingRead::work(std::chrono::steady_clock::time_point deadline,
+                       const std::atomic<bool>* stop) {
   thread_local std::vector<uint8_t> scratch;
   const size_t chunks = plan_->chunks.size();
-  for (size_t c = next_chunk_.fetch_add(1); c < chunks; c = next_chunk_.fetch_add(1)) {
+  while (next_chunk_.load(std::memory_order_relaxed) < chunks &&
+         std::chrono::steady_clock::now() < deadline &&
+         !(stop && stop->load(std::memory_order_relaxed))) {
+    size_t c = next_chunk_.fetch_add(1);
+    if (c >= chunks) break;
     if (!failed_.load(std::memory_order_relaxed)) {
       try {
         auto [first, last] = plan_->chunks[c];
         for (size_t i = first; i < last; ++i) execute_run(*plan_, plan_->runs[i], *files_, scratch);
       } catch (...) {
-        std::lock_guard<std::mutex> lock(mutex_);
-        if (!error_) error_ = std::current_exception();
-        failed_.store(true, std::memory_order_relaxed);
+        fail(std::current_exception());
       }
     }
     finish_chunk();
   }
+}
+
+void PendingRead::fail(std::exception_ptr error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!error_) error_ = std::move(error);
+  failed_.store(true, std::memory_order_relaxed);
+}
+
+void PendingRead::cancel() {
+  if (!done()) fail(std::make_exception_ptr(Error("the batch was cancelled before it was read")));
 }
 
 void PendingRead::finish_chunk() {
@@ -212,48 +228,52 @@ bool PendingRead::wait(int64_t timeout_ms) {
         "this batch was submitted by the parent process before a fork; its reads are not "
         "running here. Submit it again in this process.");
   }
-  work();
+  using Clock = std::chrono::steady_clock;
+  Clock::time_point deadline = timeout_ms < 0
+                                   ? Clock::time_point::max()
+                                   : Clock::now() + std::chrono::milliseconds(timeout_ms);
+  // A slice of helping is bounded too, so a waiter that must check for
+  // Ctrl-C between slices gets to.
+  work(deadline);
   std::unique_lock<std::mutex> lock(mutex_);
   auto complete = [this] { return remaining_.load(std::memory_order_acquire) == 0; };
   if (timeout_ms < 0) {
     finished_.wait(lock, complete);
-  } else if (!finished_.wait_for(lock, std::chrono::milliseconds(timeout_ms), complete)) {
+  } else if (!finished_.wait_until(lock, deadline, complete)) {
     return false;
   }
   if (error_) std::rethrow_exception(error_);
   return true;
 }
 
+ShardReader::ProcessState::ProcessState(size_t num_threads, size_t max_open_files)
+    : files(std::make_shared<FileCache>(max_open_files)),
+      buffers(std::make_shared<BufferPool>(kIdleBuffers, kIdleBufferBytes)),
+      pool(num_threads) {}
+
 ShardReader::ShardReader(size_t num_threads, size_t max_open_files)
     : num_threads_(num_threads == 0 ? ThreadPool::default_size() : num_threads),
       max_open_files_(max_open_files == 0 ? 1 : max_open_files),
       pid_(getpid()),
-      files_(std::make_shared<FileCache>(max_open_files_)),
-      buffers_(std::make_shared<BufferPool>(kIdleBuffers, kIdleBufferBytes)),
-      pool_(std::make_unique<ThreadPool>(num_threads_)) {}
+      state_(std::make_unique<ProcessState>(num_threads_, max_open_files_)) {}
 
 ShardReader::~ShardReader() {
-  // In a forked child the pool's threads do not exist and its lock may be
-  // held by one of them: joining would hang, so the parent's pool is leaked.
-  if (getpid() != pid_) (void)pool_.release();
+  // In a forked child, joining the parent's threads would hang and its locks
+  // may be held: the parent's state is leaked (see state()).
+  if (getpid() != pid_) (void)state_.release();
 }
 
-void ShardReader::check_process() {
+ShardReader::ProcessState& ShardReader::state() {
   pid_t now = getpid();
-  if (now == pid_) return;
-  (void)pool_.release();  // see the destructor
-  // The cache's lock may also have been held at the fork: start a new one and
-  // leak the old (its descriptors are this process's copies; few and bounded).
-  new std::shared_ptr<FileCache>(std::move(files_));
-  files_ = std::make_shared<FileCache>(max_open_files_);
-  pool_ = std::make_unique<ThreadPool>(num_threads_);
-  pid_ = now;
+  if (now != pid_) {
+    (void)state_.release();  // a few descriptors and idle buffers: bounded
+    state_ = std::make_unique<ProcessState>(num_threads_, max_open_files_);
+    pid_ = now;
+  }
+  return *state_;
 }
 
-size_t ShardReader::open_files() {
-  check_process();
-  return files_->size();
-}
+size_t ShardReader::open_files() { return state().files->size(); }
 
 std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
                                                  std::vector<ReadRequest> requests, uint8_t* dest,
@@ -264,7 +284,7 @@ std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable
 std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
                                                  std::vector<ReadRequest> requests,
                                                  uint64_t dest_size) {
-  auto buffer = buffers_->get(dest_size);
+  auto buffer = state().buffers->get(dest_size);
   uint8_t* dest = buffer->data();
   return submit_into(std::move(files), std::move(requests), dest, dest_size, std::move(buffer));
 }
@@ -274,7 +294,7 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
                                                       uint8_t* dest, uint64_t dest_size,
                                                       std::shared_ptr<AlignedBuffer> buffer) {
   validate(*files, requests, dest_size);
-  check_process();
+  ProcessState& process = state();
   auto plan = std::make_shared<ReadPlan>();
   plan->files = std::move(files);
   plan->requests = std::move(requests);
@@ -283,8 +303,14 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
   plan_chunks(*plan, num_threads_);
 
   size_t helpers = std::min(plan->chunks.size(), num_threads_);
-  auto pending = std::make_shared<PendingRead>(pid_, std::move(plan), files_, std::move(buffer));
-  for (size_t i = 0; i < helpers; ++i) pool_->submit([pending] { pending->work(); });
+  auto pending =
+      std::make_shared<PendingRead>(pid_, std::move(plan), process.files, std::move(buffer));
+  // A batch outlives its pool if it must: whoever waits on it finishes it.
+  const std::atomic<bool>* stop = &process.pool.stopping();
+  for (size_t i = 0; i < helpers; ++i) {
+    process.pool.submit(
+        [pending, stop] { pending->work(std::chrono::steady_clock::time_point::max(), stop); });
+  }
   return pending;
 }
 

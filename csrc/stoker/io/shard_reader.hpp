@@ -7,6 +7,7 @@
 #include <sys/types.h>
 
 #include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
@@ -56,19 +57,24 @@ class PendingRead {
   PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan, std::shared_ptr<FileCache> files,
               std::shared_ptr<AlignedBuffer> buffer);
 
-  // Helps read, then waits up to `timeout_ms` (negative: forever) for chunks
-  // other threads hold. True when the batch is complete; throws the batch's
-  // error if it failed.
+  // Helps read and waits, for up to about `timeout_ms` (negative: forever).
+  // True when the batch is complete; throws the batch's error if it failed.
   bool wait(int64_t timeout_ms);
   bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
+  // Chunks not yet started are skipped; the batch then fails as cancelled.
+  void cancel();
   // The buffer the batch was read into, when the reader allocated it.
   const std::shared_ptr<AlignedBuffer>& buffer() const { return buffer_; }
 
-  // Claims and reads chunks until none are left unclaimed.
-  void work();
+  // Claims and reads chunks until none are left unclaimed, `deadline` has
+  // passed or `*stop` is set (both checked between chunks).
+  void work(
+      std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
+      const std::atomic<bool>* stop = nullptr);
 
  private:
   void finish_chunk();
+  void fail(std::exception_ptr error);
 
   pid_t owner_;
   std::shared_ptr<const ReadPlan> plan_;
@@ -108,15 +114,20 @@ class ShardReader {
                                            std::vector<ReadRequest> requests, uint8_t* dest,
                                            uint64_t dest_size,
                                            std::shared_ptr<AlignedBuffer> buffer);
-  // Replaces the pool and the descriptor cache after a fork.
-  void check_process();
+  // Everything with threads or locks in it. A forked child gets a new one:
+  // the parent's threads do not exist there and may have held its locks.
+  struct ProcessState {
+    ProcessState(size_t num_threads, size_t max_open_files);
+    std::shared_ptr<FileCache> files;  // batches in flight share it
+    std::shared_ptr<BufferPool> buffers;
+    ThreadPool pool;
+  };
+  ProcessState& state();
 
   size_t num_threads_;
   size_t max_open_files_;
   pid_t pid_;
-  std::shared_ptr<FileCache> files_;  // batches in flight share it
-  std::shared_ptr<BufferPool> buffers_;
-  std::unique_ptr<ThreadPool> pool_;
+  std::unique_ptr<ProcessState> state_;
 };
 
 // The ceiling the reader is measured against: the same reads as bare preads on

@@ -9,9 +9,11 @@ ThreadPool::ThreadPool(size_t num_threads)
     : num_threads_(num_threads == 0 ? default_size() : num_threads) {}
 
 ThreadPool::~ThreadPool() {
+  std::deque<std::function<void()>> dropped;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
+    dropped.swap(queue_);
   }
   wake_.notify_all();
   for (auto& worker : workers_) worker.join();
@@ -40,7 +42,7 @@ void ThreadPool::worker_loop() {
     {
       std::unique_lock<std::mutex> lock(mutex_);
       wake_.wait(lock, [this] { return stopping_ || !queue_.empty(); });
-      if (queue_.empty()) return;  // stopping, and nothing left to do
+      if (stopping_) return;
       task = std::move(queue_.front());
       queue_.pop_front();
     }

@@ -1,8 +1,11 @@
 // A fixed pool of worker threads with one FIFO queue. Threads start lazily on
 // the first submit, so building a reader in a process that then forks costs
 // nothing; the owner (ShardReader) replaces the pool after a fork.
+// Destroying the pool drops the tasks still queued and waits only for the
+// running ones, which should watch stopping() to return early.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstddef>
 #include <deque>
@@ -22,6 +25,7 @@ class ThreadPool {
 
   void submit(std::function<void()> task);
   size_t num_threads() const { return num_threads_; }
+  const std::atomic<bool>& stopping() const { return stopping_; }
 
   // A default size from the machine: one thread per core, at least two.
   static size_t default_size();
@@ -34,7 +38,7 @@ class ThreadPool {
   std::condition_variable wake_;
   std::deque<std::function<void()>> queue_;
   std::vector<std::thread> workers_;
-  bool stopping_ = false;
+  std::atomic<bool> stopping_{false};
 };
 
 // Runs fn(i) for i in [0, n) on up to `num_threads` short-lived threads (the
