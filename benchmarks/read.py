@@ -3,7 +3,8 @@
     python benchmarks/read.py [--records 20000] [--record-bytes 12288] [--shards 20]
 
 Makes (once, under --data) tar shards of fixed-size records, warms the page cache, then
-measures in one run, median of --runs runs each:
+measures in one run, the methods taking turns for --runs rounds (median of each, and
+median of the per-round ratios to the ceilings):
 
 - ShardReader.read: shuffled batches of 64, one call per batch, waiting on each;
 - the same with 4 batches in flight (how the loader drives it);
@@ -58,14 +59,21 @@ def sequential_read(paths: list[str]) -> None:
                 pass
 
 
-def median_seconds(fn: Callable[[], None], runs: int) -> float:
-    fn()  # warm-up: page cache, threads, allocator
-    times = []
+def interleaved_seconds(
+    methods: dict[str, Callable[[], float | None]], runs: int
+) -> dict[str, list[float]]:
+    """Seconds per run of each method, the methods taking turns round by round, so
+    that a shared machine's drift hits them alike. A method may return its own
+    timing (to leave out set-up); otherwise the wall time of the call counts."""
+    for fn in methods.values():
+        fn()  # warm-up: page cache, threads, allocator
+    times: dict[str, list[float]] = {name: [] for name in methods}
     for _ in range(runs):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        for name, fn in methods.items():
+            start = time.perf_counter()
+            own = fn()
+            times[name].append(own if own is not None else time.perf_counter() - start)
+    return times
 
 
 def main() -> None:
@@ -75,7 +83,7 @@ def main() -> None:
     parser.add_argument("--shards", type=int, default=20)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--threads", type=int, default=os.cpu_count() or 2)
-    parser.add_argument("--runs", type=int, default=7)
+    parser.add_argument("--runs", type=int, default=9)
     parser.add_argument("--data", default=os.path.join("bench-data", "read"))
     args = parser.parse_args()
 
@@ -132,40 +140,40 @@ def main() -> None:
     all_files = np.concatenate([p[0] for p in plans])
     all_offsets = np.concatenate([p[1] for p in plans])
     all_lengths = np.concatenate([p[2] for p in plans])
-    bare_seconds = []
 
-    def bare_pread() -> None:
-        bare_seconds.append(
-            _core.bench_pread(table, all_files, all_offsets, all_lengths, args.threads)
-        )
+    def bare_pread() -> float:  # its own timer leaves out opening the files
+        return _core.bench_pread(table, all_files, all_offsets, all_lengths, args.threads)
 
-    sequential_read(paths)  # warm the page cache
-    results = {}
-    for name, fn in [
-        ("ceiling: bare C++ pread loop", bare_pread),
-        ("ceiling: sequential read of the shards", lambda: sequential_read(paths)),
-        ("ShardReader.read, one batch at a time", shard_reader_sync),
-        ("ShardReader.read, 4 batches in flight", shard_reader_pipelined),
-        ("ShardReader.read, batches in file order", shard_reader_in_order),
-        ("Dataset.get_batch (dicts per sample)", dataset_get_batch),
-        ("Python os.pread loop, files open", python_pread),
-    ]:
-        seconds = median_seconds(fn, args.runs)
-        if fn is bare_pread:  # its own timer excludes opening the files
-            seconds = statistics.median(bare_seconds[1:])
-        results[name] = n / seconds
+    bare_name, seq_name = "ceiling: bare C++ pread loop", "ceiling: sequential read of the shards"
+    times = interleaved_seconds(
+        {
+            bare_name: bare_pread,
+            seq_name: lambda: sequential_read(paths),
+            "ShardReader.read, one batch at a time": shard_reader_sync,
+            "ShardReader.read, 4 batches in flight": shard_reader_pipelined,
+            "ShardReader.read, batches in file order": shard_reader_in_order,
+            "Dataset.get_batch (dicts per sample)": dataset_get_batch,
+            "Python os.pread loop, files open": python_pread,
+        },
+        args.runs,
+    )
 
-    bare = results["ceiling: bare C++ pread loop"]
-    seq = results["ceiling: sequential read of the shards"]
+    def median_ratio(name: str, ceiling: str) -> float:
+        return statistics.median(c / t for t, c in zip(times[name], times[ceiling]))
+
     mb = args.record_bytes / 1e6
     print(
         f"{n} records of {args.record_bytes} bytes in {len(paths)} tar shards, shuffled "
         f"batches of {args.batch_size}, {args.threads} threads, warm page cache, "
-        f"median of {args.runs} runs"
+        f"{args.runs} interleaved runs: median rate, median of per-run ratios"
     )
     print(f"{'':42} {'records/s':>11} {'MB/s':>8} {'/ bare pread':>13} {'/ sequential':>13}")
-    for name, rate in results.items():
-        print(f"{name:42} {rate:11,.0f} {rate * mb:8,.0f} {rate / bare:13.2f} {rate / seq:13.2f}")
+    for name, seconds in times.items():
+        rate = n / statistics.median(seconds)
+        print(
+            f"{name:42} {rate:11,.0f} {rate * mb:8,.0f} "
+            f"{median_ratio(name, bare_name):13.2f} {median_ratio(name, seq_name):13.2f}"
+        )
     for fd in fds:
         os.close(fd)
 
