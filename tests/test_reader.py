@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 import stoker
+from concurrency import run_in_threads
 from stoker import _core
 
 
@@ -158,28 +159,19 @@ def test_open_files_are_bounded(files):
 def test_many_python_threads(files):
     table, blobs = files
     reader = stoker.ShardReader(2)
-    errors = []
 
     def work(seed):
         rng = np.random.default_rng(seed)
-        try:
-            for _ in range(30):
-                ids = rng.integers(0, 5, 64).astype(np.uint32)
-                offsets = rng.integers(0, 190_000, 64).astype(np.uint64)
-                lengths = np.full(64, 4096, np.uint64)
-                buf, dest = _read(reader, table, ids, offsets, lengths)
-                for i in range(64):
-                    o, d = int(offsets[i]), int(dest[i])
-                    assert bytes(buf[d : d + 4096]) == blobs[ids[i]][o : o + 4096]
-        except Exception as e:  # pragma: no cover - reported below
-            errors.append(e)
+        for _ in range(30):
+            ids = rng.integers(0, 5, 64).astype(np.uint32)
+            offsets = rng.integers(0, 190_000, 64).astype(np.uint64)
+            lengths = np.full(64, 4096, np.uint64)
+            buf, dest = _read(reader, table, ids, offsets, lengths)
+            for i in range(64):
+                o, d = int(offsets[i]), int(dest[i])
+                assert bytes(buf[d : d + 4096]) == blobs[ids[i]][o : o + 4096]
 
-    threads = [threading.Thread(target=work, args=(s,)) for s in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert not errors
+    run_in_threads(work, 8)
 
 
 def test_wait_timeout(files):

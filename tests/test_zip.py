@@ -145,31 +145,32 @@ def test_corrupt_deflate_data(tmp_path):
         ds[0]
 
 
+_CRC_FIELD, _SIZE_FIELD = 16, 24  # in a central directory entry
+
+
+def _deflated_with_field(tmp_path, data: bytes, field: int, value: int) -> stoker.Dataset:
+    """A one-member deflated zip whose central directory lies in one field."""
+    path = write_zip(tmp_path / "one.zip", [("a", {"bin": data})], zipfile.ZIP_DEFLATED)
+    raw = bytearray(Path(path).read_bytes())
+    struct.pack_into("<I", raw, _central_entries(raw)[0] + field, value)
+    return stoker.Dataset(_write(tmp_path, raw))
+
+
 def test_crc_mismatch(tmp_path):
-    samples = [("a", {"txt": b"hello world " * 100})]
-    raw = bytearray(Path(write_zip(tmp_path / "c.zip", samples, zipfile.ZIP_DEFLATED)).read_bytes())
-    entry = _central_entries(raw)[0]
-    struct.pack_into("<I", raw, entry + 16, 0xDEADBEEF)
+    ds = _deflated_with_field(tmp_path, b"hello world " * 100, _CRC_FIELD, 0xDEADBEEF)
     with pytest.raises(stoker.ShardFormatError, match="CRC-32 mismatch"):
-        stoker.Dataset(_write(tmp_path, raw))[0]
+        ds[0]
 
 
 def test_decompression_bomb_refused(tmp_path):
     # A member that inflates to far more than its header declares is refused
     # without inflating past the declared size.
-    samples = [("bomb", {"bin": b"\0" * 50_000_000})]
-    raw = bytearray(Path(write_zip(tmp_path / "b.zip", samples, zipfile.ZIP_DEFLATED)).read_bytes())
-    entry = _central_entries(raw)[0]
-    struct.pack_into("<I", raw, entry + 24, 1000)  # declared uncompressed size
-    ds = stoker.Dataset(_write(tmp_path, raw))
+    ds = _deflated_with_field(tmp_path, b"\0" * 50_000_000, _SIZE_FIELD, 1000)
     with pytest.raises(stoker.ShardFormatError, match="inflates past its declared size"):
         ds[0]
 
 
 def test_deflate_shorter_than_declared(tmp_path):
-    samples = [("a", {"bin": b"abc" * 100})]
-    raw = bytearray(Path(write_zip(tmp_path / "s.zip", samples, zipfile.ZIP_DEFLATED)).read_bytes())
-    entry = _central_entries(raw)[0]
-    struct.pack_into("<I", raw, entry + 24, 301)
+    ds = _deflated_with_field(tmp_path, b"abc" * 100, _SIZE_FIELD, 301)
     with pytest.raises(stoker.ShardFormatError, match="inflates to 300 bytes"):
-        stoker.Dataset(_write(tmp_path, raw))[0]
+        ds[0]

@@ -154,9 +154,7 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) {
 
 ShardIndex index_npy(const std::string& path) {
   WindowReader in(path);
-  ShardIndex index;
-  index.format = "npy";
-  index.file_size = in.size();
+  ShardIndex index("npy", in.size());
 
   const uint8_t* pre = in.at(0, 10, ".npy preamble");
   if (std::memcmp(pre, "\x93NUMPY", 6) != 0) {

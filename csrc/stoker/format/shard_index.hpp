@@ -22,6 +22,10 @@ struct NpyHeader {
 };
 
 struct ShardIndex {
+  ShardIndex() = default;
+  ShardIndex(std::string format_name, uint64_t size)
+      : format(std::move(format_name)), file_size(size) {}
+
   std::string format;  // "tar", "zip" or "npy"
   uint64_t file_size = 0;
 

@@ -126,9 +126,7 @@ PaxOverrides parse_pax(const uint8_t* data, uint64_t size, const std::string& pa
 
 ShardIndex index_tar(const std::string& path) {
   WindowReader in(path);
-  ShardIndex index;
-  index.format = "tar";
-  index.file_size = in.size();
+  ShardIndex index("tar", in.size());
   SampleBuilder samples(index, path);
   if (in.size() == 0) throw FormatError(path, 0, "empty file: not a tar archive");
 

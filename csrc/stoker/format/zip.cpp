@@ -164,9 +164,7 @@ std::vector<Entry> read_entries(WindowReader& in, const CentralDirectory& cd) {
 
 ShardIndex index_zip(const std::string& path) {
   WindowReader in(path);
-  ShardIndex index;
-  index.format = "zip";
-  index.file_size = in.size();
+  ShardIndex index("zip", in.size());
   CentralDirectory cd = find_central_directory(in);
   std::vector<Entry> entries = read_entries(in, cd);
 
