@@ -1,0 +1,114 @@
+"""The order samples are read in: a pure function of (seed, epoch, rank, world size).
+
+Two levels, so data can stream shard by shard: the shards are permuted, then samples are
+drawn at random from a window of ``shuffle_window`` consecutive shards of that order. Each
+rank takes its own contiguous stretch of the epoch's order, so it touches about
+1/world_size of the shards. Nothing here reads data; everything is numpy.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+#: Default number of shards whose samples are mixed together. More mixes better and
+#: holds more shards open (or cached, for remote data) at once.
+DEFAULT_SHUFFLE_WINDOW = 8
+
+
+@dataclass(frozen=True)
+class EpochPlan:
+    """This rank's samples for one epoch, in order, cut into batches."""
+
+    indices: np.ndarray  # int64 global sample indices, this rank's whole epoch
+    batch_size: int
+    drop_last: bool
+
+    def __len__(self) -> int:
+        """Number of batches."""
+        full, rest = divmod(len(self.indices), self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
+
+    def batch(self, k: int) -> np.ndarray:
+        return self.indices[k * self.batch_size : (k + 1) * self.batch_size]
+
+
+def _epoch_rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
+    # Independent streams per (seed, epoch, purpose): changing one never shifts another.
+    return np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, epoch, stream])))
+
+
+def global_order(
+    shard_sizes: np.ndarray,
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The epoch's order of every sample, and the shard order it follows.
+
+    Sample indices are global: shard s holds ``[starts[s], starts[s] + shard_sizes[s])``.
+    Without shuffling both are natural order. With it, shard p of the permuted order has
+    its samples given keys uniform in ``[p, p + window)`` and everything is sorted by key:
+    at any point of the epoch samples come from about ``window`` consecutive shards, and
+    a shard is finished ``window`` shards after it is started.
+    """
+    sizes = np.asarray(shard_sizes, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(sizes)])[:-1]
+    total = int(sizes.sum())
+    if not shuffle:
+        return np.arange(total, dtype=np.int64), np.arange(len(sizes), dtype=np.int64)
+    shard_order = _epoch_rng(seed, epoch, 0).permutation(len(sizes)).astype(np.int64)
+    ordered_sizes = sizes[shard_order]
+    position = np.repeat(np.arange(len(sizes), dtype=np.float64), ordered_sizes)
+    window = max(1, int(shuffle_window))
+    keys = position + _epoch_rng(seed, epoch, 1).random(total) * window
+    # Every sample of the shards in their permuted order, then sorted by key.
+    first = np.repeat(starts[shard_order], ordered_sizes)
+    within = np.arange(total, dtype=np.int64) - np.repeat(
+        np.concatenate([[0], np.cumsum(ordered_sizes)])[:-1], ordered_sizes
+    )
+    samples = first + within
+    return samples[np.argsort(keys, kind="stable")], shard_order
+
+
+def rank_stretch(total: int, rank: int, world_size: int, drop_last: bool) -> tuple[int, int]:
+    """[begin, end) of this rank's stretch of an epoch of `total` samples; `end` may pass
+    `total` (without drop_last the last ranks wrap around to the start)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+    per_rank = total // world_size if drop_last else -(-total // world_size)
+    return rank * per_rank, (rank + 1) * per_rank
+
+
+def plan_epoch(
+    shard_sizes: np.ndarray,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    drop_last: bool,
+    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+) -> EpochPlan:
+    """This rank's batches for `epoch`.
+
+    Every rank gets the same number of samples, hence of batches (DDP hangs otherwise).
+    With ``drop_last`` the ranks are disjoint and the tail of the order is dropped (at most
+    world_size - 1 samples), as is a last partial batch; without it every sample is covered,
+    the last ranks padding with samples from the start of the order.
+    """
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+    order, _ = global_order(
+        shard_sizes, shuffle=shuffle, seed=seed, epoch=epoch, shuffle_window=shuffle_window
+    )
+    begin, end = rank_stretch(len(order), rank, world_size, drop_last)
+    if len(order) == 0:
+        return EpochPlan(np.zeros(0, np.int64), batch_size, drop_last)
+    indices = order[np.arange(begin, end) % len(order)]
+    return EpochPlan(indices, batch_size, drop_last)
