@@ -200,6 +200,24 @@ def test_file_changed_after_indexing(shards):
     ds = stoker.Dataset(str(folder))
     path = folder / "shard-000003.tar"
     path.write_bytes(path.read_bytes()[:2048])
-    with pytest.raises(stoker.ShardFormatError, match="shard-000003.tar: offset .*short read"):
+    with pytest.raises(
+        stoker.ShardFormatError, match="shard-000003.tar: offset 0: the file changed after it"
+    ):
         ds.get_batch(range(len(ds)))
     ds.get_batch(range(10))  # other shards still read
+
+
+def test_file_replaced_after_indexing(tmp_path):
+    # A shard replaced by rename (as a cache refresh would) with bytes of the same size:
+    # a dataset opened after reads the new bytes, never the old descriptor's, and one
+    # opened before fails clearly rather than serve bytes its index does not describe.
+    a = [("k", {"bin": b"A" * 100})]
+    b = [("k", {"bin": b"B" * 100})]
+    path = write_tar(tmp_path / "s.tar", a)
+    old = stoker.Dataset(path)
+    assert bytes(old[0]["bin"]) == b"A" * 100  # its descriptor is now cached
+    write_tar(tmp_path / "new.tar", b)
+    os.replace(tmp_path / "new.tar", path)
+    assert bytes(stoker.Dataset(path)[0]["bin"]) == b"B" * 100
+    with pytest.raises(stoker.ShardFormatError, match="changed after it was indexed"):
+        old[0]

@@ -155,6 +155,16 @@ def test_object_and_structured_refused(tmp_path):
         stoker.Dataset(str(tmp_path / "s.npy"))
 
 
+def test_absurd_count_of_empty_rows_refused(tmp_path):
+    header = "{'descr': '<f4', 'fortran_order': False, 'shape': (8589934592, 0), }"
+    header += " " * (-(len(header) + 11) % 64) + "\n"
+    (tmp_path / "e.npy").write_bytes(
+        b"\x93NUMPY\x01\x00" + len(header).to_bytes(2, "little") + header.encode()
+    )
+    with pytest.raises(stoker.ShardFormatError, match="rows of zero bytes"):
+        stoker.Dataset(str(tmp_path / "e.npy"))
+
+
 def test_zero_d_refused(tmp_path):
     np.save(tmp_path / "z.npy", np.float32(3))
     with pytest.raises(stoker.ShardFormatError, match="0-d"):

@@ -6,6 +6,7 @@ import subprocess
 import sys
 import threading
 import time
+import zlib
 
 import numpy as np
 import pytest
@@ -67,6 +68,44 @@ def test_read_into_caller_buffer(files):
     assert pending.wait() is dest
     assert bytes(dest[:300]) == blobs[0][10:310]
     assert bytes(dest[500:900]) == blobs[2][20:420]
+
+
+def test_read_into_holds_the_buffer_export(files):
+    table, blobs = files
+    dest = bytearray(1000)
+    pending = stoker.ShardReader(2).read_into(dest, table, [0], [10], [300], [0])
+    with pytest.raises(BufferError):
+        dest.extend(b"x")  # would move the memory the threads write into
+    pending.wait()
+    dest.extend(b"x")  # released once the batch is read
+    assert bytes(dest[:300]) == blobs[0][10:310]
+
+
+def test_crc_checked_on_stored_pieces_when_asked(files):
+    table, blobs = files
+    reader = stoker.ShardReader(2)
+    crc = zlib.crc32(blobs[1][0:100])
+    ok = reader.read(
+        table, [1, 1], [0, 100], [100, 100], [0, 100], 200, crcs=[crc, 0], check_crc=[True, False]
+    ).wait()
+    assert bytes(ok[:100]) == blobs[1][:100]
+    with pytest.raises(stoker.ShardFormatError, match="CRC-32 mismatch"):
+        reader.read(
+            table,
+            [1, 1],
+            [0, 100],
+            [100, 100],
+            [0, 100],
+            200,
+            crcs=[crc ^ 1, 0],
+            check_crc=[True, False],
+        ).wait()
+
+
+def test_wait_without_a_finite_timeout(files):
+    table, _ = files
+    for timeout in (float("inf"), float("nan"), 1e300):
+        stoker.ShardReader(1).read(table, [0], [0], [10], [0], 10).wait(timeout=timeout)
 
 
 def test_missing_file(tmp_path, files):

@@ -173,6 +173,17 @@ def test_bad_pax_record(tmp_path):
         stoker.Dataset(str(path))
 
 
+def test_huge_pax_header_refused(tmp_path):
+    path = tmp_path / "bigpax.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("a.txt")
+        info.size = 1
+        info.pax_headers = {"comment": "x" * 2_000_000}
+        tar.addfile(info, io.BytesIO(b"1"))
+    with pytest.raises(stoker.ShardFormatError, match="implausibly large"):
+        stoker.Dataset(str(path))
+
+
 def test_duplicate_field_in_sample(tmp_path):
     path = write_tar(tmp_path / "dup.tar", [("a", {"txt": b"1"})])
     with tarfile.open(path, "a") as tar:

@@ -156,6 +156,15 @@ def _deflated_with_field(tmp_path, data: bytes, field: int, value: int) -> stoke
     return stoker.Dataset(_write(tmp_path, raw))
 
 
+def test_impossible_declared_size_refused_at_open(tmp_path):
+    # More than deflate can produce from so few bytes: refused before any buffer is sized.
+    path = write_zip(tmp_path / "one.zip", [("a", {"bin": b"abc"})], zipfile.ZIP_DEFLATED)
+    raw = bytearray(Path(path).read_bytes())
+    struct.pack_into("<I", raw, _central_entries(raw)[0] + _SIZE_FIELD, 0xF0000000)
+    with pytest.raises(stoker.ShardFormatError, match="more than deflate can produce"):
+        stoker.Dataset(_write(tmp_path, raw))
+
+
 def test_crc_mismatch(tmp_path):
     ds = _deflated_with_field(tmp_path, b"hello world " * 100, _CRC_FIELD, 0xDEADBEEF)
     with pytest.raises(stoker.ShardFormatError, match="CRC-32 mismatch"):

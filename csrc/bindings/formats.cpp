@@ -16,6 +16,8 @@ py::dict index_to_dict(format::ShardIndex&& index) {
   py::dict out;
   out["format"] = index.format;
   out["file_size"] = index.file_size;
+  out["identity"] =
+      py::make_tuple(index.identity.inode, index.identity.size, index.identity.mtime_ns);
   if (index.format == "npy") {
     const format::NpyHeader& npy = index.npy;
     out["descr"] = npy.descr;

@@ -28,8 +28,12 @@ constexpr int64_t kWaitSliceMs = 50;
 
 class PyPendingRead {
  public:
-  PyPendingRead(std::shared_ptr<io::PendingRead> pending, py::object result)
-      : pending_(std::move(pending)), result_(std::move(result)), pid_(getpid()) {}
+  PyPendingRead(std::shared_ptr<io::PendingRead> pending, py::object result,
+                std::unique_ptr<py::buffer_info> export_hold = nullptr)
+      : pending_(std::move(pending)),
+        result_(std::move(result)),
+        export_hold_(std::move(export_hold)),
+        pid_(getpid()) {}
   // Moved-from handles own nothing, so their destructor cancels nothing.
   PyPendingRead(PyPendingRead&&) = default;
   PyPendingRead(const PyPendingRead&) = delete;
@@ -49,6 +53,9 @@ class PyPendingRead {
 
   py::object wait(std::optional<double> timeout) {
     using Clock = std::chrono::steady_clock;
+    // Beyond a year (or not a number) means no timeout; it would overflow a
+    // clock's integer duration.
+    if (timeout && !(*timeout < 365.0 * 24 * 3600)) timeout.reset();
     auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                        std::chrono::duration<double>(timeout.value_or(0.0)));
     for (;;) {
@@ -62,7 +69,10 @@ class PyPendingRead {
         py::gil_scoped_release release;
         finished = pending_->wait(slice);
       }
-      if (finished) return result_;
+      if (finished) {
+        export_hold_.reset();
+        return result_;
+      }
       if (PyErr_CheckSignals() != 0) throw py::error_already_set();
       if (timeout && Clock::now() >= deadline) {
         PyErr_SetString(PyExc_TimeoutError, "the batch is still being read");
@@ -77,6 +87,9 @@ class PyPendingRead {
  private:
   std::shared_ptr<io::PendingRead> pending_;
   py::object result_;  // what wait() returns: the batch buffer
+  // For read_into: the caller's buffer stays exported (a bytearray cannot be
+  // resized, an mmap not closed) while threads write into it.
+  std::unique_ptr<py::buffer_info> export_hold_;
   pid_t pid_;
 };
 
@@ -124,15 +137,46 @@ std::vector<io::ReadRequest> make_requests(
   return requests;
 }
 
+std::shared_ptr<io::FileTable> make_file_table(std::vector<std::string> paths,
+                                               const std::optional<Column<int64_t>>& identities) {
+  auto table = std::make_shared<io::FileTable>();
+  if (identities && identities->size() > 0) {
+    if (identities->ndim() != 2 || identities->shape(1) != 3 ||
+        identities->shape(0) != static_cast<py::ssize_t>(paths.size())) {
+      throw py::value_error("identities must have shape (len(paths), 3)");
+    }
+    auto v = identities->unchecked<2>();
+    for (py::ssize_t i = 0; i < v.shape(0); ++i) {
+      table->identities.push_back(io::FileIdentity{static_cast<uint64_t>(v(i, 0)),
+                                                   static_cast<uint64_t>(v(i, 1)), v(i, 2)});
+    }
+  }
+  table->paths = std::move(paths);
+  return table;
+}
+
+py::array_t<int64_t> identities_array(const io::FileTable& t) {
+  py::array_t<int64_t> out({static_cast<py::ssize_t>(t.identities.size()), py::ssize_t{3}});
+  auto v = out.mutable_unchecked<2>();
+  for (size_t i = 0; i < t.identities.size(); ++i) {
+    v(i, 0) = static_cast<int64_t>(t.identities[i].inode);
+    v(i, 1) = static_cast<int64_t>(t.identities[i].size);
+    v(i, 2) = t.identities[i].mtime_ns;
+  }
+  return out;
+}
+
 }  // namespace
 
 void register_reader(py::module_& m) {
   py::class_<io::FileTable, std::shared_ptr<io::FileTable>>(
       m, "FileTable", "The files a dataset's read requests refer to by index.")
-      .def(py::init([](std::vector<std::string> paths) {
-             return std::make_shared<io::FileTable>(io::FileTable{std::move(paths)});
+      .def(py::init([](std::vector<std::string> paths, std::optional<Column<int64_t>> identities) {
+             return make_file_table(std::move(paths), identities);
            }),
-           py::arg("paths"))
+           py::arg("paths"), py::arg("identities") = py::none(),
+           "identities: optional (n, 3) int64 array of (inode, size, mtime_ns) as indexed; "
+           "reads of a file that no longer matches fail instead of reading other bytes.")
       .def("__len__", [](const io::FileTable& t) { return t.paths.size(); })
       .def("__getitem__",
            [](const io::FileTable& t, size_t i) {
@@ -140,11 +184,13 @@ void register_reader(py::module_& m) {
              return t.paths[i];
            })
       .def_property_readonly("paths", [](const io::FileTable& t) { return t.paths; })
-      .def(py::pickle([](const io::FileTable& t) { return py::make_tuple(t.paths); },
-                      [](py::tuple state) {
-                        return std::make_shared<io::FileTable>(
-                            io::FileTable{state[0].cast<std::vector<std::string>>()});
-                      }));
+      .def_property_readonly("identities", identities_array)
+      .def(py::pickle(
+          [](const io::FileTable& t) { return py::make_tuple(t.paths, identities_array(t)); },
+          [](py::tuple state) {
+            return make_file_table(state[0].cast<std::vector<std::string>>(),
+                                   state[1].cast<Column<int64_t>>());
+          }));
 
   py::class_<PyPendingRead>(m, "PendingRead", "A batch being read; wait() returns its buffer.")
       .def("wait", &PyPendingRead::wait, py::arg("timeout") = py::none(),
@@ -188,16 +234,16 @@ void register_reader(py::module_& m) {
              const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets,
              const OptionalColumn<uint64_t>& out_lengths, const OptionalColumn<uint8_t>& codecs,
              const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc) {
-            py::buffer_info info = dest.request(true);
-            if (!PyBuffer_IsContiguous(info.view(), 'C')) {
+            auto info = std::make_unique<py::buffer_info>(dest.request(true));
+            if (!PyBuffer_IsContiguous(info->view(), 'C')) {
               throw py::value_error("read_into needs a C-contiguous buffer");
             }
             auto requests = make_requests(file_ids, offsets, lengths, dest_offsets, out_lengths,
                                           codecs, crcs, check_crc);
             auto pending = reader.submit(std::move(files), std::move(requests),
-                                         static_cast<uint8_t*>(info.ptr),
-                                         static_cast<uint64_t>(info.size * info.itemsize));
-            return PyPendingRead(std::move(pending), dest);
+                                         static_cast<uint8_t*>(info->ptr),
+                                         static_cast<uint64_t>(info->size * info->itemsize));
+            return PyPendingRead(std::move(pending), dest, std::move(info));
           },
           py::arg("dest"), py::arg("files"), py::arg("file_ids"), py::arg("offsets"),
           py::arg("lengths"), py::arg("dest_offsets"), py::arg("out_lengths") = py::none(),
@@ -223,18 +269,24 @@ void register_reader(py::module_& m) {
       "Returns seconds.");
   m.def("default_num_threads", &io::ThreadPool::default_size);
   m.def(
-      "stat_sizes",
+      "stat_files",
       [](const std::vector<std::string>& paths, size_t num_threads) {
-        std::vector<int64_t> sizes;
+        std::vector<io::FileIdentity> identities;
+        std::vector<int> errors;
         {
           py::gil_scoped_release release;
-          sizes = io::stat_sizes(
-              paths, num_threads == 0 ? io::ThreadPool::default_size() * 4 : num_threads);
+          // Stats are latency, not CPU: on a network mount more threads help.
+          size_t threads = num_threads == 0
+                               ? std::min<size_t>(64, io::ThreadPool::default_size() * 4)
+                               : num_threads;
+          io::stat_files(paths, threads, identities, errors);
         }
-        return vector_to_numpy(std::move(sizes));
+        io::FileTable table{{}, std::move(identities)};
+        return py::make_tuple(identities_array(table), vector_to_numpy(std::move(errors)));
       },
       py::arg("paths"), py::arg("num_threads") = 0,
-      "Sizes of many files, stat'ed in parallel; -errno where a stat failed.");
+      "(identities, errors) of many files, stat'ed in parallel: an (n, 3) int64 array of "
+      "(inode, size, mtime_ns), and the errno of each failed stat (0 where it worked).");
 }
 
 }  // namespace stoker::bindings

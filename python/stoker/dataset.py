@@ -82,7 +82,8 @@ class Dataset:
         for path, entry in shards:
             _check_manifest_size(path, entry)
         indexes = _core.index_shards(paths, formats, num_threads or 0)
-        self._build(paths, indexes)
+        identities = np.array([index["identity"] for index in indexes], np.int64).reshape(-1, 3)
+        self._build(paths, identities, indexes)
 
     @classmethod
     def from_csv(
@@ -120,8 +121,8 @@ class Dataset:
         labels = label_text.astype(np.int64).to_numpy()
         names = names.tolist()
         paths = [os.path.join(root, name) for name in names]
-        sizes = _core.stat_sizes(paths, 0)
-        missing = np.flatnonzero(sizes < 0)
+        identities, errors = _core.stat_files(paths, 0)
+        missing = np.flatnonzero(errors)
         if len(missing):
             shown = ", ".join(paths[i] for i in missing[:5])
             raise located(
@@ -129,8 +130,9 @@ class Dataset:
                 paths[missing[0]],
                 0,
                 f"{len(missing)} file(s) listed in {csv} cannot be read "
-                f"({os.strerror(-int(sizes[missing[0]]))}): {shown}",
+                f"({os.strerror(int(errors[missing[0]]))}): {shown}",
             )
+        sizes = identities[:, 1]
 
         self = cls.__new__(cls)
         self.source = csv
@@ -153,7 +155,7 @@ class Dataset:
             "member_crc": np.zeros(n, np.uint32),
         }
         # Every sample is its own file: file i holds exactly member i.
-        self._build(paths, [index], member_files=np.arange(n, dtype=np.uint32))
+        self._build(paths, identities, [index], member_files=np.arange(n, dtype=np.uint32))
         self._extras["label"] = labels
         return self
 
@@ -162,6 +164,7 @@ class Dataset:
     def _build(
         self,
         paths: list[str],
+        identities: np.ndarray,
         indexes: list[dict],
         member_files: np.ndarray | None = None,
     ) -> None:
@@ -226,7 +229,8 @@ class Dataset:
             return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
 
         self._paths = paths
-        self._files = _core.FileTable(paths)
+        # Reads check that each file is still the one indexed.
+        self._files = _core.FileTable(paths, identities)
         self._m_file = member_files if member_files is not None else cat("file", np.uint32)
         self._m_offset = cat("offset", np.uint64)
         self._m_length = cat("length", np.uint64)

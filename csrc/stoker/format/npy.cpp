@@ -154,7 +154,7 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) {
 
 ShardIndex index_npy(const std::string& path) {
   WindowReader in(path);
-  ShardIndex index("npy", in.size());
+  ShardIndex index("npy", in.identity());
 
   const uint8_t* pre = in.at(0, 10, ".npy preamble");
   if (std::memcmp(pre, "\x93NUMPY", 6) != 0) {
@@ -202,6 +202,13 @@ ShardIndex index_npy(const std::string& path) {
                       "Fortran-ordered array: its rows are not contiguous on disk, so they "
                       "cannot be read as samples. Re-save it with "
                       "numpy.save(path, numpy.ascontiguousarray(a))");
+  }
+  // Rows of zero bytes cost nothing on disk, so the file cannot bound their
+  // number; refuse counts no real array of empty rows needs.
+  constexpr uint64_t kMaxEmptyRows = 1ull << 24;
+  if (row_elements == 0 && header.shape[0] > kMaxEmptyRows) {
+    throw FormatError(path, header_start,
+                      "refusing " + std::to_string(header.shape[0]) + " rows of zero bytes each");
   }
   uint64_t data_bytes;
   if (mul_overflows(row_elements, header.itemsize, header.row_bytes) ||

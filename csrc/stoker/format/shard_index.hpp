@@ -23,11 +23,12 @@ struct NpyHeader {
 
 struct ShardIndex {
   ShardIndex() = default;
-  ShardIndex(std::string format_name, uint64_t size)
-      : format(std::move(format_name)), file_size(size) {}
+  ShardIndex(std::string format_name, const io::FileIdentity& file)
+      : format(std::move(format_name)), file_size(file.size), identity(file) {}
 
   std::string format;  // "tar", "zip" or "npy"
   uint64_t file_size = 0;
+  io::FileIdentity identity;  // the file as indexed; reads check it
 
   // tar and zip. sample_start has one entry per sample plus one.
   std::vector<std::string> keys;

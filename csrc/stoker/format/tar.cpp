@@ -11,6 +11,8 @@ namespace stoker::format {
 namespace {
 
 constexpr uint64_t kBlock = 512;
+// Long names and pax headers are read whole into memory: bound them.
+constexpr uint64_t kMaxMetadata = 1 << 20;
 
 bool all_zero(const uint8_t* block) {
   for (uint64_t i = 0; i < kBlock; ++i) {
@@ -126,7 +128,7 @@ PaxOverrides parse_pax(const uint8_t* data, uint64_t size, const std::string& pa
 
 ShardIndex index_tar(const std::string& path) {
   WindowReader in(path);
-  ShardIndex index("tar", in.size());
+  ShardIndex index("tar", in.identity());
   SampleBuilder samples(index, path);
   if (in.size() == 0) throw FormatError(path, 0, "empty file: not a tar archive");
 
@@ -167,6 +169,11 @@ ShardIndex index_tar(const std::string& path) {
                             " bytes): truncated shard");
     }
     uint64_t next = data + (size + kBlock - 1) / kBlock * kBlock;
+    if ((type == 'L' || type == 'K' || type == 'x' || type == 'g') && size > kMaxMetadata) {
+      throw FormatError(path, pos,
+                        "tar metadata member of " + std::to_string(size) +
+                            " bytes (a long name or pax header) is implausibly large");
+    }
 
     switch (type) {
       case 'L':  // GNU long name of the next member

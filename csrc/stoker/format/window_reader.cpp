@@ -9,7 +9,8 @@ namespace stoker::format {
 WindowReader::WindowReader(const std::string& path, uint64_t window)
     : path_(path),
       fd_(io::open_for_read(path)),
-      size_(io::file_size(fd_.get(), path)),
+      identity_(io::identity_of(fd_.get(), path)),
+      size_(identity_.size),
       window_(window) {}
 
 const uint8_t* WindowReader::at(uint64_t offset, uint64_t length, const char* what) {

@@ -15,6 +15,7 @@ class WindowReader {
   explicit WindowReader(const std::string& path, uint64_t window = 64 * 1024);
 
   uint64_t size() const { return size_; }
+  const io::FileIdentity& identity() const { return identity_; }
   const std::string& path() const { return path_; }
   // Pointer to bytes [offset, offset + length), valid until the next call.
   // Throws FormatError if the file ends before offset + length; `what` says
@@ -24,6 +25,7 @@ class WindowReader {
  private:
   std::string path_;
   io::FileDescriptor fd_;
+  io::FileIdentity identity_;
   uint64_t size_;
   uint64_t window_;
   std::vector<uint8_t> buffer_;

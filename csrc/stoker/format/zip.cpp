@@ -164,7 +164,7 @@ std::vector<Entry> read_entries(WindowReader& in, const CentralDirectory& cd) {
 
 ShardIndex index_zip(const std::string& path) {
   WindowReader in(path);
-  ShardIndex index("zip", in.size());
+  ShardIndex index("zip", in.identity());
   CentralDirectory cd = find_central_directory(in);
   std::vector<Entry> entries = read_entries(in, cd);
 
@@ -185,6 +185,15 @@ ShardIndex index_zip(const std::string& path) {
       }
     } else if (e.method == 8) {
       codec = io::Codec::kDeflate;
+      // Deflate cannot expand more than about 1032:1; a larger claim is a lie
+      // that would only make us allocate for bytes that cannot come.
+      if (e.uncompressed / 1032 > e.compressed + 1) {
+        throw FormatError(path, e.entry_pos,
+                          "deflated member '" + e.name + "' declares " +
+                              std::to_string(e.uncompressed) + " bytes from " +
+                              std::to_string(e.compressed) +
+                              " compressed, more than deflate can produce");
+      }
     } else {
       throw FormatError(path, e.entry_pos,
                         "member '" + e.name + "' uses compression method " +

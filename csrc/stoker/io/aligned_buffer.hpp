@@ -14,7 +14,10 @@ class AlignedBuffer {
   static constexpr size_t kAlignment = 4096;
 
   explicit AlignedBuffer(size_t size)
-      : size_(size), capacity_((size + kAlignment - 1) / kAlignment * kAlignment) {
+      : size_(size),
+        capacity_(
+            size > SIZE_MAX - kAlignment ? 0 : (size + kAlignment - 1) / kAlignment * kAlignment) {
+    if (size > SIZE_MAX - kAlignment) throw std::bad_alloc();
     if (capacity_ == 0) capacity_ = kAlignment;
     data_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity_));
     if (data_ == nullptr) throw std::bad_alloc();

@@ -1,5 +1,7 @@
 #include "stoker/io/buffer_pool.hpp"
 
+#include <unistd.h>
+
 namespace stoker::io {
 
 std::shared_ptr<AlignedBuffer> BufferPool::get(size_t size) {
@@ -28,8 +30,11 @@ std::shared_ptr<AlignedBuffer> BufferPool::get(size_t size) {
     buffer = std::make_unique<AlignedBuffer>(size);
   }
   std::weak_ptr<BufferPool> pool = weak_from_this();
-  return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool](AlignedBuffer* b) {
-    if (auto alive = pool.lock()) {
+  pid_t owner = getpid();
+  return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool, owner](AlignedBuffer* b) {
+    // In a forked child the pool's lock may be held by a parent thread that
+    // is not here: free the buffer instead of returning it.
+    if (auto alive = getpid() == owner ? pool.lock() : nullptr) {
       alive->put(b);
     } else {
       delete b;

@@ -1,12 +1,15 @@
 #include "stoker/io/file_cache.hpp"
 
+#include "stoker/errors.hpp"
+
 namespace stoker::io {
 
-std::shared_ptr<const FileDescriptor> FileCache::get(const std::string& path) {
+std::shared_ptr<const FileDescriptor> FileCache::get(const std::string& path,
+                                                     const FileIdentity& expected) {
   {
     std::lock_guard<std::mutex> lock(mutex_);
     auto it = entries_.find(path);
-    if (it != entries_.end()) {
+    if (it != entries_.end() && (!expected.known() || it->second.identity == expected)) {
       lru_.splice(lru_.begin(), lru_, it->second.position);
       return it->second.fd;
     }
@@ -14,18 +17,27 @@ std::shared_ptr<const FileDescriptor> FileCache::get(const std::string& path) {
   // Open outside the lock: on a network mount an open can take milliseconds
   // and other threads should keep reading meanwhile.
   auto fd = std::make_shared<const FileDescriptor>(open_for_read(path));
+  FileIdentity identity = identity_of(fd->get(), path);
+  if (expected.known() && identity != expected) {
+    throw FormatError(path, 0,
+                      "the file changed after it was indexed (now " +
+                          std::to_string(identity.size) + " bytes, inode " +
+                          std::to_string(identity.inode) + "; indexed " +
+                          std::to_string(expected.size) + " bytes, inode " +
+                          std::to_string(expected.inode) + "): open the dataset again");
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(path);
-  if (it != entries_.end()) {  // another thread opened it first; keep theirs
-    lru_.splice(lru_.begin(), lru_, it->second.position);
-    return it->second.fd;
+  if (it != entries_.end()) {  // replace whatever is cached: this one is checked
+    lru_.erase(it->second.position);
+    entries_.erase(it);
   }
   while (entries_.size() >= capacity_) {
     entries_.erase(lru_.back());
     lru_.pop_back();
   }
   lru_.push_front(path);
-  entries_.emplace(path, Entry{fd, lru_.begin()});
+  entries_.emplace(path, Entry{fd, identity, lru_.begin()});
   return fd;
 }
 

@@ -18,7 +18,11 @@ class FileCache {
  public:
   explicit FileCache(size_t capacity) : capacity_(capacity == 0 ? 1 : capacity) {}
 
-  std::shared_ptr<const FileDescriptor> get(const std::string& path);
+  // A descriptor for `path`. When `expected` is known, the file must still be
+  // the one indexed: a replaced or rewritten file is a FormatError, never a
+  // read of other bytes than the index describes.
+  std::shared_ptr<const FileDescriptor> get(const std::string& path,
+                                            const FileIdentity& expected = {});
   size_t capacity() const { return capacity_; }
   size_t size() const;
 
@@ -26,6 +30,7 @@ class FileCache {
   using Lru = std::list<std::string>;
   struct Entry {
     std::shared_ptr<const FileDescriptor> fd;
+    FileIdentity identity;
     Lru::iterator position;
   };
 

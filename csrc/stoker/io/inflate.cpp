@@ -51,6 +51,10 @@ void inflate_exact(const uint8_t* src, uint64_t src_length, uint8_t* dest, uint6
       uint8_t probe;
       z.next_out = &probe;
       z.avail_out = 1;
+      if (z.avail_in == 0 && in_left > 0) {
+        z.avail_in = static_cast<uInt>(std::min<uint64_t>(in_left, UINT_MAX));
+        in_left -= z.avail_in;
+      }
       status = inflate(&z, Z_NO_FLUSH);
       if (status == Z_STREAM_END && z.avail_out == 1) break;
       throw FormatError(path, offset,

@@ -43,13 +43,22 @@ FileDescriptor open_for_read(const std::string& path) {
   return FileDescriptor(fd);
 }
 
-uint64_t file_size(int fd, const std::string& path) {
+namespace {
+
+FileIdentity identity_from(const struct stat& st) {
+  return FileIdentity{static_cast<uint64_t>(st.st_ino), static_cast<uint64_t>(st.st_size),
+                      static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec};
+}
+
+}  // namespace
+
+FileIdentity identity_of(int fd, const std::string& path) {
   struct stat st;
   if (::fstat(fd, &st) != 0) {
     int err = errno;
     throw ReadError(path, 0, err, std::string("cannot stat: ") + std::strerror(err));
   }
-  return static_cast<uint64_t>(st.st_size);
+  return identity_from(st);
 }
 
 namespace {
@@ -110,19 +119,20 @@ void preadv_exact(int fd, const std::string& path, struct iovec* iov, int count,
   }
 }
 
-std::vector<int64_t> stat_sizes(const std::vector<std::string>& paths, size_t num_threads) {
-  std::vector<int64_t> sizes(paths.size());
+void stat_files(const std::vector<std::string>& paths, size_t num_threads,
+                std::vector<FileIdentity>& identities, std::vector<int>& errors) {
+  identities.assign(paths.size(), FileIdentity{});
+  errors.assign(paths.size(), 0);
   parallel_for(paths.size(), num_threads, [&](size_t i) {
     struct stat st;
     if (::stat(paths[i].c_str(), &st) != 0) {
-      sizes[i] = -errno;
+      errors[i] = errno;
     } else if (S_ISDIR(st.st_mode)) {
-      sizes[i] = -EISDIR;
+      errors[i] = EISDIR;
     } else {
-      sizes[i] = static_cast<int64_t>(st.st_size);
+      identities[i] = identity_from(st);
     }
   });
-  return sizes;
 }
 
 }  // namespace stoker::io

@@ -78,14 +78,15 @@ void plan_runs(ReadPlan& plan) {
 
 // Scatter buffers for a run whose pieces are stored and in file order without
 // overlaps: each piece straight into its place, each gap into `discard`. Empty
-// false when the run needs the scratch path (compressed or overlapping pieces).
+// false when the run needs the scratch path (compressed, CRC-checked or
+// overlapping pieces).
 bool scatter_list(const ReadPlan& plan, const Run& run, uint8_t* discard,
                   std::vector<struct iovec>& iov) {
   iov.clear();
   uint64_t at = run.start;
   for (uint32_t k = run.first; k < run.first + run.count; ++k) {
     const ReadRequest& r = plan.requests[plan.order[k]];
-    if (r.codec != Codec::kStored || r.offset < at) return false;
+    if (r.codec != Codec::kStored || r.check_crc || r.offset < at) return false;
     if (r.offset > at) iov.push_back({discard, static_cast<size_t>(r.offset - at)});
     iov.push_back({plan.dest + r.dest_offset, static_cast<size_t>(r.length)});
     at = r.offset + r.length;
@@ -112,8 +113,9 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
 
 void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
                  std::vector<uint8_t>& scratch) {
-  const std::string& path = plan.files->paths[run.file];
-  auto fd = cache.get(path);
+  const FileTable& table = *plan.files;
+  const std::string& path = table.paths[run.file];
+  auto fd = cache.get(path, table.identities.empty() ? FileIdentity{} : table.identities[run.file]);
   static uint8_t discard[kMaxGap];  // gap bytes land here and are never read
   thread_local std::vector<struct iovec> iov;
   if (scatter_list(plan, run, discard, iov)) {
@@ -212,6 +214,8 @@ void PendingRead::fail(std::exception_ptr error) {
 }
 
 void PendingRead::cancel() {
+  // A batch from before a fork: its lock may be held by a thread not here.
+  if (getpid() != owner_) return;
   if (!done()) fail(std::make_exception_ptr(Error("the batch was cancelled before it was read")));
 }
 

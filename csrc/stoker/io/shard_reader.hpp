@@ -32,6 +32,7 @@ enum class Codec : uint8_t {
 // shared with every batch, so a request is three integers, not a path.
 struct FileTable {
   std::vector<std::string> paths;
+  std::vector<FileIdentity> identities;  // as indexed; empty or one per path
 };
 
 struct ReadRequest {

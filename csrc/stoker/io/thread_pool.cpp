@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <system_error>
 
 namespace stoker::io {
 
@@ -57,7 +58,13 @@ void parallel_for(size_t n, size_t num_threads, const std::function<void(size_t)
   };
   size_t count = std::min(std::max<size_t>(num_threads, 1), n);
   std::vector<std::thread> threads;
-  for (size_t t = 1; t < count; ++t) threads.emplace_back(work);
+  for (size_t t = 1; t < count; ++t) {
+    try {
+      threads.emplace_back(work);
+    } catch (const std::system_error&) {
+      break;  // out of threads (a pids limit): the ones running share the rest
+    }
+  }
   work();
   for (auto& thread : threads) thread.join();
 }
