@@ -28,6 +28,7 @@ import time
 from collections.abc import Callable
 
 import numpy as np
+
 import stoker
 from stoker import _core
 

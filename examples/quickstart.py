@@ -1,6 +1,6 @@
 """Write a few tar shards with the standard library, then read them with stoker.
 
-    python examples/quickstart.py
+python examples/quickstart.py
 """
 
 import io

@@ -1,8 +1,9 @@
 import subprocess
 import sys
 
-import stoker
 from shards import make_samples, write_tar
+
+import stoker
 from stoker.cli import main
 
 

@@ -6,9 +6,10 @@ import zipfile
 
 import numpy as np
 import pytest
-import stoker
 from concurrency import run_in_threads
 from shards import as_bytes, assert_matches, make_samples, write_tar, write_zip
+
+import stoker
 from stoker.sources import expand_braces
 
 

@@ -2,6 +2,7 @@ import io
 
 import numpy as np
 import pytest
+
 import stoker
 
 DTYPES = [

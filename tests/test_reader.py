@@ -10,8 +10,9 @@ import zlib
 
 import numpy as np
 import pytest
-import stoker
 from concurrency import run_in_threads
+
+import stoker
 from stoker import _core
 
 

@@ -2,6 +2,7 @@
 
 import numpy as np
 import pytest
+
 from stoker.sampler import global_order, plan_epoch
 
 

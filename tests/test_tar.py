@@ -4,9 +4,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import stoker
 import webdataset as wds
 from shards import as_bytes, assert_matches, make_samples, write_tar
+
+import stoker
 
 
 @pytest.mark.parametrize(

@@ -4,8 +4,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import stoker
 from shards import assert_matches, make_samples, write_zip
+
+import stoker
 
 
 @pytest.mark.parametrize(
