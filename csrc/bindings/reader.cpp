@@ -83,6 +83,7 @@ class PyPendingRead {
 
   bool done() const { return pending_->done(); }
   void cancel() { pending_->cancel(); }
+  double busy_seconds() const { return pending_->busy_seconds(); }
 
  private:
   std::shared_ptr<io::PendingRead> pending_;
@@ -197,6 +198,8 @@ void register_reader(py::module_& m) {
            "Block (GIL released, Ctrl-C honoured) until the batch is read; return its buffer. "
            "Raises the batch's error, or TimeoutError after `timeout` seconds.")
       .def("done", &PyPendingRead::done)
+      .def("busy_seconds", &PyPendingRead::busy_seconds,
+           "Thread time spent reading and decoding this batch, summed over threads.")
       .def("cancel", &PyPendingRead::cancel,
            "Skip the chunks not yet started; wait() then raises StokerError.");
 

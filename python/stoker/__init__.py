@@ -12,10 +12,17 @@ from stoker._core import (
 )
 from stoker._core import __version__ as __version__
 from stoker.dataset import Dataset
+from stoker.fields import Bytes, Int, Npy, Raw
+from stoker.loader import Loader
 
 __all__ = [
     "ChecksumError",
+    "Bytes",
     "Dataset",
+    "Int",
+    "Loader",
+    "Npy",
+    "Raw",
     "FetchError",
     "FileTable",
     "PendingRead",

@@ -263,14 +263,22 @@ class Dataset:
         return list(self._paths)
 
     def key(self, i: int) -> str:
-        i = self._check_index(i)
-        shard = int(np.searchsorted(self._shard_start, i, side="right")) - 1
-        local = i - int(self._shard_start[shard])
-        keys = self._shard_keys[shard] if shard < len(self._shard_keys) else None
-        if keys is None:  # rows of a .npy shard
-            stem = os.path.splitext(os.path.basename(self._paths[shard]))[0]
-            return f"{stem}/{local}"
-        return keys[local]
+        return self.keys([self._check_index(i)])[0]
+
+    def keys(self, indices: Sequence[int] | np.ndarray) -> list[str]:
+        """Keys of samples `indices` (non-negative)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        shards = np.searchsorted(self._shard_start, idx, side="right") - 1
+        local = idx - self._shard_start[shards]
+        out = []
+        for shard, row in zip(shards.tolist(), local.tolist()):
+            keys = self._shard_keys[shard] if shard < len(self._shard_keys) else None
+            if keys is None:  # rows of a .npy shard
+                stem = os.path.splitext(os.path.basename(self._paths[shard]))[0]
+                out.append(f"{stem}/{row}")
+            else:
+                out.append(keys[row])
+        return out
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get_batch([i])[0]
@@ -287,28 +295,8 @@ class Dataset:
             raise IndexError(f"sample {bad} out of range for a dataset of {n}")
         idx = np.where(idx < 0, idx + n, idx)
         rows, bounds = self._member_rows(idx)
-        buffer, starts = self._read_members(rows)
-
-        fields = self._m_field[rows].tolist()
-        decoders = self._m_decoder[rows].tolist()
-        begins = starts.tolist()
-        lengths = self._m_out[rows].tolist()
-        bounds = bounds.tolist()
-        extras = {name: values[idx].tolist() for name, values in self._extras.items()}
-        samples = []
-        for s, i in enumerate(idx.tolist()):
-            sample: dict[str, Any] = {"__key__": self.key(i)}
-            for m in range(bounds[s], bounds[s + 1]):
-                view = buffer[begins[m] : begins[m] + lengths[m]]
-                decoder = self._decoders[decoders[m]]
-                if decoder is not None:
-                    dtype, shape = decoder
-                    view = view.view(dtype).reshape(shape)
-                sample[self._field_names[fields[m]]] = view
-            for name, values in extras.items():
-                sample[name] = values[s]
-            samples.append(sample)
-        return samples
+        buffer = self._submit_members(rows).wait()
+        return self._samples_from(buffer, idx, rows, bounds)
 
     # -- internals the loader builds on ---------------------------------------
 
@@ -328,12 +316,16 @@ class Dataset:
         rows = np.arange(bounds[-1], dtype=np.int64) + np.repeat(starts - bounds[:-1], counts)
         return rows, bounds
 
-    def _read_members(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _submit_members(
+        self, rows: np.ndarray, dest: np.ndarray | None = None, size: int | None = None
+    ) -> _core.PendingRead:
+        """Start reading member `rows`; by default each lands at the next aligned offset."""
         out = self._m_out[rows]
-        dest, size = _aligned_offsets(out)
+        if dest is None:
+            dest, size = _aligned_offsets(out)
         codecs = self._m_codec[rows]
         compressed = bool((codecs != _CODEC_STORED).any())
-        pending = shared_reader(self.num_threads).read(
+        return shared_reader(self.num_threads).read(
             self._files,
             self._m_file[rows],
             self._m_offset[rows],
@@ -344,7 +336,32 @@ class Dataset:
             codecs=codecs if compressed else None,
             crcs=self._m_crc[rows] if compressed else None,
         )
-        return pending.wait(), dest
+
+    def _samples_from(
+        self, buffer: np.ndarray, idx: np.ndarray, rows: np.ndarray, bounds: np.ndarray
+    ) -> list[dict[str, Any]]:
+        """Sample dicts viewing `buffer`, as read by _submit_members(rows) by default."""
+        starts, _ = _aligned_offsets(self._m_out[rows])
+        fields = self._m_field[rows].tolist()
+        decoders = self._m_decoder[rows].tolist()
+        begins = starts.tolist()
+        lengths = self._m_out[rows].tolist()
+        bounds = bounds.tolist()
+        extras = {name: values[idx].tolist() for name, values in self._extras.items()}
+        samples = []
+        for s, key in enumerate(self.keys(idx)):
+            sample: dict[str, Any] = {"__key__": key}
+            for m in range(bounds[s], bounds[s + 1]):
+                view = buffer[begins[m] : begins[m] + lengths[m]]
+                decoder = self._decoders[decoders[m]]
+                if decoder is not None:
+                    dtype, shape = decoder
+                    view = view.view(dtype).reshape(shape)
+                sample[self._field_names[fields[m]]] = view
+            for name, values in extras.items():
+                sample[name] = values[s]
+            samples.append(sample)
+        return samples
 
     def __repr__(self) -> str:
         return f"Dataset({len(self)} samples in {len(self._paths)} files, fields {self.fields})"

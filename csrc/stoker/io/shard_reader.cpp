@@ -196,12 +196,17 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
     size_t c = next_chunk_.fetch_add(1);
     if (c >= chunks) break;
     if (!failed_.load(std::memory_order_relaxed)) {
+      auto started = std::chrono::steady_clock::now();
       try {
         auto [first, last] = plan_->chunks[c];
         for (size_t i = first; i < last; ++i) execute_run(*plan_, plan_->runs[i], *files_, scratch);
       } catch (...) {
         fail(std::current_exception());
       }
+      busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                             std::chrono::steady_clock::now() - started)
+                             .count(),
+                         std::memory_order_relaxed);
     }
     finish_chunk();
   }

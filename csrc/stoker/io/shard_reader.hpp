@@ -64,6 +64,8 @@ class PendingRead {
   bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
   // Chunks not yet started are skipped; the batch then fails as cancelled.
   void cancel();
+  // Thread time spent reading and decoding this batch so far, summed over threads.
+  double busy_seconds() const { return busy_ns_.load(std::memory_order_relaxed) * 1e-9; }
   // The buffer the batch was read into, when the reader allocated it.
   const std::shared_ptr<AlignedBuffer>& buffer() const { return buffer_; }
 
@@ -84,6 +86,7 @@ class PendingRead {
   std::atomic<size_t> next_chunk_{0};
   std::atomic<size_t> remaining_;
   std::atomic<bool> failed_{false};
+  std::atomic<int64_t> busy_ns_{0};
   std::mutex mutex_;
   std::condition_variable finished_;
   std::exception_ptr error_;

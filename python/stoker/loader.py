@@ -1,0 +1,470 @@
+"""The Loader: ``for batch in stoker.Loader(ds, batch_size=64): ...``.
+
+Batches are planned by the sampler (a pure function of seed, epoch, rank and world size),
+read ``prefetch`` batches ahead by the C++ reader, and handed out as dicts of torch tensors.
+With ``fields=`` a whole batch is laid out by numpy index arithmetic and read with one call
+into one recycled buffer, which the tensors view without a copy; the buffer goes back for
+reuse only when every tensor viewing it is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from stoker.dataset import Dataset, shared_reader
+from stoker.errors import ShardFormatError, StokerError, located
+from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
+from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch
+
+_STATE_VERSION = 1
+_ALIGN = 64
+_INT_WIDTH = 64  # bytes of text an Int() member may have, whitespace included
+
+
+def _torch() -> Any:
+    try:
+        import torch
+    except ImportError as e:  # pragma: no cover - torch is a test dependency
+        raise StokerError("stoker.Loader hands out torch tensors: pip install torch") from e
+    return torch
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """rank and world size: as given, else torch.distributed's when it is initialised,
+    else the RANK / WORLD_SIZE environment, else 0 and 1."""
+    if rank is not None and world_size is not None:
+        found = rank, world_size
+    else:
+        found = None
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                found = dist.get_rank(), dist.get_world_size()
+        except ImportError:  # pragma: no cover
+            pass
+        if found is None:
+            found = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        found = (found[0] if rank is None else rank, found[1] if world_size is None else world_size)
+    if not 0 <= found[0] < found[1]:
+        raise StokerError(f"rank {found[0]} is not in [0, world_size={found[1]})")
+    return found
+
+
+@dataclass
+class _Stats:
+    samples: int = 0
+    batches: int = 0
+    bytes: int = 0
+    wait_s: float = 0.0  # the consumer blocked in __next__
+    read_busy_s: float = 0.0  # thread time spent reading and decoding, summed
+    started: float | None = None
+
+
+@dataclass
+class _Layout:
+    """Where each field of one batch lies in its buffer, and how to hand it out."""
+
+    indices: np.ndarray
+    fixed: list[tuple[str, int, np.dtype, tuple[int, ...]]] = field(default_factory=list)
+    ints: list[tuple[str, int, int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    blobs: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
+    extras: list[str] = field(default_factory=list)
+    nbytes: int = 0
+
+
+class Loader:
+    """Batches of `dataset` for this rank, in the sampler's order. See the README."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int = 64,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        map: Callable[[dict[str, Any]], Any] | None = None,  # noqa: A002 - the contract's name
+        collate: Callable[[list[Any]], Any] | None = None,
+        device: str = "cpu",
+        fields: Mapping[str, FieldSpec] | None = None,
+        num_threads: int | None = None,
+        prefetch: int = 4,
+        shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, not {prefetch}")
+        if str(device) != "cpu":
+            raise StokerError(
+                f"device={device!r}: batches on the GPU come with stoker's CUDA path, which "
+                "this build does not have yet; use device='cpu' and move the batch"
+            )
+        if fields is not None and (map is not None or collate is not None):
+            raise StokerError("fields= is the declarative fast path; it takes no map= or collate=")
+        self._torch = _torch()
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.prefetch = prefetch
+        self.shuffle_window = shuffle_window
+        self.map = map
+        self.collate = collate or default_collate
+        self.fields = dict(fields) if fields is not None else None
+        if self.fields is not None:
+            self._check_fields()
+        self._reader = shared_reader(num_threads)
+        self._num_threads = num_threads or self._reader.num_threads
+        self._executor: ThreadPoolExecutor | None = None
+        self._epoch = 0
+        self._position = 0  # batches of the current epoch already handed out
+        self._plans: dict[int, EpochPlan] = {}
+        self._stats = _Stats()
+        self._npy_layouts: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+
+    # -- order, epochs, resume ------------------------------------------------
+
+    def _plan(self, epoch: int) -> EpochPlan:
+        plan = self._plans.get(epoch)
+        if plan is None:
+            sizes = np.diff(self.dataset._shard_start)
+            plan = plan_epoch(
+                sizes,
+                batch_size=self.batch_size,
+                shuffle=self.shuffle,
+                seed=self.seed,
+                epoch=epoch,
+                rank=self.rank,
+                world_size=self.world_size,
+                drop_last=self.drop_last,
+                shuffle_window=self.shuffle_window,
+            )
+            self._plans = {epoch: plan}  # one epoch's order at a time
+        return plan
+
+    def __len__(self) -> int:
+        return len(self._plan(self._epoch))
+
+    def set_epoch(self, epoch: int) -> None:
+        """Start epoch `epoch` (a new shuffle) with the next iteration."""
+        self._epoch = int(epoch)
+        self._position = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: small and JSON-serialisable. A Loader loaded with it yields
+        exactly the batches this one would have yielded next."""
+        return {
+            "version": _STATE_VERSION,
+            "epoch": self._epoch,
+            "batches_done": self._position,
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "drop_last": self.drop_last,
+            "rank": self.rank,
+            "world_size": self.world_size,
+            "samples": len(self.dataset),
+            "shuffle_window": self.shuffle_window,
+        }
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        if state.get("version") != _STATE_VERSION:
+            raise StokerError(f"loader state version {state.get('version')} is not supported")
+        mine = self.state_dict()
+        for key in (
+            "seed",
+            "shuffle",
+            "batch_size",
+            "drop_last",
+            "samples",
+            "shuffle_window",
+            "world_size",
+            "rank",
+        ):
+            if state[key] != mine[key]:
+                raise StokerError(
+                    f"cannot resume: the state has {key}={state[key]!r} but this loader has "
+                    f"{mine[key]!r} (resuming across a change of world size is not supported "
+                    "yet)"
+                )
+        self._epoch = int(state["epoch"])
+        self._position = int(state["batches_done"])
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the loader was made; cheap enough to leave on."""
+        s = self._stats
+        elapsed = time.perf_counter() - s.started if s.started is not None else 0.0
+        return {
+            "samples": s.samples,
+            "batches": s.batches,
+            "bytes": s.bytes,
+            "elapsed_s": elapsed,
+            "wait_s": s.wait_s,
+            "read_busy_s": s.read_busy_s,
+            "input_bound_fraction": s.wait_s / elapsed if elapsed > 0 else 0.0,
+            "samples_per_s": s.samples / elapsed if elapsed > 0 else 0.0,
+        }
+
+    # -- iteration ------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        epoch = self._epoch
+        plan = self._plan(epoch)
+        if self._stats.started is None:
+            self._stats.started = time.perf_counter()
+        next_batch = self._position
+        in_flight: deque[tuple[Any, Any]] = deque()
+        try:
+            while True:
+                while len(in_flight) < self.prefetch and next_batch < len(plan):
+                    in_flight.append(self._submit(plan.batch(next_batch)))
+                    next_batch += 1
+                if not in_flight:
+                    break
+                start = time.perf_counter()
+                batch = self._finish(*in_flight.popleft())
+                self._stats.wait_s += time.perf_counter() - start
+                self._stats.batches += 1
+                self._position += 1
+                yield batch
+        finally:
+            for pending, _ in in_flight:  # a loop left early: stop reading ahead
+                pending.cancel()
+        self._epoch, self._position = epoch + 1, 0
+
+    def _submit(self, indices: np.ndarray) -> tuple[Any, Any]:
+        if self.fields is not None:
+            return self._submit_fields(indices)
+        ds = self.dataset
+        rows, bounds = ds._member_rows(indices)
+        return ds._submit_members(rows), (indices, rows, bounds)
+
+    def _finish(self, pending: Any, layout: Any) -> dict[str, Any]:
+        buffer = pending.wait()
+        self._stats.read_busy_s += pending.busy_seconds()
+        self._stats.bytes += int(buffer.nbytes)
+        if self.fields is not None:
+            batch = self._assemble_fields(buffer, layout)
+            self._stats.samples += len(layout.indices)
+            return batch
+        indices, rows, bounds = layout
+        samples = self.dataset._samples_from(buffer, indices, rows, bounds)
+        if self.map is not None:
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(self._num_threads, "stoker-map")
+                weakref.finalize(self, self._executor.shutdown, wait=False)
+            samples = list(self._executor.map(self.map, samples))
+        self._stats.samples += len(samples)
+        return self.collate(samples)
+
+    # -- the fields= fast path ------------------------------------------------
+
+    def _check_fields(self) -> None:
+        have = set(self.dataset.fields)
+        for name, spec in self.fields.items():
+            if not isinstance(spec, (Raw, Int, Npy, Bytes)):
+                raise StokerError(f"field {name!r}: {spec!r} is not a stoker field decoder")
+            if name not in have:
+                raise StokerError(f"field {name!r} is in no sample; the dataset has {sorted(have)}")
+            if name in self.dataset._extras and not isinstance(spec, Int):
+                raise StokerError(f"field {name!r} is an integer column: use stoker.Int()")
+
+    def _field_rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
+        """For each named field read from shards, the member row of every sample."""
+        ds = self.dataset
+        rows, bounds = ds._member_rows(indices)
+        sample_of = np.repeat(np.arange(len(indices)), np.diff(bounds))
+        member_field = ds._m_field[rows]
+        out = {}
+        for name in self.fields:
+            if name in ds._extras:
+                continue
+            chosen = np.full(len(indices), -1, np.int64)
+            hit = member_field == ds._field_names.index(name)
+            chosen[sample_of[hit]] = rows[hit]
+            if (chosen < 0).any():
+                i = int(indices[np.flatnonzero(chosen < 0)[0]])
+                raise StokerError(f"sample {ds.key(i)!r} (#{i}) has no field {name!r}")
+            out[name] = chosen
+        return out
+
+    def _bad_member(self, row: int, what: str) -> ShardFormatError:
+        ds = self.dataset
+        return located(
+            ShardFormatError, ds._paths[int(ds._m_file[row])], int(ds._m_offset[row]), what
+        )
+
+    def _submit_fields(self, indices: np.ndarray) -> tuple[Any, _Layout]:
+        ds = self.dataset
+        n = len(indices)
+        layout = _Layout(indices)
+        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (member rows, dest offsets)
+        at = 0
+
+        def region(size: int) -> int:
+            nonlocal at
+            base = at
+            at += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+            return base
+
+        for name, member_rows in self._field_rows(indices).items():
+            spec = self.fields[name]
+            out = ds._m_out[member_rows]
+            if isinstance(spec, (Raw, Npy)):
+                if isinstance(spec, Raw):
+                    dtype, shape, nbytes = np.dtype(spec.dtype), spec.shape, spec.nbytes
+                else:
+                    dtype, shape = self._npy_layout(name, member_rows)
+                    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                wrong = np.flatnonzero(out != nbytes)
+                if len(wrong):
+                    row = int(member_rows[wrong[0]])
+                    raise self._bad_member(
+                        row,
+                        f"field {name!r} of sample {ds.key(int(indices[wrong[0]]))!r} is "
+                        f"{int(out[wrong[0]])} bytes, not the {nbytes} of {shape} {dtype}",
+                    )
+                base = region(n * nbytes)
+                parts.append(
+                    (member_rows, base + np.arange(n, dtype=np.uint64) * np.uint64(nbytes))
+                )
+                layout.fixed.append((name, base, dtype, shape))
+            elif isinstance(spec, Int):
+                too_long = np.flatnonzero(out > _INT_WIDTH)
+                if len(too_long):
+                    raise self._bad_member(
+                        int(member_rows[too_long[0]]),
+                        f"field {name!r} is {int(out[too_long[0]])} bytes: too long for an integer",
+                    )
+                base = region(n * _INT_WIDTH)
+                parts.append(
+                    (member_rows, base + np.arange(n, dtype=np.uint64) * np.uint64(_INT_WIDTH))
+                )
+                layout.ints.append((name, base, spec.max_digits, out.astype(np.int64), member_rows))
+            else:  # Bytes
+                padded = (out + np.uint64(_ALIGN - 1)) & ~np.uint64(_ALIGN - 1)
+                starts = np.cumsum(padded) - padded
+                base = region(int(padded.sum()))
+                parts.append((member_rows, np.uint64(base) + starts))
+                layout.blobs.append((name, base + starts.astype(np.int64), out.astype(np.int64)))
+        layout.extras = [name for name in self.fields if name in ds._extras]
+        layout.nbytes = at
+        if parts:
+            rows = np.concatenate([p[0] for p in parts])
+            dest = np.concatenate([p[1] for p in parts]).astype(np.uint64)
+        else:
+            rows, dest = np.zeros(0, np.int64), np.zeros(0, np.uint64)
+        return ds._submit_members(rows, dest=dest, size=at), layout
+
+    def _npy_layout(self, name: str, member_rows: np.ndarray) -> tuple[np.dtype, tuple[int, ...]]:
+        ds = self.dataset
+        decoders = np.unique(ds._m_decoder[member_rows])
+        if len(decoders) != 1 or ds._decoders[int(decoders[0])] is None:
+            raise self._bad_member(
+                int(member_rows[0]),
+                f"field {name!r}: stoker.Npy() reads rows of .npy shards, and every sample "
+                "of a batch must share one dtype and row shape",
+            )
+        return ds._decoders[int(decoders[0])]
+
+    def _assemble_fields(self, buffer: np.ndarray, layout: _Layout) -> dict[str, Any]:
+        torch = self._torch
+        ds = self.dataset
+        n = len(layout.indices)
+        batch: dict[str, Any] = {}
+        for name, base, dtype, shape in layout.fixed:
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            view = buffer[base : base + n * nbytes].view(dtype).reshape(n, *shape)
+            batch[name] = torch.from_numpy(view)
+        for name, base, max_digits, lengths, member_rows in layout.ints:
+            text = buffer[base : base + n * _INT_WIDTH].reshape(n, _INT_WIDTH)
+            values, bad = parse_ascii_ints(text, lengths, max_digits)
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                shown = bytes(text[i, : lengths[i]])
+                raise self._bad_member(
+                    int(member_rows[i]), f"field {name!r} is not an integer: {shown!r}"
+                )
+            batch[name] = torch.from_numpy(values)
+        for name, starts, lengths in layout.blobs:
+            batch[name] = [buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist())]
+        for name in layout.extras:
+            batch[name] = torch.from_numpy(ds._extras[name][layout.indices].astype(np.int64))
+        batch["__key__"] = ds.keys(layout.indices)
+        return batch
+
+
+def parse_ascii_ints(
+    text: np.ndarray, lengths: np.ndarray, max_digits: int = 18
+) -> tuple[np.ndarray, np.ndarray]:
+    """Integers from rows of ASCII text (row i is ``text[i, :lengths[i]]``), vectorised.
+    Whitespace around the number is allowed; returns (values, bad) with bad[i] where row i
+    is not an optional sign followed by 1 to min(max_digits, 18) digits."""
+    n, width = text.shape
+    pos = np.arange(width)
+    valid = pos[None, :] < lengths[:, None]
+    c = np.where(valid, text, ord(" ")).astype(np.int64)
+    space = (c == 32) | (c == 9) | (c == 10) | (c == 13)
+    digit = (c >= 48) & (c <= 57)
+    solid = ~space
+    has_text = solid.any(axis=1)
+    first = np.argmax(solid, axis=1)
+    last = width - 1 - np.argmax(solid[:, ::-1], axis=1)
+    inside = (pos[None, :] >= first[:, None]) & (pos[None, :] <= last[:, None])
+    lead = c[np.arange(n), first]
+    signed = (lead == 45) | (lead == 43)
+    sign_at = signed[:, None] & (pos[None, :] == first[:, None])
+    bad = ~has_text | (inside & ~digit & ~sign_at).any(axis=1)
+    ndigits = last - first + 1 - signed
+    bad |= (ndigits < 1) | (ndigits > min(max_digits, 18))
+    power = np.clip(last[:, None] - pos[None, :], 0, 18)
+    weights = np.where(inside & digit, 10**power, 0)
+    values = ((c - 48) * weights).sum(axis=1)
+    values = np.where(lead == 45, -values, values)
+    return np.where(bad, 0, values).astype(np.int64), bad
+
+
+def default_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+    """Stack what stacks: equal-shape arrays into one tensor, numbers into a tensor, the rest
+    (and ``__key__``) into lists."""
+    import torch
+
+    if not samples:
+        return {}
+    if not isinstance(samples[0], Mapping):
+        return samples  # map= returned something else: the user's to collate
+    out: dict[str, Any] = {}
+    for key in samples[0]:
+        values = [s[key] for s in samples]
+        first = values[0]
+        if key == "__key__":
+            out[key] = values
+        elif isinstance(first, torch.Tensor) and all(
+            isinstance(v, torch.Tensor) and v.shape == first.shape for v in values
+        ):
+            out[key] = torch.stack(values)
+        elif isinstance(first, np.ndarray) and all(
+            isinstance(v, np.ndarray) and v.shape == first.shape and v.dtype == first.dtype
+            for v in values
+        ):
+            out[key] = torch.from_numpy(np.stack(values))
+        elif all(isinstance(v, (int, float, np.integer, np.floating)) for v in values):
+            out[key] = torch.as_tensor(values)
+        else:
+            out[key] = values
+    return out

@@ -1,0 +1,284 @@
+"""Loader: order, ranks, resume, zero-copy batches, errors, the fields= and map= paths."""
+
+import io
+import json
+import tarfile
+
+import numpy as np
+import pytest
+import torch
+from shards import write_tar
+
+import stoker
+from stoker.loader import parse_ascii_ints
+
+SHAPE = (3, 4, 4)
+
+
+def _write_dataset(folder, n_shards=5, per_shard=37, seed=0):
+    """Shards of samples with a fixed-shape 'raw', an integer 'cls' and variable 'jpg'."""
+    rng = np.random.default_rng(seed)
+    truth = {}
+    for s in range(n_shards):
+        samples = []
+        for i in range(per_shard):
+            key = f"s{s}/{i:04d}"
+            raw = rng.integers(0, 256, int(np.prod(SHAPE)), dtype=np.uint8).tobytes()
+            cls = int(rng.integers(-5, 1000))
+            jpg = rng.bytes(int(rng.integers(1, 200)))
+            fields = {"raw": raw, "cls": f" {cls}\n".encode(), "jpg": jpg}
+            samples.append((key, fields))
+            truth[key] = (raw, cls, jpg)
+        write_tar(folder / f"shard-{s:04d}.tar", samples)
+    return stoker.Dataset(str(folder)), truth
+
+
+FIELDS = {"raw": stoker.Raw(SHAPE, "uint8"), "cls": stoker.Int(), "jpg": stoker.Bytes()}
+
+
+@pytest.fixture
+def data(tmp_path):
+    return _write_dataset(tmp_path)
+
+
+def _keys(loader):
+    return [key for batch in loader for key in batch["__key__"]]
+
+
+def test_batches_hold_the_bytes_on_disk(data):
+    ds, truth = data
+    seen = 0
+    for batch in stoker.Loader(ds, 16, fields=FIELDS):
+        assert batch["raw"].shape[1:] == SHAPE and batch["raw"].dtype == torch.uint8
+        for j, key in enumerate(batch["__key__"]):
+            raw, cls, jpg = truth[key]
+            assert batch["raw"][j].numpy().tobytes() == raw
+            assert int(batch["cls"][j]) == cls
+            assert bytes(batch["jpg"][j]) == jpg
+            seen += 1
+    assert seen == len(ds)
+
+
+@pytest.mark.parametrize("threads,prefetch", [(1, 1), (2, 4), (5, 9)])
+def test_order_independent_of_threads_and_prefetch(data, threads, prefetch):
+    ds, _ = data
+    reference = _keys(stoker.Loader(ds, 10, fields=FIELDS, seed=4))
+    again = _keys(
+        stoker.Loader(ds, 10, fields=FIELDS, seed=4, num_threads=threads, prefetch=prefetch)
+    )
+    assert again == reference
+
+
+def test_epochs_reshuffle_and_cover_the_same_samples(data):
+    ds, truth = data
+    loader = stoker.Loader(ds, 16, fields=FIELDS)
+    first, second = _keys(loader), _keys(loader)  # epochs advance by themselves
+    assert sorted(first) == sorted(second) == sorted(truth)
+    assert first != second
+    loader.set_epoch(0)
+    assert _keys(loader) == first
+    assert _keys(stoker.Loader(ds, 16, fields=FIELDS, shuffle=False)) == ds.keys(range(len(ds)))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3, 4])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_ranks(data, world, drop_last):
+    ds, truth = data
+    loaders = [
+        stoker.Loader(ds, 8, fields=FIELDS, rank=r, world_size=world, drop_last=drop_last)
+        for r in range(world)
+    ]
+    per_rank = [_keys(loader) for loader in loaders]
+    assert len({len(loader) for loader in loaders}) == 1  # same number of batches
+    union = [k for keys in per_rank for k in keys]
+    if drop_last:
+        assert len(set(union)) == len(union)  # disjoint
+    else:
+        assert set(union) == set(truth)  # covering
+
+
+def test_rank_from_environment(data, monkeypatch):
+    ds, _ = data
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "3")
+    loader = stoker.Loader(ds, 8, fields=FIELDS)
+    assert (loader.rank, loader.world_size) == (1, 3)
+    with pytest.raises(stoker.StokerError, match="rank 3"):
+        stoker.Loader(ds, 8, rank=3, world_size=3)
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 7, 12, 13, 25])
+def test_resume_is_exact(data, stop_after):
+    ds, _ = data
+    # 185 samples, batches of 15: 13 per epoch; stop points cross the epoch boundary
+    first = stoker.Loader(ds, 15, fields=FIELDS, seed=9)
+    state = first.state_dict() if stop_after == 0 else None
+    expected, taken = [], 0
+    for _ in range(2):
+        for batch in first:
+            taken += 1
+            if taken > stop_after:
+                expected.append(batch["__key__"])
+            if taken == stop_after:  # after `stop_after` batches, through JSON
+                state = json.loads(json.dumps(first.state_dict()))
+    resumed = stoker.Loader(ds, 15, fields=FIELDS, seed=9, num_threads=3, prefetch=1)
+    resumed.load_state_dict(state)
+    got = []
+    while len(got) < len(expected):
+        got.extend(batch["__key__"] for batch in resumed)
+    assert got[: len(expected)] == expected
+
+
+def test_resume_refuses_a_different_setup(data):
+    ds, _ = data
+    state = stoker.Loader(ds, 15, fields=FIELDS).state_dict()
+    with pytest.raises(stoker.StokerError, match="batch_size=15"):
+        stoker.Loader(ds, 16, fields=FIELDS).load_state_dict(state)
+
+
+def test_held_batches_are_never_overwritten(data):
+    ds, _ = data
+    held, copies = [], []
+    for _ in range(3):
+        for batch in stoker.Loader(ds, 8, fields=FIELDS, prefetch=2):
+            held.append(batch["raw"])
+            copies.append(batch["raw"].clone())
+    assert all(torch.equal(h, c) for h, c in zip(held, copies))
+
+
+def test_npy_rows(tmp_path):
+    a = np.arange(40 * 6, dtype="<f4").reshape(40, 2, 3)
+    np.save(tmp_path / "a.npy", a)
+    ds = stoker.Dataset(str(tmp_path / "a.npy"))
+    rows = []
+    for batch in stoker.Loader(ds, 16, fields={"npy": stoker.Npy()}, shuffle=False):
+        assert batch["npy"].dtype == torch.float32
+        rows.append(batch["npy"].numpy())
+    assert np.array_equal(np.concatenate(rows), a)
+
+
+def test_csv_labels_as_a_field(tmp_path):
+    root = tmp_path / "files"
+    root.mkdir()
+    lines = ["filename,label"]
+    for i in range(20):
+        (root / f"{i}.raw").write_bytes(bytes([i]) * 48)
+        lines.append(f"{i}.raw,{i * 3}")
+    (tmp_path / "labels.csv").write_text("\n".join(lines))
+    ds = stoker.Dataset.from_csv(tmp_path / "labels.csv", root)
+    loader = stoker.Loader(ds, 8, fields={"raw": stoker.Raw(SHAPE), "label": stoker.Int()})
+    for batch in loader:
+        for j, key in enumerate(batch["__key__"]):
+            assert int(batch["label"][j]) == int(key) * 3
+            assert batch["raw"][j].flatten()[0] == int(key)
+
+
+def test_map_path(data):
+    ds, truth = data
+
+    def decode(sample):
+        raw = np.frombuffer(sample["raw"], np.uint8).reshape(SHAPE).astype(np.float32)
+        return {
+            "__key__": sample["__key__"],
+            "image": raw / 255,
+            "label": int(bytes(sample["cls"])),
+        }
+
+    batches = list(stoker.Loader(ds, 16, map=decode))
+    batch = batches[0]
+    assert batch["image"].shape == (16, *SHAPE) and batch["image"].dtype == torch.float32
+    assert batch["label"].tolist() == [truth[k][1] for k in batch["__key__"]]
+    assert sum(len(b["__key__"]) for b in batches) == len(ds)
+
+
+# -- errors and clean-up ------------------------------------------------------
+
+
+def test_wrong_raw_size(data):
+    ds, _ = data
+    with pytest.raises(stoker.ShardFormatError, match=r"shard-\d+\.tar: offset \d+: field 'raw'"):
+        next(iter(stoker.Loader(ds, 8, fields={"raw": stoker.Raw((5,))})))
+
+
+def test_not_an_integer(tmp_path):
+    samples = [(f"k{i}", {"cls": b"12" if i != 5 else b"twelve"}) for i in range(10)]
+    path = write_tar(tmp_path / "ints.tar", samples)
+    loader = stoker.Loader(stoker.Dataset(path), 10, fields={"cls": stoker.Int()})
+    with pytest.raises(stoker.ShardFormatError, match=r"ints\.tar: offset \d+: .*b'twelve'"):
+        next(iter(loader))
+
+
+def test_missing_field(tmp_path):
+    path = tmp_path / "m.tar"
+    with tarfile.open(path, "w") as tar:
+        for name in ["a.cls", "a.raw", "b.cls"]:
+            info = tarfile.TarInfo(name)
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"1"))
+    loader = stoker.Loader(
+        stoker.Dataset(str(path)), 2, shuffle=False, fields={"raw": stoker.Bytes()}
+    )
+    with pytest.raises(stoker.StokerError, match="sample 'b' .* has no field 'raw'"):
+        next(iter(loader))
+    with pytest.raises(stoker.StokerError, match="field 'png' is in no sample"):
+        stoker.Loader(stoker.Dataset(str(path)), 2, fields={"png": stoker.Bytes()})
+
+
+def test_a_bad_shard_fails_its_batch_without_hanging(tmp_path):
+    ds, _ = _write_dataset(tmp_path, n_shards=3)
+    (tmp_path / "shard-0002.tar").write_bytes(b"")  # truncated after the dataset opened
+    loader = stoker.Loader(ds, 8, fields=FIELDS, shuffle=False)
+    it = iter(loader)
+    for _ in range(4):  # the first shard's batches are fine
+        next(it)
+    with pytest.raises(stoker.ShardFormatError, match="shard-0002.tar"):
+        for _ in it:
+            pass
+
+
+def test_breaking_out_cancels_reads_ahead(data):
+    ds, _ = data
+    loader = stoker.Loader(ds, 4, fields=FIELDS, prefetch=8)
+    for i, _ in enumerate(loader):
+        if i == 2:
+            break
+    # the loop resumes where it stopped: three batches were handed out
+    assert loader.state_dict()["batches_done"] == 3
+
+
+def test_cuda_device_is_a_clear_error(data):
+    ds, _ = data
+    with pytest.raises(stoker.StokerError, match="device='cuda'"):
+        stoker.Loader(ds, 8, device="cuda")
+
+
+def test_stats(data):
+    ds, _ = data
+    loader = stoker.Loader(ds, 16, fields=FIELDS)
+    for _ in loader:
+        pass
+    stats = loader.stats()
+    assert stats["samples"] == len(ds) and stats["batches"] == len(loader)
+    assert stats["bytes"] > 0 and 0 <= stats["input_bound_fraction"] <= 1
+
+
+def test_parse_ascii_ints():
+    texts = [
+        b"0",
+        b"-12",
+        b" 42\n",
+        b"+7",
+        b"",
+        b"1 2",
+        b"x",
+        b"-",
+        b"9" * 19,
+        b"123456789012345678",
+    ]
+    width = 24
+    mat = np.zeros((len(texts), width), np.uint8)
+    for i, t in enumerate(texts):
+        mat[i, : len(t)] = np.frombuffer(t, np.uint8)
+    values, bad = parse_ascii_ints(mat, np.array([len(t) for t in texts]))
+    assert bad.tolist() == [False, False, False, False, True, True, True, True, True, False]
+    assert values[[0, 1, 2, 3, 9]].tolist() == [0, -12, 42, 7, 123456789012345678]
