@@ -3,11 +3,12 @@
 import io
 import json
 import tarfile
+import zipfile
 
 import numpy as np
 import pytest
 import torch
-from shards import write_tar
+from shards import write_tar, write_zip
 
 import stoker
 from stoker.loader import parse_ascii_ints
@@ -173,6 +174,20 @@ def test_csv_labels_as_a_field(tmp_path):
             assert batch["raw"][j].flatten()[0] == int(key)
 
 
+def test_int_and_raw_fields_of_a_deflated_zip(tmp_path):
+    # Compressed members are inflated by the reader; their integers are parsed afterwards.
+    samples = [
+        (f"k{i:03d}", {"cls": b"%d" % (i * 7 - 30), "raw": bytes([i]) * 48}) for i in range(40)
+    ]
+    path = write_zip(tmp_path / "d.zip", samples, zipfile.ZIP_DEFLATED)
+    fields = {"cls": stoker.Int(), "raw": stoker.Raw(SHAPE)}
+    for batch in stoker.Loader(stoker.Dataset(path), 16, fields=fields):
+        for j, key in enumerate(batch["__key__"]):
+            i = int(key[1:])
+            assert int(batch["cls"][j]) == i * 7 - 30
+            assert batch["raw"][j].flatten().tolist() == [i] * 48
+
+
 def test_map_path(data):
     ds, truth = data
 
@@ -204,7 +219,9 @@ def test_not_an_integer(tmp_path):
     samples = [(f"k{i}", {"cls": b"12" if i != 5 else b"twelve"}) for i in range(10)]
     path = write_tar(tmp_path / "ints.tar", samples)
     loader = stoker.Loader(stoker.Dataset(path), 10, fields={"cls": stoker.Int()})
-    with pytest.raises(stoker.ShardFormatError, match=r"ints\.tar: offset \d+: .*b'twelve'"):
+    with pytest.raises(
+        stoker.ShardFormatError, match=r"ints\.tar: offset \d+: not an integer: 'twelve'"
+    ):
         next(iter(loader))
 
 

@@ -246,6 +246,7 @@ class Dataset:
         self._field_names = field_names
         self._decoders = decoders
         self._extras: dict[str, np.ndarray] = {}
+        self._key_array: np.ndarray | None = None
 
     # -- the public surface --------------------------------------------------
 
@@ -267,18 +268,16 @@ class Dataset:
 
     def keys(self, indices: Sequence[int] | np.ndarray) -> list[str]:
         """Keys of samples `indices` (non-negative)."""
-        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        shards = np.searchsorted(self._shard_start, idx, side="right") - 1
-        local = idx - self._shard_start[shards]
-        out = []
-        for shard, row in zip(shards.tolist(), local.tolist()):
-            keys = self._shard_keys[shard] if shard < len(self._shard_keys) else None
-            if keys is None:  # rows of a .npy shard
-                stem = os.path.splitext(os.path.basename(self._paths[shard]))[0]
-                out.append(f"{stem}/{row}")
-            else:
-                out.append(keys[row])
-        return out
+        if self._key_array is None:  # built on first use: one array lookup per batch after
+            parts = []
+            for shard, keys in enumerate(self._shard_keys):
+                if keys is None:  # rows of a .npy shard
+                    stem = os.path.splitext(os.path.basename(self._paths[shard]))[0]
+                    count = int(self._shard_start[shard + 1] - self._shard_start[shard])
+                    keys = [f"{stem}/{row}" for row in range(count)]
+                parts.append(np.array(keys, dtype=object))
+            self._key_array = np.concatenate(parts) if parts else np.zeros(0, object)
+        return self._key_array[np.asarray(indices, dtype=np.int64).reshape(-1)].tolist()
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get_batch([i])[0]
@@ -317,13 +316,21 @@ class Dataset:
         return rows, bounds
 
     def _submit_members(
-        self, rows: np.ndarray, dest: np.ndarray | None = None, size: int | None = None
+        self,
+        rows: np.ndarray,
+        dest: np.ndarray | None = None,
+        size: int | None = None,
+        codecs: np.ndarray | None = None,
+        out: np.ndarray | None = None,
     ) -> _core.PendingRead:
-        """Start reading member `rows`; by default each lands at the next aligned offset."""
-        out = self._m_out[rows]
+        """Start reading member `rows`; by default each lands, as stored, at the next aligned
+        offset. `codecs` and `out` (decoded lengths) override how members are decoded."""
+        if out is None:
+            out = self._m_out[rows]
         if dest is None:
             dest, size = _aligned_offsets(out)
-        codecs = self._m_codec[rows]
+        if codecs is None:
+            codecs = self._m_codec[rows]
         compressed = bool((codecs != _CODEC_STORED).any())
         return shared_reader(self.num_threads).read(
             self._files,

@@ -28,6 +28,7 @@ from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch
 _STATE_VERSION = 1
 _ALIGN = 64
 _INT_WIDTH = 64  # bytes of text an Int() member may have, whitespace included
+_CODEC_ASCII_INT = 2  # the reader parses the text into an int64 (io::Codec::kAsciiInt)
 
 
 def _torch() -> Any:
@@ -135,7 +136,7 @@ class Loader:
         self._position = 0  # batches of the current epoch already handed out
         self._plans: dict[int, EpochPlan] = {}
         self._stats = _Stats()
-        self._npy_layouts: dict[str, tuple[np.dtype, tuple[int, ...]]] = {}
+        self._member_table: dict[str, np.ndarray] | None = None
 
     # -- order, epochs, resume ------------------------------------------------
 
@@ -287,16 +288,19 @@ class Loader:
     def _field_rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """For each named field read from shards, the member row of every sample."""
         ds = self.dataset
-        rows, bounds = ds._member_rows(indices)
-        sample_of = np.repeat(np.arange(len(indices)), np.diff(bounds))
-        member_field = ds._m_field[rows]
+        if self._member_table is None:  # once per loader: sample -> member row, per field
+            sample_of = np.repeat(np.arange(len(ds)), np.diff(ds._member_start))
+            self._member_table = {}
+            for name in self.fields:
+                if name in ds._extras:
+                    continue
+                rows = np.full(len(ds), -1, np.int64)
+                hit = np.flatnonzero(ds._m_field == ds._field_names.index(name))
+                rows[sample_of[hit]] = hit
+                self._member_table[name] = rows
         out = {}
-        for name in self.fields:
-            if name in ds._extras:
-                continue
-            chosen = np.full(len(indices), -1, np.int64)
-            hit = member_field == ds._field_names.index(name)
-            chosen[sample_of[hit]] = rows[hit]
+        for name, table in self._member_table.items():
+            chosen = table[indices]
             if (chosen < 0).any():
                 i = int(indices[np.flatnonzero(chosen < 0)[0]])
                 raise StokerError(f"sample {ds.key(i)!r} (#{i}) has no field {name!r}")
@@ -313,7 +317,8 @@ class Loader:
         ds = self.dataset
         n = len(indices)
         layout = _Layout(indices)
-        parts: list[tuple[np.ndarray, np.ndarray]] = []  # (member rows, dest offsets)
+        # (member rows, dest offsets, codecs, decoded lengths)
+        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         at = 0
 
         def region(size: int) -> int:
@@ -340,10 +345,16 @@ class Loader:
                         f"{int(out[wrong[0]])} bytes, not the {nbytes} of {shape} {dtype}",
                     )
                 base = region(n * nbytes)
-                parts.append(
-                    (member_rows, base + np.arange(n, dtype=np.uint64) * np.uint64(nbytes))
-                )
+                offsets = base + np.arange(n, dtype=np.uint64) * np.uint64(nbytes)
+                parts.append((member_rows, offsets, ds._m_codec[member_rows], out))
                 layout.fixed.append((name, base, dtype, shape))
+            elif isinstance(spec, Int) and not ds._m_codec[member_rows].any():
+                # Parsed by the reader threads, straight into an int64 column.
+                base = region(n * 8)
+                offsets = base + np.arange(n, dtype=np.uint64) * np.uint64(8)
+                codecs = np.full(n, _CODEC_ASCII_INT, np.uint8)
+                parts.append((member_rows, offsets, codecs, np.full(n, 8, np.uint64)))
+                layout.fixed.append((name, base, np.dtype(np.int64), ()))
             elif isinstance(spec, Int):
                 too_long = np.flatnonzero(out > _INT_WIDTH)
                 if len(too_long):
@@ -351,25 +362,32 @@ class Loader:
                         int(member_rows[too_long[0]]),
                         f"field {name!r} is {int(out[too_long[0]])} bytes: too long for an integer",
                     )
+                # Compressed members (a deflated zip): inflated by the reader, parsed here.
                 base = region(n * _INT_WIDTH)
-                parts.append(
-                    (member_rows, base + np.arange(n, dtype=np.uint64) * np.uint64(_INT_WIDTH))
-                )
+                offsets = base + np.arange(n, dtype=np.uint64) * np.uint64(_INT_WIDTH)
+                parts.append((member_rows, offsets, ds._m_codec[member_rows], out))
                 layout.ints.append((name, base, spec.max_digits, out.astype(np.int64), member_rows))
             else:  # Bytes
                 padded = (out + np.uint64(_ALIGN - 1)) & ~np.uint64(_ALIGN - 1)
                 starts = np.cumsum(padded) - padded
                 base = region(int(padded.sum()))
-                parts.append((member_rows, np.uint64(base) + starts))
+                parts.append((member_rows, np.uint64(base) + starts, ds._m_codec[member_rows], out))
                 layout.blobs.append((name, base + starts.astype(np.int64), out.astype(np.int64)))
         layout.extras = [name for name in self.fields if name in ds._extras]
         layout.nbytes = at
-        if parts:
-            rows = np.concatenate([p[0] for p in parts])
-            dest = np.concatenate([p[1] for p in parts]).astype(np.uint64)
-        else:
-            rows, dest = np.zeros(0, np.int64), np.zeros(0, np.uint64)
-        return ds._submit_members(rows, dest=dest, size=at), layout
+        rows, dest, codecs, lengths = (
+            [np.concatenate([p[k] for p in parts]) for k in range(4)]
+            if parts
+            else [np.zeros(0, t) for t in (np.int64, np.uint64, np.uint8, np.uint64)]
+        )
+        pending = ds._submit_members(
+            rows,
+            dest=dest.astype(np.uint64),
+            size=at,
+            codecs=codecs.astype(np.uint8),
+            out=lengths.astype(np.uint64),
+        )
+        return pending, layout
 
     def _npy_layout(self, name: str, member_rows: np.ndarray) -> tuple[np.dtype, tuple[int, ...]]:
         ds = self.dataset
@@ -389,7 +407,7 @@ class Loader:
         batch: dict[str, Any] = {}
         for name, base, dtype, shape in layout.fixed:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-            view = buffer[base : base + n * nbytes].view(dtype).reshape(n, *shape)
+            view = buffer[base : base + n * nbytes].view(dtype).reshape((n, *shape))
             batch[name] = torch.from_numpy(view)
         for name, base, max_digits, lengths, member_rows in layout.ints:
             text = buffer[base : base + n * _INT_WIDTH].reshape(n, _INT_WIDTH)

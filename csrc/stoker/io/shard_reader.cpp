@@ -94,10 +94,37 @@ bool scatter_list(const ReadPlan& plan, const Run& run, uint8_t* discard,
   return true;
 }
 
+// Optional whitespace, an optional sign, 1 to 18 digits, optional whitespace.
+void parse_ascii_int(const uint8_t* src, uint64_t length, uint8_t* dest, const std::string& path,
+                     uint64_t offset) {
+  auto space = [](uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
+  uint64_t i = 0, end = length;
+  while (i < end && space(src[i])) ++i;
+  while (end > i && space(src[end - 1])) --end;
+  bool negative = false;
+  if (i < end && (src[i] == '-' || src[i] == '+')) negative = src[i++] == '-';
+  int64_t value = 0;
+  uint64_t digits = end - i;
+  bool ok = digits >= 1 && digits <= 18;
+  for (; ok && i < end; ++i) {
+    if (src[i] < '0' || src[i] > '9') ok = false;
+    value = value * 10 + (src[i] - '0');
+  }
+  if (!ok) {
+    std::string text(reinterpret_cast<const char*>(src), std::min<uint64_t>(length, 40));
+    throw FormatError(path, offset, "not an integer: '" + text + "'");
+  }
+  value = negative ? -value : value;
+  std::memcpy(dest, &value, sizeof value);
+}
+
 void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
                   const std::string& path) {
   if (r.codec == Codec::kStored) {
     std::memcpy(dest, src, r.length);
+  } else if (r.codec == Codec::kAsciiInt) {
+    parse_ascii_int(src, r.length, dest, path, r.offset);
+    return;  // the text's CRC is not the int64's
   } else {
     inflate_exact(src, r.length, dest, r.out_length, path, r.offset);
   }
@@ -145,8 +172,11 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
                   "stored piece has length " + std::to_string(r.length) + " but output length " +
                       std::to_string(r.out_length));
     }
-    if (r.codec != Codec::kStored && r.codec != Codec::kDeflate) {
+    if (r.codec != Codec::kStored && r.codec != Codec::kDeflate && r.codec != Codec::kAsciiInt) {
       throw Error(path, r.offset, "unknown codec " + std::to_string(int(r.codec)));
+    }
+    if (r.codec == Codec::kAsciiInt && r.out_length != sizeof(int64_t)) {
+      throw Error(path, r.offset, "an ASCII integer decodes to 8 bytes");
     }
     if (r.dest_offset > dest_size || r.out_length > dest_size - r.dest_offset) {
       throw Error(path, r.offset,

@@ -24,8 +24,9 @@
 namespace stoker::io {
 
 enum class Codec : uint8_t {
-  kStored = 0,   // bytes are used as they are on disk
-  kDeflate = 1,  // raw deflate (zip method 8), inflated into the destination
+  kStored = 0,    // bytes are used as they are on disk
+  kDeflate = 1,   // raw deflate (zip method 8), inflated into the destination
+  kAsciiInt = 2,  // ASCII integer text (WebDataset's .cls), parsed into an int64
 };
 
 // The files a dataset's requests refer to by index. Built once per dataset and

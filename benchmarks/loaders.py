@@ -1,0 +1,322 @@
+"""The headline: stoker.Loader against the loaders its users would otherwise pick.
+
+    python benchmarks/loaders.py [--samples 20000] [--runs 3] [--cold] [--only NAME ...]
+
+The seeds' workload: N samples of a 3x64x64 uint8 image and an integer label, written (once,
+under --data) three ways: one file per sample with a labels CSV (the seeds' layout), tar
+shards in the WebDataset convention, and LitData's optimized chunks. Every loader reads one
+shuffled epoch in batches of 64 and turns each batch into an image tensor and a label
+tensor. Each measurement runs in a fresh process (clean peak RSS) and its clock starts after
+the imports: it covers opening the data, building the loader and reading the epoch. The
+loaders take turns for --runs rounds and the table shows medians. --cold drops the page cache before every
+measurement (root only). MosaicML Streaming is left out here: its package imports
+torchvision, whose PyPI build does not load beside the CPU torch this machine installs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tarfile
+import time
+
+import numpy as np
+
+SHAPE = (3, 64, 64)
+BATCH = 64
+
+
+# -- data ---------------------------------------------------------------------
+
+
+def _litdata_item(item: tuple[str, int]) -> dict:
+    path, label = item
+    with open(path, "rb") as f:
+        return {"image": np.frombuffer(f.read(), np.uint8).reshape(SHAPE), "label": label}
+
+
+def prepare(folder: str, n: int, shards: int = 20) -> None:
+    stamp = os.path.join(folder, f".done-{n}")
+    if os.path.exists(stamp):
+        return
+    rng = np.random.default_rng(0)
+    files = os.path.join(folder, "files")
+    os.makedirs(files, exist_ok=True)
+    os.makedirs(os.path.join(folder, "shards"), exist_ok=True)
+    images = rng.integers(0, 256, (n, *SHAPE), dtype=np.uint8)
+    labels = rng.integers(0, 1000, n)
+    with open(os.path.join(folder, "labels.csv"), "w") as f:
+        f.write("filename,label\n")
+        for i in range(n):
+            name = f"img{i:07d}.raw"
+            with open(os.path.join(files, name), "wb") as g:
+                g.write(images[i].tobytes())
+            f.write(f"{name},{labels[i]}\n")
+    per_shard = -(-n // shards)
+    for s in range(shards):
+        with tarfile.open(os.path.join(folder, "shards", f"shard-{s:06d}.tar"), "w") as tar:
+            for i in range(s * per_shard, min(n, (s + 1) * per_shard)):
+                for field, data in (("raw", images[i].tobytes()), ("cls", b"%d" % labels[i])):
+                    info = tarfile.TarInfo(f"{i:07d}.{field}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    try:
+        import litdata
+
+        litdata.optimize(
+            fn=_litdata_item,
+            inputs=[(os.path.join(files, f"img{i:07d}.raw"), int(labels[i])) for i in range(n)],
+            output_dir=os.path.join(folder, "litdata"),
+            chunk_bytes="64MB",
+            num_workers=1,
+            verbose=False,
+        )
+    except ImportError:
+        print("litdata is not installed: its rows are skipped", file=sys.stderr)
+    open(stamp, "w").close()
+
+
+# -- one loader, in a child process --------------------------------------------
+
+
+def run_dataloader(folder: str, workers: int):
+    import pandas as pd
+    import torch
+    from torch.utils.data import DataLoader, Dataset
+
+    class CustomImageDataset(Dataset):  # the seeds' pattern, minus image decoding
+        def __init__(self, annotations_file: str, img_dir: str) -> None:
+            self.img_labels = pd.read_csv(annotations_file)
+            self.img_dir = img_dir
+
+        def __len__(self) -> int:
+            return len(self.img_labels)
+
+        def __getitem__(self, idx: int):
+            img_path = os.path.join(self.img_dir, self.img_labels.iloc[idx, 0])
+            with open(img_path, "rb") as f:
+                image = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).reshape(SHAPE)
+            return image, int(self.img_labels.iloc[idx, 1])
+
+    ds = CustomImageDataset(os.path.join(folder, "labels.csv"), os.path.join(folder, "files"))
+    return DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers)
+
+
+def run_webdataset(folder: str, workers: int):
+    import torch
+    import webdataset as wds
+
+    urls = os.path.join(folder, "shards", "shard-{000000..000019}.tar")
+
+    def to_tensors(sample):
+        image = torch.frombuffer(bytearray(sample["raw"]), dtype=torch.uint8).reshape(SHAPE)
+        return image, int(sample["cls"])
+
+    pipeline = (
+        wds.WebDataset(urls, shardshuffle=20, empty_check=False)
+        .shuffle(1000)
+        .map(to_tensors)
+        .batched(BATCH)
+    )
+    return wds.WebLoader(pipeline, batch_size=None, num_workers=workers)
+
+
+def run_spdl(folder: str, batched: bool):
+    import pandas as pd
+    import torch
+    from spdl.pipeline import PipelineBuilder
+
+    table = pd.read_csv(os.path.join(folder, "labels.csv"))
+    paths = [os.path.join(folder, "files", name) for name in table.iloc[:, 0]]
+    labels = table.iloc[:, 1].to_numpy()
+    order = np.random.default_rng(0).permutation(len(paths))
+
+    def load(i):
+        with open(paths[i], "rb") as f:
+            return np.frombuffer(f.read(), np.uint8), int(labels[i])
+
+    def load_batch(idx):
+        images = np.stack([load(i)[0] for i in idx]).reshape(len(idx), *SHAPE)
+        return torch.from_numpy(images), torch.from_numpy(labels[idx])
+
+    def collate(items):
+        images = np.stack([x[0] for x in items]).reshape(len(items), *SHAPE)
+        return torch.from_numpy(images), torch.tensor([x[1] for x in items])
+
+    builder = PipelineBuilder()
+    if batched:
+        batches = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
+        builder = builder.add_source(batches).pipe(load_batch, concurrency=4)
+    else:
+        builder = builder.add_source(order.tolist()).pipe(load, concurrency=4).aggregate(BATCH)
+        builder = builder.pipe(collate)
+    pipeline = builder.add_sink(4).build(num_threads=4)
+
+    class Run:
+        def __iter__(self):
+            with pipeline.auto_stop():
+                yield from pipeline
+
+    return Run()
+
+
+def run_litdata(folder: str, workers: int):
+    from litdata import StreamingDataLoader, StreamingDataset
+
+    ds = StreamingDataset(os.path.join(folder, "litdata"), shuffle=True)
+    return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
+
+
+def run_stoker(folder: str, mode: str):
+    import stoker
+
+    if mode == "csv-fields":  # the seeds' own layout: one file per sample + CSV
+        ds = stoker.Dataset.from_csv(
+            os.path.join(folder, "labels.csv"), os.path.join(folder, "files")
+        )
+        return stoker.Loader(
+            ds, BATCH, fields={"raw": stoker.Raw(SHAPE, "uint8"), "label": stoker.Int()}
+        )
+    ds = stoker.Dataset(os.path.join(folder, "shards"))
+    if mode == "fields":
+        return stoker.Loader(
+            ds, BATCH, fields={"raw": stoker.Raw(SHAPE, "uint8"), "cls": stoker.Int()}
+        )
+
+    def decode(sample):
+        image = np.frombuffer(sample["raw"], np.uint8).reshape(SHAPE)
+        return {"image": image, "label": int(bytes(sample["cls"]))}
+
+    return stoker.Loader(ds, BATCH, map=decode)
+
+
+LOADERS = {
+    "DataLoader, 0 workers (seeds' pattern)": lambda d: run_dataloader(d, 0),
+    "DataLoader, 2 workers (seeds' pattern)": lambda d: run_dataloader(d, 2),
+    "SPDL, per-sample pipeline": lambda d: run_spdl(d, False),
+    "SPDL, batched pipeline": lambda d: run_spdl(d, True),
+    "WebDataset, 2 workers": lambda d: run_webdataset(d, 2),
+    "LitData, 0 workers": lambda d: run_litdata(d, 0),
+    "LitData, 2 workers": lambda d: run_litdata(d, 2),
+    "stoker, fields= (tar shards)": lambda d: run_stoker(d, "fields"),
+    "stoker, fields= (seeds' CSV + files)": lambda d: run_stoker(d, "csv-fields"),
+    "stoker, map= (tar shards)": lambda d: run_stoker(d, "map"),
+}
+BASELINE = "DataLoader, 0 workers (seeds' pattern)"
+
+
+def _peak_rss_mb() -> tuple[float, float]:
+    """This process's peak RSS (VmHWM: ru_maxrss would carry the parent's across fork)
+    and the largest of its children's (DataLoader workers)."""
+    with open("/proc/self/status") as f:
+        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
+    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return hwm / 1024, children / 1024
+
+
+def child(name: str, folder: str) -> None:
+    import pandas  # noqa: F401 - imports are not what is measured
+    import torch  # noqa: F401
+
+    import stoker  # noqa: F401
+
+    start = time.perf_counter()  # from here: open the data, build the loader, read an epoch
+    loader = LOADERS[name](folder)
+    first = None
+    samples = 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        if isinstance(batch, dict):
+            images = batch["raw"] if "raw" in batch else batch["image"]
+        else:
+            images = batch[0]
+        samples += len(images)
+    seconds = time.perf_counter() - start
+    main_mb, worker_mb = _peak_rss_mb()
+    result = {
+        "samples": samples,
+        "seconds": seconds,
+        "first": first,
+        "rss_mb": main_mb,
+        "worker_rss_mb": worker_mb,
+    }
+    print(json.dumps(result))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--cold", action="store_true", help="drop the page cache before each")
+    parser.add_argument("--only", nargs="*", help="substrings of the loader names to run")
+    parser.add_argument("--data", default=os.path.join("bench-data", "loaders"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    folder = os.path.join(args.data, str(args.samples))
+    if args.child:
+        child(args.child, folder)
+        return
+    prepare(folder, args.samples)
+    names = [n for n in LOADERS if not args.only or any(o in n for o in args.only)]
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    for _ in range(args.runs):
+        for name in names:
+            if args.cold:
+                subprocess.run(["sync"], check=True)
+                with open("/proc/sys/vm/drop_caches", "w") as f:
+                    f.write("3\n")
+            out = subprocess.run(
+                [
+                    sys.executable,
+                    __file__,
+                    "--child",
+                    name,
+                    "--data",
+                    args.data,
+                    "--samples",
+                    str(args.samples),
+                ],
+                capture_output=True,
+                text=True,
+            )
+            if out.returncode != 0:
+                print(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+                continue
+            results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+    cache = "cold page cache" if args.cold else "warm page cache"
+    print(
+        f"{args.samples} samples of {SHAPE} uint8 + label, shuffled, batches of {BATCH}, "
+        f"{cache}, median of {args.runs} runs, {os.cpu_count()} cores"
+    )
+    rate = {
+        n: statistics.median(r["samples"] / r["seconds"] for r in rs)
+        for n, rs in results.items()
+        if rs
+    }
+    base = rate.get(BASELINE)
+    print(
+        f"{'loader':40} {'samples/s':>10} {'x DataLoader':>13} {'first batch':>12} {'peak RSS':>9}"
+    )
+    for name, rs in results.items():
+        if not rs:
+            print(f"{name:40} {'failed':>10}")
+            continue
+        first = statistics.median(r["first"] for r in rs)
+        rss = statistics.median(r["rss_mb"] for r in rs)
+        workers = statistics.median(r["worker_rss_mb"] for r in rs)
+        ratio = f"{rate[name] / base:.1f}x" if base else "-"
+        worker_text = f"{workers:7.0f}MB" if workers else "        -"
+        print(
+            f"{name:40} {rate[name]:10,.0f} {ratio:>13} {first:11.3f}s {rss:7.0f}MB {worker_text}"
+        )
+
+
+if __name__ == "__main__":
+    main()
