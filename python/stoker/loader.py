@@ -266,12 +266,27 @@ class Loader:
         indices, rows, bounds = layout
         samples = self.dataset._samples_from(buffer, indices, rows, bounds)
         if self.map is not None:
-            if self._executor is None:
-                self._executor = ThreadPoolExecutor(self._num_threads, "stoker-map")
-                weakref.finalize(self, self._executor.shutdown, wait=False)
-            samples = list(self._executor.map(self.map, samples))
+            samples = self._map_batch(samples)
         self._stats.samples += len(samples)
         return self.collate(samples)
+
+    def _map_batch(self, samples: list[dict[str, Any]]) -> list[Any]:
+        """map= over a batch: one task per thread-sized chunk, not a future per sample
+        (a future costs more than a cheap map function), the caller taking a chunk too."""
+        fn = self.map
+        chunks = min(self._num_threads, len(samples))
+        if chunks <= 1:
+            return [fn(s) for s in samples]
+        if self._executor is None:
+            self._executor = ThreadPoolExecutor(self._num_threads - 1, "stoker-map")
+            weakref.finalize(self, self._executor.shutdown, wait=False)
+        bounds = np.linspace(0, len(samples), chunks + 1).astype(int).tolist()
+        parts = [samples[a:b] for a, b in zip(bounds, bounds[1:])]
+        futures = [self._executor.submit(lambda p=p: [fn(s) for s in p]) for p in parts[1:]]
+        out = [fn(s) for s in parts[0]]
+        for future in futures:
+            out.extend(future.result())
+        return out
 
     # -- the fields= fast path ------------------------------------------------
 
