@@ -1,8 +1,11 @@
 """Loader: order, ranks, resume, zero-copy batches, errors, the fields= and map= paths."""
 
+import gc
 import io
 import json
 import tarfile
+import threading
+import time
 import zipfile
 
 import numpy as np
@@ -213,6 +216,41 @@ def test_wrong_raw_size(data):
     ds, _ = data
     with pytest.raises(stoker.ShardFormatError, match=r"shard-\d+\.tar: offset \d+: field 'raw'"):
         next(iter(stoker.Loader(ds, 8, fields={"raw": stoker.Raw((5,))})))
+
+
+def test_an_error_ahead_waits_for_its_batch(tmp_path):
+    # Sample 30 (the 4th batch of 8, in order) has a wrong-size member: batches 0-2 are
+    # read and handed out even though the 4th was submitted (and failed) before them.
+    samples = [(f"k{i:03d}", {"raw": bytes(48 if i != 30 else 47)}) for i in range(40)]
+    loader = stoker.Loader(
+        stoker.Dataset(write_tar(tmp_path / "s.tar", samples)),
+        8,
+        shuffle=False,
+        prefetch=4,
+        fields={"raw": stoker.Raw(SHAPE)},
+    )
+    it = iter(loader)
+    for _ in range(3):
+        next(it)
+    with pytest.raises(stoker.ShardFormatError, match="sample 'k030' is 47 bytes"):
+        next(it)
+    assert loader.state_dict()["batches_done"] == 3
+
+
+def test_map_threads_do_not_pile_up(data):
+    ds, _ = data
+    before = threading.active_count()
+    for _ in range(10):
+        loader = stoker.Loader(ds, 8, map=lambda s: s["__key__"], collate=list)
+        for i, _ in enumerate(loader):
+            if i == 1:
+                break
+        del loader
+    gc.collect()
+    deadline = time.monotonic() + 5
+    while threading.active_count() > before + 2 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert threading.active_count() <= before + 2
 
 
 def test_not_an_integer(tmp_path):

@@ -83,6 +83,20 @@ class _Layout:
     nbytes: int = 0
 
 
+class _FailedRead:
+    """Stands in the queue for a batch that could not even be submitted, so its error is
+    raised at that batch, not at the earlier one being waited on."""
+
+    def __init__(self, error: StokerError) -> None:
+        self.error = error
+
+    def wait(self) -> None:
+        raise self.error
+
+    def cancel(self) -> None:
+        pass
+
+
 class Loader:
     """Batches of `dataset` for this rank, in the sampler's order. See the README."""
 
@@ -233,7 +247,10 @@ class Loader:
         try:
             while True:
                 while len(in_flight) < self.prefetch and next_batch < len(plan):
-                    in_flight.append(self._submit(plan.batch(next_batch)))
+                    try:
+                        in_flight.append(self._submit(plan.batch(next_batch)))
+                    except StokerError as error:  # raised when its batch's turn comes
+                        in_flight.append((_FailedRead(error), None))
                     next_batch += 1
                 if not in_flight:
                     break
