@@ -337,3 +337,34 @@ def test_parse_ascii_ints():
     values, bad = parse_ascii_ints(mat, np.array([len(t) for t in texts]))
     assert bad.tolist() == [False, False, False, False, True, True, True, True, True, False]
     assert values[[0, 1, 2, 3, 9]].tolist() == [0, -12, 42, 7, 123456789012345678]
+
+
+@pytest.mark.parametrize("old_world,new_world", [(2, 3), (4, 2), (3, 1)])
+@pytest.mark.parametrize("drop_last", [False, True])
+def test_elastic_resume_across_world_sizes(data, old_world, new_world, drop_last):
+    # All ranks stop after 3 batches; the job comes back with another world size. The
+    # rest of the epoch is shared out: no sample read twice, none lost (drop_last aside).
+    ds, truth = data
+    kw = dict(fields=FIELDS, seed=5, drop_last=drop_last)
+    before, state = [], None
+    for r in range(old_world):
+        loader = stoker.Loader(ds, 8, rank=r, world_size=old_world, **kw)
+        it = iter(loader)
+        for _ in range(3):
+            before.extend(next(it)["__key__"])
+        state = json.loads(json.dumps(loader.state_dict()))
+    after, lengths = [], set()
+    for r in range(new_world):
+        loader = stoker.Loader(ds, 8, rank=r, world_size=new_world, **kw)
+        loader.load_state_dict(state)
+        lengths.add(len(loader))
+        after.extend(k for batch in loader for k in batch["__key__"])
+        assert loader.state_dict()["epoch"] == 1  # the next epoch is an ordinary one
+    assert len(lengths) == 1  # every new rank has the same number of batches
+    everything = before + after
+    if drop_last:
+        assert len(set(everything)) == len(everything)  # nothing read twice
+        assert len(truth) - len(set(everything)) < old_world + new_world * 8
+    else:
+        assert set(everything) == set(truth)  # nothing lost
+        assert len(everything) - len(truth) < old_world + new_world

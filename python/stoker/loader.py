@@ -23,7 +23,7 @@ import numpy as np
 from stoker.dataset import Dataset, shared_reader
 from stoker.errors import ShardFormatError, StokerError, located
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
-from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch
+from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch, plan_remaining
 
 _STATE_VERSION = 1
 _ALIGN = 64
@@ -149,6 +149,9 @@ class Loader:
         self._epoch = 0
         self._position = 0  # batches of the current epoch already handed out
         self._plans: dict[int, EpochPlan] = {}
+        # Set by loading a state saved with another world size: (epoch, what the old ranks
+        # had read), so that epoch's rest is shared out over this loader's ranks.
+        self._elastic: tuple[int, tuple[int, int, int]] | None = None
         self._stats = _Stats()
         self._member_table: dict[str, np.ndarray] | None = None
 
@@ -157,9 +160,7 @@ class Loader:
     def _plan(self, epoch: int) -> EpochPlan:
         plan = self._plans.get(epoch)
         if plan is None:
-            sizes = np.diff(self.dataset._shard_start)
-            plan = plan_epoch(
-                sizes,
+            args = dict(
                 batch_size=self.batch_size,
                 shuffle=self.shuffle,
                 seed=self.seed,
@@ -169,6 +170,11 @@ class Loader:
                 drop_last=self.drop_last,
                 shuffle_window=self.shuffle_window,
             )
+            sizes = np.diff(self.dataset._shard_start)
+            if self._elastic is not None and self._elastic[0] == epoch:
+                plan = plan_remaining(sizes, consumed=self._elastic[1], **args)
+            else:
+                plan = plan_epoch(sizes, **args)
             self._plans = {epoch: plan}  # one epoch's order at a time
         return plan
 
@@ -179,10 +185,17 @@ class Loader:
         """Start epoch `epoch` (a new shuffle) with the next iteration."""
         self._epoch = int(epoch)
         self._position = 0
+        self._elastic = None
+        self._plans = {}
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: small and JSON-serialisable. A Loader loaded with it yields
         exactly the batches this one would have yielded next."""
+        if self._elastic is not None and self._elastic[0] == self._epoch:
+            raise StokerError(
+                "this epoch was itself resumed with another world size; save the state "
+                "again after it ends"
+            )
         return {
             "version": _STATE_VERSION,
             "epoch": self._epoch,
@@ -200,25 +213,30 @@ class Loader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         if state.get("version") != _STATE_VERSION:
             raise StokerError(f"loader state version {state.get('version')} is not supported")
-        mine = self.state_dict()
-        for key in (
-            "seed",
-            "shuffle",
-            "batch_size",
-            "drop_last",
-            "samples",
-            "shuffle_window",
-            "world_size",
-            "rank",
-        ):
-            if state[key] != mine[key]:
+        # Ranks move in lockstep, so any rank's state serves every rank.
+        mine = {
+            "seed": self.seed,
+            "shuffle": self.shuffle,
+            "batch_size": self.batch_size,
+            "samples": len(self.dataset),
+            "shuffle_window": self.shuffle_window,
+        }
+        for key, value in mine.items():
+            if state[key] != value:
                 raise StokerError(
                     f"cannot resume: the state has {key}={state[key]!r} but this loader has "
-                    f"{mine[key]!r} (resuming across a change of world size is not supported "
-                    "yet)"
+                    f"{value!r}"
                 )
+        self._plans = {}
         self._epoch = int(state["epoch"])
-        self._position = int(state["batches_done"])
+        if state["world_size"] == self.world_size and state["drop_last"] == self.drop_last:
+            self._elastic = None
+            self._position = int(state["batches_done"])
+        else:  # elastic: what the old ranks read is known; share out the rest of the epoch
+            done = int(state["batches_done"]) * self.batch_size
+            old = (int(state["world_size"]), bool(state["drop_last"]), done)
+            self._elastic = (self._epoch, old)
+            self._position = 0
 
     def stats(self) -> dict[str, float]:
         """Counters since the loader was made; cheap enough to leave on."""
@@ -264,6 +282,7 @@ class Loader:
             for pending, _ in in_flight:  # a loop left early: stop reading ahead
                 pending.cancel()
         self._epoch, self._position = epoch + 1, 0
+        self._elastic = None
 
     def _submit(self, indices: np.ndarray) -> tuple[Any, Any]:
         if self.fields is not None:

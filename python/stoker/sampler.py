@@ -112,3 +112,40 @@ def plan_epoch(
         return EpochPlan(np.zeros(0, np.int64), batch_size, drop_last)
     indices = order[np.arange(begin, end) % len(order)]
     return EpochPlan(indices, batch_size, drop_last)
+
+
+def plan_remaining(
+    shard_sizes: np.ndarray,
+    *,
+    batch_size: int,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    rank: int,
+    world_size: int,
+    drop_last: bool,
+    consumed: tuple[int, int, int],
+    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+) -> EpochPlan:
+    """The rest of an epoch that ran with another world size, split over this one's ranks.
+
+    ``consumed = (old_world_size, old_drop_last, samples_each_old_rank_read)``: ranks move in
+    lockstep, so one rank's count tells what every old rank read from its stretch. What none
+    of them read, in the epoch's order, is shared out as a fresh epoch would be; no sample is
+    read twice (padding aside) and none is lost.
+    """
+    old_world, old_drop_last, done = consumed
+    order, _ = global_order(
+        shard_sizes, shuffle=shuffle, seed=seed, epoch=epoch, shuffle_window=shuffle_window
+    )
+    total = len(order)
+    taken = np.zeros(total, dtype=bool)  # by position in the epoch's order
+    for r in range(old_world):
+        begin, end = rank_stretch(total, r, old_world, bool(old_drop_last))
+        if total:
+            taken[np.arange(begin, min(end, begin + done)) % total] = True
+    rest = order[~taken]
+    begin, end = rank_stretch(len(rest), rank, world_size, drop_last)
+    if len(rest) == 0:
+        return EpochPlan(np.zeros(0, np.int64), batch_size, drop_last)
+    return EpochPlan(rest[np.arange(begin, end) % len(rest)], batch_size, drop_last)
