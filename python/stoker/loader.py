@@ -23,7 +23,7 @@ import numpy as np
 from stoker.dataset import Dataset, shared_reader
 from stoker.errors import ShardFormatError, StokerError, located
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
-from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch, plan_remaining
+from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch
 
 _STATE_VERSION = 1
 _ALIGN = 64
@@ -160,7 +160,9 @@ class Loader:
     def _plan(self, epoch: int) -> EpochPlan:
         plan = self._plans.get(epoch)
         if plan is None:
-            args = dict(
+            elastic = self._elastic
+            plan = plan_epoch(
+                np.diff(self.dataset._shard_start),
                 batch_size=self.batch_size,
                 shuffle=self.shuffle,
                 seed=self.seed,
@@ -169,12 +171,8 @@ class Loader:
                 world_size=self.world_size,
                 drop_last=self.drop_last,
                 shuffle_window=self.shuffle_window,
+                consumed=elastic[1] if elastic is not None and elastic[0] == epoch else None,
             )
-            sizes = np.diff(self.dataset._shard_start)
-            if self._elastic is not None and self._elastic[0] == epoch:
-                plan = plan_remaining(sizes, consumed=self._elastic[1], **args)
-            else:
-                plan = plan_epoch(sizes, **args)
             self._plans = {epoch: plan}  # one epoch's order at a time
         return plan
 

@@ -94,6 +94,7 @@ def plan_epoch(
     world_size: int,
     drop_last: bool,
     shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+    consumed: tuple[int, bool, int] | None = None,
 ) -> EpochPlan:
     """This rank's batches for `epoch`.
 
@@ -101,51 +102,25 @@ def plan_epoch(
     With ``drop_last`` the ranks are disjoint and the tail of the order is dropped (at most
     world_size - 1 samples), as is a last partial batch; without it every sample is covered,
     the last ranks padding with samples from the start of the order.
+
+    ``consumed = (old_world_size, old_drop_last, samples_each_old_rank_read)`` plans the rest
+    of an epoch that began with another world size: ranks move in lockstep, so one rank's
+    count tells what every old rank read from its stretch; what none of them read is shared
+    out, in the epoch's order, as above. Nothing is read twice (padding aside), none lost.
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
     order, _ = global_order(
         shard_sizes, shuffle=shuffle, seed=seed, epoch=epoch, shuffle_window=shuffle_window
     )
+    if consumed is not None and len(order):
+        old_world, old_drop_last, done = consumed
+        taken = np.zeros(len(order), dtype=bool)  # by position in the epoch's order
+        for r in range(old_world):
+            begin, end = rank_stretch(len(order), r, old_world, bool(old_drop_last))
+            taken[np.arange(begin, min(end, begin + done)) % len(order)] = True
+        order = order[~taken]
     begin, end = rank_stretch(len(order), rank, world_size, drop_last)
     if len(order) == 0:
         return EpochPlan(np.zeros(0, np.int64), batch_size, drop_last)
-    indices = order[np.arange(begin, end) % len(order)]
-    return EpochPlan(indices, batch_size, drop_last)
-
-
-def plan_remaining(
-    shard_sizes: np.ndarray,
-    *,
-    batch_size: int,
-    shuffle: bool,
-    seed: int,
-    epoch: int,
-    rank: int,
-    world_size: int,
-    drop_last: bool,
-    consumed: tuple[int, int, int],
-    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
-) -> EpochPlan:
-    """The rest of an epoch that ran with another world size, split over this one's ranks.
-
-    ``consumed = (old_world_size, old_drop_last, samples_each_old_rank_read)``: ranks move in
-    lockstep, so one rank's count tells what every old rank read from its stretch. What none
-    of them read, in the epoch's order, is shared out as a fresh epoch would be; no sample is
-    read twice (padding aside) and none is lost.
-    """
-    old_world, old_drop_last, done = consumed
-    order, _ = global_order(
-        shard_sizes, shuffle=shuffle, seed=seed, epoch=epoch, shuffle_window=shuffle_window
-    )
-    total = len(order)
-    taken = np.zeros(total, dtype=bool)  # by position in the epoch's order
-    for r in range(old_world):
-        begin, end = rank_stretch(total, r, old_world, bool(old_drop_last))
-        if total:
-            taken[np.arange(begin, min(end, begin + done)) % total] = True
-    rest = order[~taken]
-    begin, end = rank_stretch(len(rest), rank, world_size, drop_last)
-    if len(rest) == 0:
-        return EpochPlan(np.zeros(0, np.int64), batch_size, drop_last)
-    return EpochPlan(rest[np.arange(begin, end) % len(rest)], batch_size, drop_last)
+    return EpochPlan(order[np.arange(begin, end) % len(order)], batch_size, drop_last)
