@@ -18,9 +18,9 @@ from stoker import _core
 from stoker.errors import ReadError, ShardFormatError, located
 from stoker.sources import Source, format_of, resolve
 
-# Where each piece starts in a batch buffer: aligned so that any dtype can be
-# viewed in place.
-_ALIGN = 64
+#: Where each piece starts in a batch buffer: aligned so that any dtype can be
+#: viewed in place.
+ALIGN = 64
 _CODEC_STORED = 0
 
 _readers: dict[tuple[int, int], _core.ShardReader] = {}
@@ -50,8 +50,10 @@ def shared_reader(num_threads: int | None = None) -> _core.ShardReader:
         return reader
 
 
-def _aligned_offsets(lengths: np.ndarray) -> tuple[np.ndarray, int]:
-    padded = (lengths + (_ALIGN - 1)) & ~np.uint64(_ALIGN - 1)
+def aligned_offsets(lengths: np.ndarray) -> tuple[np.ndarray, int]:
+    """Offsets that put pieces of `lengths` bytes back to back, each ALIGN-aligned, and
+    the bytes they take in all."""
+    padded = (lengths + (ALIGN - 1)) & ~np.uint64(ALIGN - 1)
     ends = np.cumsum(padded, dtype=np.uint64)
     starts = ends - padded
     return starts, int(ends[-1]) if len(ends) else 0
@@ -328,7 +330,7 @@ class Dataset:
         if out is None:
             out = self._m_out[rows]
         if dest is None:
-            dest, size = _aligned_offsets(out)
+            dest, size = aligned_offsets(out)
         if codecs is None:
             codecs = self._m_codec[rows]
         compressed = bool((codecs != _CODEC_STORED).any())
@@ -348,7 +350,7 @@ class Dataset:
         self, buffer: np.ndarray, idx: np.ndarray, rows: np.ndarray, bounds: np.ndarray
     ) -> list[dict[str, Any]]:
         """Sample dicts viewing `buffer`, as read by _submit_members(rows) by default."""
-        starts, _ = _aligned_offsets(self._m_out[rows])
+        starts, _ = aligned_offsets(self._m_out[rows])
         fields = self._m_field[rows].tolist()
         decoders = self._m_decoder[rows].tolist()
         begins = starts.tolist()

@@ -20,13 +20,12 @@ from typing import Any
 
 import numpy as np
 
-from stoker.dataset import Dataset, shared_reader
+from stoker.dataset import ALIGN, Dataset, aligned_offsets, shared_reader
 from stoker.errors import ShardFormatError, StokerError, located
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
 from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch
 
 _STATE_VERSION = 1
-_ALIGN = 64
 _INT_WIDTH = 64  # bytes of text an Int() member may have, whitespace included
 _CODEC_ASCII_INT = 2  # the reader parses the text into an int64 (io::Codec::kAsciiInt)
 
@@ -373,7 +372,7 @@ class Loader:
         def region(size: int) -> int:
             nonlocal at
             base = at
-            at += (size + _ALIGN - 1) // _ALIGN * _ALIGN
+            at += (size + ALIGN - 1) // ALIGN * ALIGN
             return base
 
         for name, member_rows in self._field_rows(indices).items():
@@ -417,9 +416,8 @@ class Loader:
                 parts.append((member_rows, offsets, ds._m_codec[member_rows], out))
                 layout.ints.append((name, base, spec.max_digits, out.astype(np.int64), member_rows))
             else:  # Bytes
-                padded = (out + np.uint64(_ALIGN - 1)) & ~np.uint64(_ALIGN - 1)
-                starts = np.cumsum(padded) - padded
-                base = region(int(padded.sum()))
+                starts, size = aligned_offsets(out)
+                base = region(size)
                 parts.append((member_rows, np.uint64(base) + starts, ds._m_codec[member_rows], out))
                 layout.blobs.append((name, base + starts.astype(np.int64), out.astype(np.int64)))
         layout.extras = [name for name in self.fields if name in ds._extras]
