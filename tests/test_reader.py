@@ -301,3 +301,27 @@ def test_bench_pread(files):
     table, _ = files
     seconds = _core.bench_pread(table, [0, 1, 2], [0, 0, 0], [4096] * 3, 2)
     assert seconds >= 0
+
+
+def test_pinned_ring_reuses_only_free_slots(files):
+    torch = pytest.importorskip("torch")
+    table, blobs = files
+    ring = stoker.PinnedRing()
+
+    def address(a):
+        return a.__array_interface__["data"][0]
+
+    slot = ring.acquire(4096)
+    first = address(slot)
+    assert first % 4096 == 0  # page-aligned
+    tensor = torch.from_numpy(slot)
+    del slot
+    assert ring.idle_slots() == 0  # the tensor still views it
+    other = ring.acquire(4096)
+    assert address(other) != first
+    stoker.ShardReader(1).read_into(other, table, [3], [0], [4096], [0]).wait()
+    assert bytes(other) == blobs[3][:4096]
+    del tensor
+    assert ring.idle_slots() == 1
+    assert address(ring.acquire(4000)) == first  # reused once nothing views it
+    assert not ring.pinned

@@ -7,6 +7,7 @@ namespace stoker::bindings {
 
 void register_errors(pybind11::module_& m);
 void register_reader(pybind11::module_& m);
+void register_ring(pybind11::module_& m);
 void register_formats(pybind11::module_& m);
 
 }  // namespace stoker::bindings

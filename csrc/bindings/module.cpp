@@ -5,5 +5,6 @@ PYBIND11_MODULE(_core, m) {
   m.attr("__version__") = STOKER_VERSION;
   stoker::bindings::register_errors(m);
   stoker::bindings::register_reader(m);
+  stoker::bindings::register_ring(m);
   stoker::bindings::register_formats(m);
 }

@@ -25,9 +25,9 @@ constexpr uint64_t kMaxRun = 256 * 1024;
 // claiming it is noise.
 constexpr uint64_t kMinChunkBytes = 32 * 1024;
 constexpr uint64_t kMaxChunkBytes = 4 * 1024 * 1024;
-// Batch buffers kept for reuse: enough for a deep prefetch of large batches.
-constexpr size_t kIdleBuffers = 16;
-constexpr size_t kIdleBufferBytes = 256 * 1024 * 1024;
+// Ring slots kept for reuse: enough for a deep prefetch of large batches.
+constexpr size_t kIdleSlots = 16;
+constexpr size_t kIdleSlotBytes = 256 * 1024 * 1024;
 // A thread's scratch buffer is given back when a read needed more than this.
 constexpr size_t kScratchKeep = 8 * 1024 * 1024;
 
@@ -287,7 +287,7 @@ bool PendingRead::wait(int64_t timeout_ms) {
 
 ShardReader::ProcessState::ProcessState(size_t num_threads, size_t max_open_files)
     : files(std::make_shared<FileCache>(max_open_files)),
-      buffers(std::make_shared<BufferPool>(kIdleBuffers, kIdleBufferBytes)),
+      ring(std::make_shared<PinnedRing>(kIdleSlots, kIdleSlotBytes)),
       pool(num_threads) {}
 
 ShardReader::ShardReader(size_t num_threads, size_t max_open_files)
@@ -323,7 +323,7 @@ std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable
 std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
                                                  std::vector<ReadRequest> requests,
                                                  uint64_t dest_size) {
-  auto buffer = state().buffers->get(dest_size);
+  auto buffer = state().ring->acquire(dest_size);
   uint8_t* dest = buffer->data();
   return submit_into(std::move(files), std::move(requests), dest, dest_size, std::move(buffer));
 }

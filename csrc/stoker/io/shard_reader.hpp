@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "stoker/io/aligned_buffer.hpp"
-#include "stoker/io/buffer_pool.hpp"
 #include "stoker/io/file_cache.hpp"
+#include "stoker/io/pinned_ring.hpp"
 #include "stoker/io/thread_pool.hpp"
 
 namespace stoker::io {
@@ -124,7 +124,7 @@ class ShardReader {
   struct ProcessState {
     ProcessState(size_t num_threads, size_t max_open_files);
     std::shared_ptr<FileCache> files;  // batches in flight share it
-    std::shared_ptr<BufferPool> buffers;
+    std::shared_ptr<PinnedRing> ring;
     ThreadPool pool;
   };
   ProcessState& state();

@@ -1,10 +1,10 @@
-#include "stoker/io/buffer_pool.hpp"
+#include "stoker/io/pinned_ring.hpp"
 
 #include <unistd.h>
 
 namespace stoker::io {
 
-std::shared_ptr<AlignedBuffer> BufferPool::get(size_t size) {
+std::shared_ptr<AlignedBuffer> PinnedRing::acquire(size_t size) {
   std::unique_ptr<AlignedBuffer> buffer;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -29,7 +29,7 @@ std::shared_ptr<AlignedBuffer> BufferPool::get(size_t size) {
   } else {
     buffer = std::make_unique<AlignedBuffer>(size);
   }
-  std::weak_ptr<BufferPool> pool = weak_from_this();
+  std::weak_ptr<PinnedRing> pool = weak_from_this();
   pid_t owner = getpid();
   return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool, owner](AlignedBuffer* b) {
     // In a forked child the pool's lock may be held by a parent thread that
@@ -42,7 +42,7 @@ std::shared_ptr<AlignedBuffer> BufferPool::get(size_t size) {
   });
 }
 
-void BufferPool::put(AlignedBuffer* raw) {
+void PinnedRing::put(AlignedBuffer* raw) {
   std::unique_ptr<AlignedBuffer> buffer(raw);
   std::lock_guard<std::mutex> lock(mutex_);
   if (idle_.size() >= max_buffers_ || idle_bytes_ + buffer->capacity() > max_bytes_) return;
@@ -50,7 +50,7 @@ void BufferPool::put(AlignedBuffer* raw) {
   idle_.push_back(std::move(buffer));
 }
 
-size_t BufferPool::idle_buffers() const {
+size_t PinnedRing::idle_slots() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return idle_.size();
 }
