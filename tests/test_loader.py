@@ -161,6 +161,37 @@ def test_npy_rows(tmp_path):
     assert np.array_equal(np.concatenate(rows), a)
 
 
+def _npy_bytes(a):
+    buf = io.BytesIO()
+    np.save(buf, a)
+    return buf.getvalue()
+
+
+def test_npy_members_of_a_tar(tmp_path):
+    rng = np.random.default_rng(0)
+    arrays = {f"k{i:03d}": rng.standard_normal((2, 5)).astype("<f8") for i in range(30)}
+    samples = [(k, {"npy": _npy_bytes(a), "cls": b"1"}) for k, a in arrays.items()]
+    ds = stoker.Dataset(write_tar(tmp_path / "n.tar", samples))
+    for batch in stoker.Loader(ds, 8, fields={"npy": stoker.Npy()}):
+        assert batch["npy"].dtype == torch.float64 and batch["npy"].shape[1:] == (2, 5)
+        for j, key in enumerate(batch["__key__"]):
+            assert np.array_equal(batch["npy"][j].numpy(), arrays[key])
+
+
+def test_npy_members_that_differ(tmp_path):
+    samples = [(f"k{i:03d}", {"npy": _npy_bytes(np.zeros(4 if i != 9 else 5))}) for i in range(12)]
+    ds = stoker.Dataset(write_tar(tmp_path / "n.tar", samples))
+    loader = stoker.Loader(ds, 4, shuffle=False, fields={"npy": stoker.Npy()})
+    it = iter(loader)
+    next(it), next(it)
+    with pytest.raises(stoker.ShardFormatError, match=r"n\.tar: offset \d+: field 'npy'"):
+        next(it)
+    samples = [(f"k{i}", {"npy": _npy_bytes(np.zeros(3))}) for i in range(4)]
+    zipped = stoker.Dataset(write_zip(tmp_path / "n.zip", samples, zipfile.ZIP_DEFLATED))
+    with pytest.raises(stoker.ShardFormatError, match="compressed .npy members"):
+        next(iter(stoker.Loader(zipped, 4, fields={"npy": stoker.Npy()})))
+
+
 def test_csv_labels_as_a_field(tmp_path):
     root = tmp_path / "files"
     root.mkdir()

@@ -324,9 +324,12 @@ class Dataset:
         size: int | None = None,
         codecs: np.ndarray | None = None,
         out: np.ndarray | None = None,
+        offsets: np.ndarray | None = None,
+        lengths: np.ndarray | None = None,
     ) -> _core.PendingRead:
         """Start reading member `rows`; by default each lands, as stored, at the next aligned
-        offset. `codecs` and `out` (decoded lengths) override how members are decoded."""
+        offset. `codecs` and `out` (decoded lengths) override how members are decoded,
+        `offsets` and `lengths` which bytes of them are read."""
         if out is None:
             out = self._m_out[rows]
         if dest is None:
@@ -337,8 +340,8 @@ class Dataset:
         return shared_reader(self.num_threads).read(
             self._files,
             self._m_file[rows],
-            self._m_offset[rows],
-            self._m_length[rows],
+            self._m_offset[rows] if offsets is None else offsets,
+            self._m_length[rows] if lengths is None else lengths,
             dest,
             size,
             out_lengths=out,

@@ -37,8 +37,9 @@ class Int:
 
 @dataclass(frozen=True)
 class Npy:
-    """The row of a ``.npy`` shard (field ``npy``). The batch gets a ``(batch, *row_shape)``
-    tensor of the shard's dtype; every sample of a batch must share dtype and shape."""
+    """The row of a ``.npy`` shard (field ``npy``), or a ``.npy`` file stored (not compressed)
+    as a member of a tar or zip. The batch gets a ``(batch, *shape)`` tensor viewing the
+    buffer; every sample of a batch must share dtype and shape."""
 
 
 @dataclass(frozen=True)

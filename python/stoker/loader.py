@@ -9,6 +9,7 @@ reuse only when every tensor viewing it is gone.
 
 from __future__ import annotations
 
+import io
 import os
 import time
 import weakref
@@ -79,6 +80,7 @@ class _Layout:
     ints: list[tuple[str, int, int, np.ndarray, np.ndarray]] = field(default_factory=list)
     blobs: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)
+    headers: list[tuple[str, int, bytes, np.ndarray]] = field(default_factory=list)
     nbytes: int = 0
 
 
@@ -365,8 +367,8 @@ class Loader:
         ds = self.dataset
         n = len(indices)
         layout = _Layout(indices)
-        # (member rows, dest offsets, codecs, decoded lengths)
-        parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        # (member rows, dest offsets, codecs, decoded lengths[, file offsets, file lengths])
+        parts: list[tuple[np.ndarray, ...]] = []
         at = 0
 
         def region(size: int) -> int:
@@ -378,7 +380,38 @@ class Loader:
         for name, member_rows in self._field_rows(indices).items():
             spec = self.fields[name]
             out = ds._m_out[member_rows]
-            if isinstance(spec, (Raw, Npy)):
+            if isinstance(spec, Npy) and not ds._m_decoder[member_rows].any():
+                # .npy files as members of a tar or zip: each member is split into its
+                # header (to a side region, checked against the first) and its data (laid
+                # out as one array).
+                if ds._m_codec[member_rows].any():
+                    raise self._bad_member(
+                        int(member_rows[np.flatnonzero(ds._m_codec[member_rows])[0]]),
+                        f"field {name!r}: compressed .npy members cannot be viewed in place; "
+                        "store them uncompressed, or read them with stoker.Bytes()",
+                    )
+                header, dtype, shape = self._npy_member_header(name, member_rows)
+                size, nbytes = len(header), int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+                wrong = np.flatnonzero(out != size + nbytes)
+                if len(wrong):
+                    raise self._bad_member(
+                        int(member_rows[wrong[0]]),
+                        f"field {name!r} of sample {ds.key(int(indices[wrong[0]]))!r} does "
+                        f"not hold a {shape} {dtype} array like the batch's first sample",
+                    )
+                steps = np.arange(n, dtype=np.uint64)
+                starts = ds._m_offset[member_rows]
+                stored = np.zeros(n, np.uint8)
+                header_base, base = region(n * size), region(n * nbytes)
+                for dest, file_offsets, length in (
+                    (header_base + steps * np.uint64(size), starts, size),
+                    (base + steps * np.uint64(nbytes), starts + np.uint64(size), nbytes),
+                ):
+                    lengths = np.full(n, length, np.uint64)
+                    parts.append((member_rows, dest, stored, lengths, file_offsets, lengths))
+                layout.fixed.append((name, base, dtype, shape))
+                layout.headers.append((name, header_base, header, member_rows))
+            elif isinstance(spec, (Raw, Npy)):
                 if isinstance(spec, Raw):
                     dtype, shape, nbytes = np.dtype(spec.dtype), spec.shape, spec.nbytes
                 else:
@@ -422,17 +455,16 @@ class Loader:
                 layout.blobs.append((name, base + starts.astype(np.int64), out.astype(np.int64)))
         layout.extras = [name for name in self.fields if name in ds._extras]
         layout.nbytes = at
-        rows, dest, codecs, lengths = (
-            [np.concatenate([p[k] for p in parts]) for k in range(4)]
+        # Pieces read as whole members take their file range from the index.
+        parts = [p if len(p) == 6 else (*p, ds._m_offset[p[0]], ds._m_length[p[0]]) for p in parts]
+        kinds = (np.int64, np.uint64, np.uint8, np.uint64, np.uint64, np.uint64)
+        rows, dest, codecs, lengths, offsets, sizes = (
+            [np.concatenate([p[k] for p in parts]).astype(t) for k, t in enumerate(kinds)]
             if parts
-            else [np.zeros(0, t) for t in (np.int64, np.uint64, np.uint8, np.uint64)]
+            else [np.zeros(0, t) for t in kinds]
         )
         pending = ds._submit_members(
-            rows,
-            dest=dest.astype(np.uint64),
-            size=at,
-            codecs=codecs.astype(np.uint8),
-            out=lengths.astype(np.uint64),
+            rows, dest=dest, size=at, codecs=codecs, out=lengths, offsets=offsets, lengths=sizes
         )
         return pending, layout
 
@@ -442,16 +474,56 @@ class Loader:
         if len(decoders) != 1 or ds._decoders[int(decoders[0])] is None:
             raise self._bad_member(
                 int(member_rows[0]),
-                f"field {name!r}: stoker.Npy() reads rows of .npy shards, and every sample "
-                "of a batch must share one dtype and row shape",
+                f"field {name!r}: stoker.Npy() reads rows of .npy shards or .npy members, "
+                "and every sample of a batch must share one dtype and shape",
             )
         return ds._decoders[int(decoders[0])]
+
+    def _npy_member_header(
+        self, name: str, member_rows: np.ndarray
+    ) -> tuple[bytes, np.dtype, tuple[int, ...]]:
+        """The first member's .npy header: its bytes (the batch's others must match them),
+        dtype and shape. One small read per batch and field."""
+        ds = self.dataset
+        row = int(member_rows[0])
+        path, offset = ds._paths[int(ds._m_file[row])], int(ds._m_offset[row])
+        with open(path, "rb") as f:
+            f.seek(offset)
+            head = f.read(min(int(ds._m_out[row]), 1 << 17))
+        try:
+            stream = io.BytesIO(head)
+            version = np.lib.format.read_magic(stream)
+            read_header = (
+                np.lib.format.read_array_header_1_0
+                if version == (1, 0)
+                else np.lib.format.read_array_header_2_0  # 3.0 differs only in encoding
+            )
+            shape, fortran, dtype = read_header(stream)
+        except (ValueError, OSError) as e:
+            raise self._bad_member(row, f"field {name!r} is not a .npy file: {e}") from e
+        long_axes = sum(d > 1 for d in shape)
+        if dtype.hasobject or (fortran and long_axes > 1):
+            raise self._bad_member(
+                row,
+                f"field {name!r}: a .npy of {dtype} (fortran_order={fortran}) cannot be "
+                "viewed in place",
+            )
+        return head[: stream.tell()], dtype, tuple(shape)
 
     def _assemble_fields(self, buffer: np.ndarray, layout: _Layout) -> dict[str, Any]:
         torch = self._torch
         ds = self.dataset
         n = len(layout.indices)
         batch: dict[str, Any] = {}
+        for name, base, header, member_rows in layout.headers:
+            seen = buffer[base : base + n * len(header)].reshape(n, len(header))
+            differs = np.flatnonzero((seen != np.frombuffer(header, np.uint8)).any(axis=1))
+            if len(differs):
+                raise self._bad_member(
+                    int(member_rows[differs[0]]),
+                    f"field {name!r}: this .npy's dtype or shape differs from the batch's "
+                    "first sample's",
+                )
         for name, base, dtype, shape in layout.fixed:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             view = buffer[base : base + n * nbytes].view(dtype).reshape((n, *shape))
