@@ -3,15 +3,19 @@
     python benchmarks/loaders.py [--samples 20000] [--runs 3] [--cold] [--only NAME ...]
 
 The seeds' workload: N samples of a 3x64x64 uint8 image and an integer label, written (once,
-under --data) three ways: one file per sample with a labels CSV (the seeds' layout), tar
-shards in the WebDataset convention, and LitData's optimized chunks. Every loader reads one
-shuffled epoch in batches of 64 and turns each batch into an image tensor and a label
-tensor. Each measurement runs in a fresh process (clean peak RSS) and reads two epochs:
-the first one's clock starts after the imports and covers opening the data and building
-the loader; the second is the steady state. The loaders take turns for --runs rounds and
-the table shows medians. --cold drops the page cache before every measurement (root only;
-only epoch 1 is then cold). MosaicML Streaming is left out here: its package imports
-torchvision, whose PyPI build does not load beside the CPU torch this machine installs.
+under --data) four ways: one file per sample with a labels CSV (the seeds' layout), tar
+shards in the WebDataset convention, LitData's optimized chunks and MosaicML's MDS shards.
+Every loader reads shuffled epochs in batches of 64 and turns each batch into an image
+tensor and a label tensor. Each measurement runs in a fresh process (clean peak RSS) and
+reads two epochs: the first one's clock starts after the imports and covers opening the
+data and building the loader; the second is the steady state. The loaders take turns for
+--runs rounds and the table shows medians. --cold drops the page cache before every
+measurement (root only; only epoch 1 is then cold).
+
+MosaicML Streaming's package imports torchvision for its vision datasets, which this
+benchmark does not use; where torchvision cannot be imported (PyPI's build does not load
+beside the CPU torch installed here), empty placeholder modules stand in for it in the
+child process that measures Streaming, so its real StreamingDataset is what gets measured.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ import io
 import json
 import os
 import resource
+import shutil
 import statistics
 import subprocess
 import sys
@@ -43,15 +48,58 @@ def _litdata_item(item: tuple[str, int]) -> dict:
 
 
 def prepare(folder: str, n: int, shards: int = 20) -> None:
-    stamp = os.path.join(folder, f".done-{n}")
-    if os.path.exists(stamp):
-        return
+    """Write whatever of the four layouts is missing (each is written in full or not at all:
+    a stamp file marks it done)."""
     rng = np.random.default_rng(0)
     files = os.path.join(folder, "files")
     os.makedirs(files, exist_ok=True)
     os.makedirs(os.path.join(folder, "shards"), exist_ok=True)
     images = rng.integers(0, 256, (n, *SHAPE), dtype=np.uint8)
     labels = rng.integers(0, 1000, n)
+
+    def missing(layout: str) -> bool:
+        return not os.path.exists(os.path.join(folder, f".done-{layout}-{n}"))
+
+    def done(layout: str) -> None:
+        open(os.path.join(folder, f".done-{layout}-{n}"), "w").close()
+
+    if missing("files-and-tar"):
+        write_files_and_tar(folder, files, images, labels, shards)
+        done("files-and-tar")
+    if missing("litdata"):
+        try:
+            import litdata
+
+            shutil.rmtree(os.path.join(folder, "litdata"), ignore_errors=True)
+            litdata.optimize(
+                fn=_litdata_item,
+                inputs=[(os.path.join(files, f"img{i:07d}.raw"), int(labels[i])) for i in range(n)],
+                output_dir=os.path.join(folder, "litdata"),
+                chunk_bytes="64MB",
+                num_workers=1,
+                verbose=False,
+            )
+            done("litdata")
+        except ImportError:
+            print("litdata is not installed: its rows are skipped", file=sys.stderr)
+    if missing("mds"):
+        try:
+            streaming = _import_streaming()
+            shutil.rmtree(os.path.join(folder, "mds"), ignore_errors=True)
+            with streaming.MDSWriter(
+                out=os.path.join(folder, "mds"),
+                columns={"image": "bytes", "label": "int"},
+                size_limit=1 << 26,
+            ) as writer:
+                for i in range(n):
+                    writer.write({"image": images[i].tobytes(), "label": int(labels[i])})
+            done("mds")
+        except ImportError:
+            print("mosaicml-streaming is not installed: its rows are skipped", file=sys.stderr)
+
+
+def write_files_and_tar(folder: str, files: str, images, labels, shards: int) -> None:
+    n = len(images)
     with open(os.path.join(folder, "labels.csv"), "w") as f:
         f.write("filename,label\n")
         for i in range(n):
@@ -67,20 +115,6 @@ def prepare(folder: str, n: int, shards: int = 20) -> None:
                     info = tarfile.TarInfo(f"{i:07d}.{field}")
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
-    try:
-        import litdata
-
-        litdata.optimize(
-            fn=_litdata_item,
-            inputs=[(os.path.join(files, f"img{i:07d}.raw"), int(labels[i])) for i in range(n)],
-            output_dir=os.path.join(folder, "litdata"),
-            chunk_bytes="64MB",
-            num_workers=1,
-            verbose=False,
-        )
-    except ImportError:
-        print("litdata is not installed: its rows are skipped", file=sys.stderr)
-    open(stamp, "w").close()
 
 
 # -- one loader, in a child process --------------------------------------------
@@ -175,6 +209,50 @@ def run_litdata(folder: str, workers: int):
     return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
 
 
+def _import_streaming():
+    """mosaicml-streaming, importable without a working torchvision (see the docstring)."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:
+        import importlib.machinery
+        import types
+
+        class VisionDataset:  # only referenced by streaming.vision, which is not used
+            pass
+
+        for name, attrs in [
+            ("torchvision", {}),
+            ("torchvision.datasets", {"VisionDataset": VisionDataset}),
+            ("torchvision.transforms", {}),
+            ("torchvision.transforms.functional", {"to_tensor": None}),
+        ]:
+            module = types.ModuleType(name)
+            module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
+            module.__path__ = []
+            module.__version__ = "0.0.0"
+            module.__dict__.update(attrs)
+            sys.modules[name] = module
+    import streaming
+
+    return streaming
+
+
+def run_mosaic(folder: str, workers: int):
+    import torch
+
+    streaming = _import_streaming()
+    streaming.base.util.clean_stale_shared_memory()
+
+    class Images(streaming.StreamingDataset):
+        def __getitem__(self, idx):
+            sample = super().__getitem__(idx)
+            image = torch.frombuffer(bytearray(sample["image"]), dtype=torch.uint8).reshape(SHAPE)
+            return image, sample["label"]
+
+    ds = Images(local=os.path.join(folder, "mds"), shuffle=True, batch_size=BATCH)
+    return torch.utils.data.DataLoader(ds, batch_size=BATCH, num_workers=workers)
+
+
 def run_stoker(folder: str, mode: str):
     import stoker
 
@@ -206,6 +284,8 @@ LOADERS = {
     "WebDataset, 2 workers": lambda d: run_webdataset(d, 2),
     "LitData, 0 workers": lambda d: run_litdata(d, 0),
     "LitData, 2 workers": lambda d: run_litdata(d, 2),
+    "MosaicML Streaming, 0 workers": lambda d: run_mosaic(d, 0),
+    "MosaicML Streaming, 2 workers": lambda d: run_mosaic(d, 2),
     "stoker, fields= (tar shards)": lambda d: run_stoker(d, "fields"),
     "stoker, fields= (seeds' CSV + files)": lambda d: run_stoker(d, "csv-fields"),
     "stoker, map= (tar shards)": lambda d: run_stoker(d, "map"),
