@@ -3,6 +3,8 @@
 import gc
 import io
 import json
+import os
+import signal
 import tarfile
 import threading
 import time
@@ -399,3 +401,95 @@ def test_elastic_resume_across_world_sizes(data, old_world, new_world, drop_last
     else:
         assert set(everything) == set(truth)  # nothing lost
         assert len(everything) - len(truth) < old_world + new_world
+
+
+def test_set_epoch_after_loading_keeps_the_position(data):
+    ds, _ = data
+    first = stoker.Loader(ds, 15, fields=FIELDS)
+    it = iter(first)
+    for _ in range(4):
+        next(it)
+    state = first.state_dict()
+    expected = [b["__key__"] for b in it]
+    resumed = stoker.Loader(ds, 15, fields=FIELDS)
+    resumed.load_state_dict(state)
+    resumed.set_epoch(state["epoch"])  # the usual top of a resumed training loop
+    assert [b["__key__"] for b in resumed] == expected
+    assert len(resumed) == len(first) == 13  # a whole epoch, resumed or not
+
+
+def test_a_new_iterator_starts_the_epoch_over(data):
+    ds, _ = data
+    loader = stoker.Loader(ds, 15, fields=FIELDS)
+    peek = next(iter(loader))  # a glance at the first batch's shapes
+    keys = [b["__key__"] for b in loader]
+    assert keys[0] == peek["__key__"] and len(keys) == len(loader)
+
+
+def test_elastic_resume_at_an_epoch_boundary_is_a_plain_one(data):
+    ds, _ = data
+    old = stoker.Loader(ds, 8, fields=FIELDS, rank=0, world_size=2)
+    for _ in old:
+        pass
+    new = stoker.Loader(ds, 8, fields=FIELDS, rank=1, world_size=3)
+    new.load_state_dict(old.state_dict())  # epoch 1, nothing of it read yet
+    fresh = stoker.Loader(ds, 8, fields=FIELDS, rank=1, world_size=3)
+    fresh.set_epoch(1)
+    assert _keys(new) == _keys(fresh)
+    assert new.state_dict()["epoch"] == 2  # checkpointable again right away
+
+
+def test_loader_pickles_and_threads_are_its_own(data):
+    import pickle
+
+    ds, _ = data
+    loader = stoker.Loader(ds, 16, fields=FIELDS, num_threads=3)
+    assert loader._reader.num_threads == 3
+    again = pickle.loads(pickle.dumps(loader))
+    assert _keys(again) == _keys(stoker.Loader(ds, 16, fields=FIELDS))
+
+
+def test_default_collate_keeps_bytes_as_lists(data):
+    ds, _ = data
+    loader = stoker.Loader(ds, 5, shuffle=False)
+    batch = next(iter(loader))
+    assert isinstance(batch["jpg"], list) and isinstance(batch["raw"], list)
+    with pytest.raises(stoker.StokerError, match="lack 'extra'"):
+        odd = stoker.Loader(
+            ds,
+            5,
+            shuffle=False,
+            map=lambda s: {"a": 1} if s["__key__"].endswith("1") else {"a": 1, "extra": 2},
+        )
+        next(iter(odd))
+
+
+def test_map_after_fork(data):
+    ds, _ = data
+    loader = stoker.Loader(ds, 16, map=lambda s: {"k": s["__key__"]}, collate=list)
+    next(iter(loader))  # the parent made its executor
+    pid = os.fork()
+    if pid == 0:
+        try:
+            os._exit(0 if sum(len(b) for b in loader) == len(ds) else 1)
+        except BaseException:
+            os._exit(2)
+    deadline = time.monotonic() + 30
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            assert os.waitstatus_to_exitcode(status) == 0
+            break
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            pytest.fail("map= hung in a forked child")
+        time.sleep(0.01)
+
+
+def test_empty_dataset(tmp_path):
+    with tarfile.open(tmp_path / "e.tar", "w"):
+        pass
+    loader = stoker.Loader(
+        stoker.Dataset(str(tmp_path / "e.tar")), 4, fields={"x": stoker.Raw((1,))}
+    )
+    assert len(loader) == 0 and list(loader) == []

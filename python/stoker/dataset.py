@@ -326,6 +326,7 @@ class Dataset:
         out: np.ndarray | None = None,
         offsets: np.ndarray | None = None,
         lengths: np.ndarray | None = None,
+        reader: _core.ShardReader | None = None,
     ) -> _core.PendingRead:
         """Start reading member `rows`; by default each lands, as stored, at the next aligned
         offset. `codecs` and `out` (decoded lengths) override how members are decoded,
@@ -337,7 +338,7 @@ class Dataset:
         if codecs is None:
             codecs = self._m_codec[rows]
         compressed = bool((codecs != _CODEC_STORED).any())
-        return shared_reader(self.num_threads).read(
+        return (reader or shared_reader(self.num_threads)).read(
             self._files,
             self._m_file[rows],
             self._m_offset[rows] if offsets is None else offsets,

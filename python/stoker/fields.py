@@ -29,10 +29,8 @@ class Raw:
 @dataclass(frozen=True)
 class Int:
     """Member bytes are an ASCII integer, as WebDataset's ``.cls`` (or an integer column such
-    as ``from_csv``'s label). The batch gets an int64 tensor of shape ``(batch,)``."""
-
-    #: Longest text accepted (sign and digits; surrounding whitespace is ignored).
-    max_digits: int = 19
+    as ``from_csv``'s label): an optional sign and 1 to 18 digits, whitespace around them
+    allowed. The batch gets an int64 tensor of shape ``(batch,)``."""
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 
 from stoker.dataset import ALIGN, Dataset, aligned_offsets, shared_reader
-from stoker.errors import ShardFormatError, StokerError, located
+from stoker.errors import ReadError, ShardFormatError, StokerError, located
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
 from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch
 
@@ -77,7 +77,7 @@ class _Layout:
 
     indices: np.ndarray
     fixed: list[tuple[str, int, np.dtype, tuple[int, ...]]] = field(default_factory=list)
-    ints: list[tuple[str, int, int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    ints: list[tuple[str, int, np.ndarray, np.ndarray]] = field(default_factory=list)
     blobs: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
     extras: list[str] = field(default_factory=list)
     headers: list[tuple[str, int, bytes, np.ndarray]] = field(default_factory=list)
@@ -147,14 +147,32 @@ class Loader:
         self._reader = shared_reader(num_threads)
         self._num_threads = num_threads or self._reader.num_threads
         self._executor: ThreadPoolExecutor | None = None
+        self._executor_pid = 0
         self._epoch = 0
         self._position = 0  # batches of the current epoch already handed out
+        # Where the next iteration starts, when a state was loaded; otherwise every new
+        # iterator starts its epoch at the beginning, as a DataLoader's does.
+        self._resume_at: int | None = None
+        self._generation = 0  # only the newest iterator moves the position
         self._plans: dict[int, EpochPlan] = {}
         # Set by loading a state saved with another world size: (epoch, what the old ranks
         # had read), so that epoch's rest is shared out over this loader's ranks.
         self._elastic: tuple[int, tuple[int, int, int]] | None = None
         self._stats = _Stats()
         self._member_table: dict[str, np.ndarray] | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        # What cannot cross a process boundary is rebuilt on the other side.
+        state = self.__dict__.copy()
+        for name in ("_torch", "_reader", "_executor"):
+            state[name] = None
+        state["_plans"] = {}
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._torch = _torch()
+        self._reader = shared_reader(self._num_threads)
 
     # -- order, epochs, resume ------------------------------------------------
 
@@ -178,12 +196,21 @@ class Loader:
         return plan
 
     def __len__(self) -> int:
-        return len(self._plan(self._epoch))
+        """Batches in a whole epoch on this rank (also while resuming mid-epoch)."""
+        total = len(self.dataset)
+        per_rank = total // self.world_size if self.drop_last else -(-total // self.world_size)
+        full, rest = divmod(per_rank, self.batch_size)
+        return full + (1 if rest and not self.drop_last else 0)
 
     def set_epoch(self, epoch: int) -> None:
-        """Start epoch `epoch` (a new shuffle) with the next iteration."""
-        self._epoch = int(epoch)
-        self._position = 0
+        """Read epoch `epoch` (its own shuffle) from the next iteration on. Setting the epoch
+        a loaded state is in keeps that state's position, so the usual ``set_epoch`` at the
+        top of a resumed training loop does not start the epoch over."""
+        epoch = int(epoch)
+        self._generation += 1  # iterators still alive no longer move the position
+        if epoch == self._epoch and self._resume_at is not None:
+            return
+        self._epoch, self._position, self._resume_at = epoch, 0, None
         self._elastic = None
         self._plans = {}
 
@@ -228,14 +255,17 @@ class Loader:
                 )
         self._plans = {}
         self._epoch = int(state["epoch"])
-        if state["world_size"] == self.world_size and state["drop_last"] == self.drop_last:
+        same_split = state["world_size"] == self.world_size and state["drop_last"] == self.drop_last
+        if same_split or int(state["batches_done"]) == 0:  # nothing read: nothing to share out
             self._elastic = None
-            self._position = int(state["batches_done"])
+            self._position = int(state["batches_done"]) if same_split else 0
         else:  # elastic: what the old ranks read is known; share out the rest of the epoch
             done = int(state["batches_done"]) * self.batch_size
             old = (int(state["world_size"]), bool(state["drop_last"]), done)
             self._elastic = (self._epoch, old)
             self._position = 0
+        self._resume_at = self._position
+        self._generation += 1
 
     def stats(self) -> dict[str, float]:
         """Counters since the loader was made; cheap enough to leave on."""
@@ -255,10 +285,14 @@ class Loader:
     # -- iteration ------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        self._generation += 1
+        generation = self._generation
         epoch = self._epoch
         plan = self._plan(epoch)
         if self._stats.started is None:
             self._stats.started = time.perf_counter()
+        self._position = self._resume_at if self._resume_at is not None else 0
+        self._resume_at = None
         next_batch = self._position
         in_flight: deque[tuple[Any, Any]] = deque()
         try:
@@ -275,20 +309,22 @@ class Loader:
                 batch = self._finish(*in_flight.popleft())
                 self._stats.wait_s += time.perf_counter() - start
                 self._stats.batches += 1
-                self._position += 1
+                if generation == self._generation:
+                    self._position += 1
                 yield batch
         finally:
             for pending, _ in in_flight:  # a loop left early: stop reading ahead
                 pending.cancel()
-        self._epoch, self._position = epoch + 1, 0
-        self._elastic = None
+        if generation == self._generation:
+            self._epoch, self._position = epoch + 1, 0
+            self._elastic = None
 
     def _submit(self, indices: np.ndarray) -> tuple[Any, Any]:
         if self.fields is not None:
             return self._submit_fields(indices)
         ds = self.dataset
         rows, bounds = ds._member_rows(indices)
-        return ds._submit_members(rows), (indices, rows, bounds)
+        return ds._submit_members(rows, reader=self._reader), (indices, rows, bounds)
 
     def _finish(self, pending: Any, layout: Any) -> dict[str, Any]:
         buffer = pending.wait()
@@ -312,8 +348,10 @@ class Loader:
         chunks = min(self._num_threads, len(samples))
         if chunks <= 1:
             return [fn(s) for s in samples]
-        if self._executor is None:
+        if self._executor is None or self._executor_pid != os.getpid():
+            # (Again) in a forked child: the parent's executor has no threads here.
             self._executor = ThreadPoolExecutor(self._num_threads - 1, "stoker-map")
+            self._executor_pid = os.getpid()
             weakref.finalize(self, self._executor.shutdown, wait=False)
         bounds = np.linspace(0, len(samples), chunks + 1).astype(int).tolist()
         parts = [samples[a:b] for a, b in zip(bounds, bounds[1:])]
@@ -330,7 +368,7 @@ class Loader:
         for name, spec in self.fields.items():
             if not isinstance(spec, (Raw, Int, Npy, Bytes)):
                 raise StokerError(f"field {name!r}: {spec!r} is not a stoker field decoder")
-            if name not in have:
+            if name not in have and len(self.dataset):
                 raise StokerError(f"field {name!r} is in no sample; the dataset has {sorted(have)}")
             if name in self.dataset._extras and not isinstance(spec, Int):
                 raise StokerError(f"field {name!r} is an integer column: use stoker.Int()")
@@ -353,7 +391,9 @@ class Loader:
             chosen = table[indices]
             if (chosen < 0).any():
                 i = int(indices[np.flatnonzero(chosen < 0)[0]])
-                raise StokerError(f"sample {ds.key(i)!r} (#{i}) has no field {name!r}")
+                raise self._bad_member(
+                    int(ds._member_start[i]), f"sample {ds.key(i)!r} (#{i}) has no field {name!r}"
+                )
             out[name] = chosen
         return out
 
@@ -447,7 +487,7 @@ class Loader:
                 base = region(n * _INT_WIDTH)
                 offsets = base + np.arange(n, dtype=np.uint64) * np.uint64(_INT_WIDTH)
                 parts.append((member_rows, offsets, ds._m_codec[member_rows], out))
-                layout.ints.append((name, base, spec.max_digits, out.astype(np.int64), member_rows))
+                layout.ints.append((name, base, out.astype(np.int64), member_rows))
             else:  # Bytes
                 starts, size = aligned_offsets(out)
                 base = region(size)
@@ -464,7 +504,14 @@ class Loader:
             else [np.zeros(0, t) for t in kinds]
         )
         pending = ds._submit_members(
-            rows, dest=dest, size=at, codecs=codecs, out=lengths, offsets=offsets, lengths=sizes
+            rows,
+            dest=dest,
+            size=at,
+            codecs=codecs,
+            out=lengths,
+            offsets=offsets,
+            lengths=sizes,
+            reader=self._reader,
         )
         return pending, layout
 
@@ -487,9 +534,12 @@ class Loader:
         ds = self.dataset
         row = int(member_rows[0])
         path, offset = ds._paths[int(ds._m_file[row])], int(ds._m_offset[row])
-        with open(path, "rb") as f:
-            f.seek(offset)
-            head = f.read(min(int(ds._m_out[row]), 1 << 17))
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                head = f.read(min(int(ds._m_out[row]), 1 << 17))
+        except OSError as e:
+            raise located(ReadError, path, offset, f"cannot read a .npy header: {e}") from e
         try:
             stream = io.BytesIO(head)
             version = np.lib.format.read_magic(stream)
@@ -527,10 +577,16 @@ class Loader:
         for name, base, dtype, shape in layout.fixed:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             view = buffer[base : base + n * nbytes].view(dtype).reshape((n, *shape))
-            batch[name] = torch.from_numpy(view)
-        for name, base, max_digits, lengths, member_rows in layout.ints:
+            try:
+                batch[name] = torch.from_numpy(view)
+            except TypeError as e:  # a dtype torch has no tensor for (big-endian, strings)
+                raise StokerError(
+                    f"field {name!r}: torch has no tensor type for {dtype} ({e}); read it "
+                    "with stoker.Bytes() and convert it in your own code"
+                ) from e
+        for name, base, lengths, member_rows in layout.ints:
             text = buffer[base : base + n * _INT_WIDTH].reshape(n, _INT_WIDTH)
-            values, bad = parse_ascii_ints(text, lengths, max_digits)
+            values, bad = parse_ascii_ints(text, lengths)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
                 shown = bytes(text[i, : lengths[i]])
@@ -546,12 +602,10 @@ class Loader:
         return batch
 
 
-def parse_ascii_ints(
-    text: np.ndarray, lengths: np.ndarray, max_digits: int = 18
-) -> tuple[np.ndarray, np.ndarray]:
+def parse_ascii_ints(text: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Integers from rows of ASCII text (row i is ``text[i, :lengths[i]]``), vectorised.
     Whitespace around the number is allowed; returns (values, bad) with bad[i] where row i
-    is not an optional sign followed by 1 to min(max_digits, 18) digits."""
+    is not an optional sign followed by 1 to 18 digits (the C++ codec's rule)."""
     n, width = text.shape
     pos = np.arange(width)
     valid = pos[None, :] < lengths[:, None]
@@ -568,7 +622,7 @@ def parse_ascii_ints(
     sign_at = signed[:, None] & (pos[None, :] == first[:, None])
     bad = ~has_text | (inside & ~digit & ~sign_at).any(axis=1)
     ndigits = last - first + 1 - signed
-    bad |= (ndigits < 1) | (ndigits > min(max_digits, 18))
+    bad |= (ndigits < 1) | (ndigits > 18)
     power = np.clip(last[:, None] - pos[None, :], 0, 18)
     weights = np.where(inside & digit, 10**power, 0)
     values = ((c - 48) * weights).sum(axis=1)
@@ -577,19 +631,29 @@ def parse_ascii_ints(
 
 
 def default_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
-    """Stack what stacks: equal-shape arrays into one tensor, numbers into a tensor, the rest
-    (and ``__key__``) into lists."""
+    """Stack what stacks: equal-shape arrays into one tensor (raw bytes, 1-D uint8, excepted),
+    numbers into a tensor, the rest (and ``__key__``) into lists."""
     import torch
 
     if not samples:
         return {}
     if not isinstance(samples[0], Mapping):
         return samples  # map= returned something else: the user's to collate
+    keys = list(dict.fromkeys(k for s in samples for k in s))
     out: dict[str, Any] = {}
-    for key in samples[0]:
+    for key in keys:
+        missing = [i for i, s in enumerate(samples) if key not in s]
+        if missing:
+            raise StokerError(
+                f"collate: {len(missing)} sample(s) of the batch lack {key!r} "
+                f"(first: #{missing[0]}); give map= a value for every key, or your own collate="
+            )
         values = [s[key] for s in samples]
         first = values[0]
         if key == "__key__":
+            out[key] = values
+        elif isinstance(first, np.ndarray) and first.dtype == np.uint8 and first.ndim == 1:
+            # A member's raw bytes: kept as a list, whatever their lengths happen to be.
             out[key] = values
         elif isinstance(first, torch.Tensor) and all(
             isinstance(v, torch.Tensor) and v.shape == first.shape for v in values
