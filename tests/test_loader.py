@@ -3,8 +3,6 @@
 import gc
 import io
 import json
-import os
-import signal
 import tarfile
 import threading
 import time
@@ -13,6 +11,7 @@ import zipfile
 import numpy as np
 import pytest
 import torch
+from concurrency import run_in_fork
 from shards import write_tar, write_zip
 
 import stoker
@@ -468,22 +467,7 @@ def test_map_after_fork(data):
     ds, _ = data
     loader = stoker.Loader(ds, 16, map=lambda s: {"k": s["__key__"]}, collate=list)
     next(iter(loader))  # the parent made its executor
-    pid = os.fork()
-    if pid == 0:
-        try:
-            os._exit(0 if sum(len(b) for b in loader) == len(ds) else 1)
-        except BaseException:
-            os._exit(2)
-    deadline = time.monotonic() + 30
-    while True:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            assert os.waitstatus_to_exitcode(status) == 0
-            break
-        if time.monotonic() > deadline:
-            os.kill(pid, signal.SIGKILL)
-            pytest.fail("map= hung in a forked child")
-        time.sleep(0.01)
+    run_in_fork(lambda: sum(len(b) for b in loader) == len(ds), 30, "map= after fork")
 
 
 def test_empty_dataset(tmp_path):

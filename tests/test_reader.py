@@ -1,16 +1,13 @@
 """ShardReader on its own: whole batches of byte ranges into one buffer."""
 
-import os
-import signal
 import subprocess
 import sys
 import threading
-import time
 import zlib
 
 import numpy as np
 import pytest
-from concurrency import run_in_threads
+from concurrency import run_in_fork, run_in_threads
 
 import stoker
 from stoker import _core
@@ -225,15 +222,12 @@ def test_forked_child_gets_its_own_pool(files):
     table, blobs = files
     reader = stoker.ShardReader(2)
     _read(reader, table, [0], [0], [10])  # the parent's threads are running
-    pid = os.fork()
-    if pid == 0:  # child: must read with fresh threads, not hang on the parent's
-        try:
-            buf, _ = _read(reader, table, [3], [5], [100])
-            os._exit(0 if bytes(buf) == blobs[3][5:105] else 1)
-        except BaseException:
-            os._exit(2)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+
+    def child_reads() -> bool:  # with fresh threads, not hanging on the parent's
+        buf, _ = _read(reader, table, [3], [5], [100])
+        return bytes(buf) == blobs[3][5:105]
+
+    run_in_fork(child_reads, 20, "a child forked after reads")
 
 
 def test_fork_while_other_threads_read(files):
@@ -256,28 +250,14 @@ def test_fork_while_other_threads_read(files):
         t.start()
     try:
         for _ in range(25):
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    buf, _ = _read(reader, table, [2, 4], [7, 9], [1000, 1000])
-                    ok = (
-                        bytes(buf[:1000]) == blobs[2][7:1007]
-                        and bytes(buf[1000:]) == blobs[4][9:1009]
-                    )
-                    os._exit(0 if ok else 1)
-                except BaseException:
-                    os._exit(2)
-            deadline = time.monotonic() + 20
-            while True:
-                done, status = os.waitpid(pid, os.WNOHANG)
-                if done:
-                    assert os.waitstatus_to_exitcode(status) == 0
-                    break
-                if time.monotonic() > deadline:
-                    os.kill(pid, signal.SIGKILL)
-                    os.waitpid(pid, 0)
-                    pytest.fail("a child forked during reads hung")
-                time.sleep(0.005)
+
+            def child_reads() -> bool:
+                buf, _ = _read(reader, table, [2, 4], [7, 9], [1000, 1000])
+                return (
+                    bytes(buf[:1000]) == blobs[2][7:1007] and bytes(buf[1000:]) == blobs[4][9:1009]
+                )
+
+            run_in_fork(child_reads, 20, "a child forked during reads")
     finally:
         stop.set()
         for t in readers:
