@@ -24,7 +24,13 @@ import numpy as np
 from stoker.dataset import ALIGN, Dataset, aligned_offsets, shared_reader
 from stoker.errors import ReadError, ShardFormatError, StokerError, located
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
-from stoker.sampler import DEFAULT_SHUFFLE_WINDOW, EpochPlan, plan_epoch
+from stoker.sampler import (
+    DEFAULT_SHUFFLE_WINDOW,
+    EpochPlan,
+    batch_count,
+    plan_epoch,
+    rank_stretch,
+)
 
 _STATE_VERSION = 1
 _INT_WIDTH = 64  # bytes of text an Int() member may have, whitespace included
@@ -197,10 +203,8 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank (also while resuming mid-epoch)."""
-        total = len(self.dataset)
-        per_rank = total // self.world_size if self.drop_last else -(-total // self.world_size)
-        full, rest = divmod(per_rank, self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        begin, end = rank_stretch(len(self.dataset), self.rank, self.world_size, self.drop_last)
+        return batch_count(end - begin, self.batch_size, self.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch `epoch` (its own shuffle) from the next iteration on. Setting the epoch

@@ -27,11 +27,16 @@ class EpochPlan:
 
     def __len__(self) -> int:
         """Number of batches."""
-        full, rest = divmod(len(self.indices), self.batch_size)
-        return full + (1 if rest and not self.drop_last else 0)
+        return batch_count(len(self.indices), self.batch_size, self.drop_last)
 
     def batch(self, k: int) -> np.ndarray:
         return self.indices[k * self.batch_size : (k + 1) * self.batch_size]
+
+
+def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
+    """Batches `samples` make: a partial last one counts unless drop_last."""
+    full, rest = divmod(samples, batch_size)
+    return full + (1 if rest and not drop_last else 0)
 
 
 def _epoch_rng(seed: int, epoch: int, stream: int) -> np.random.Generator:
