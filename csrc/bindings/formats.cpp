@@ -1,8 +1,13 @@
 // Index parsers: shard -> columnar numpy arrays of samples and members.
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
+
+#include <cerrno>
+#include <cstring>
 
 #include "bindings.hpp"
 #include "numpy_util.hpp"
+#include "stoker/errors.hpp"
 #include "stoker/format/shard_index.hpp"
 #include "stoker/io/thread_pool.hpp"
 
@@ -59,6 +64,32 @@ void register_formats(py::module_& m) {
       },
       py::arg("paths"), py::arg("formats"), py::arg("num_threads") = 0,
       "Index shards (formats: 'tar', 'zip', 'npy') on a few threads; one dict per shard.");
+  m.def(
+      "index_remote",
+      [](const std::string& label, uint64_t size, const std::string& format, py::function read,
+         uint64_t window) {
+        // The GIL stays held: `read` is Python (a range request) and gives it up
+        // while it waits on the network; the parsing in between is brief.
+        format::WindowReader in(
+            label, size,
+            [&](uint8_t* dest, uint64_t length, uint64_t offset) {
+              py::buffer got = read(offset, length);
+              py::buffer_info info = got.request();
+              auto bytes = static_cast<uint64_t>(info.size * info.itemsize);
+              if (bytes != length) {
+                throw ReadError(
+                    label, offset, EIO,
+                    "asked for " + std::to_string(length) + " bytes, got " + std::to_string(bytes));
+              }
+              std::memcpy(dest, info.ptr, length);
+            },
+            window);
+        return index_to_dict(format::index_shard(in, format, /*locate_members=*/false));
+      },
+      py::arg("label"), py::arg("size"), py::arg("format"), py::arg("read"),
+      py::arg("window") = 64 * 1024,
+      "What samples a shard that is not local holds, read through read(offset, length) -> "
+      "bytes (range requests). Member offsets of zip shards are not located (0).");
 }
 
 }  // namespace stoker::bindings

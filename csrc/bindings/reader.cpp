@@ -210,6 +210,8 @@ void register_reader(py::module_& m) {
       .def_property_readonly("num_threads", &io::ShardReader::num_threads)
       .def_property_readonly("max_open_files", &io::ShardReader::max_open_files)
       .def("open_files", &io::ShardReader::open_files)
+      .def("forget", &io::ShardReader::forget, py::arg("path"),
+           "Close the cached descriptor of `path`, if any (reads in flight keep theirs).")
       .def(
           "read",
           [](io::ShardReader& reader, std::shared_ptr<io::FileTable> files,

@@ -15,6 +15,7 @@ from stoker._core import __version__ as __version__
 from stoker.dataset import Dataset
 from stoker.fields import Bytes, Int, Npy, Raw
 from stoker.loader import Loader
+from stoker.remote import FetchOptions
 
 __all__ = [
     "ChecksumError",
@@ -25,6 +26,7 @@ __all__ = [
     "Npy",
     "Raw",
     "FetchError",
+    "FetchOptions",
     "FileTable",
     "PendingRead",
     "PinnedRing",

@@ -7,21 +7,43 @@ ShardReader. Opening indexes every shard in parallel, reading headers only.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import os
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from stoker import _core
-from stoker.errors import ReadError, ShardFormatError, located
-from stoker.sources import Source, format_of, resolve
+from stoker.errors import FetchError, ReadError, ShardFormatError, StokerError, located
+from stoker.remote import (
+    FetchOptions,
+    Hold,
+    RemoteShard,
+    RemoteShards,
+    cache_name,
+    fetcher_for,
+    wait_result,
+)
+from stoker.sources import Source, format_of, is_url, resolve
 
 #: Where each piece starts in a batch buffer: aligned so that any dtype can be
 #: viewed in place.
 ALIGN = 64
 _CODEC_STORED = 0
+_MEMBER_COLUMNS = {
+    "file": np.uint32,
+    "offset": np.uint64,
+    "length": np.uint64,
+    "out": np.uint64,
+    "codec": np.uint8,
+    "crc": np.uint32,
+    "field": np.int32,
+    "decoder": np.int32,
+    "sample": np.int64,
+}
 
 _readers: dict[tuple[int, int], _core.ShardReader] = {}
 _readers_lock = threading.Lock()
@@ -34,6 +56,11 @@ def _new_lock_after_fork() -> None:
 
 
 os.register_at_fork(after_in_child=_new_lock_after_fork)
+
+
+def all_readers() -> list[_core.ShardReader]:
+    with _readers_lock:
+        return list(_readers.values())
 
 
 def shared_reader(num_threads: int | None = None) -> _core.ShardReader:
@@ -73,18 +100,59 @@ class Dataset:
         cache_dir: str | os.PathLike[str] | None = None,
         cache_limit: int | None = None,
         num_threads: int | None = None,
+        fetch: FetchOptions | None = None,
     ) -> None:
         self.source = source
         self.cache_dir = cache_dir
         self.cache_limit = cache_limit
         self.num_threads = num_threads
-        shards = resolve(source)
+        options = fetch or FetchOptions()
+
+        def read_url(url: str) -> bytes:
+            fetcher = fetcher_for(options)
+            return fetcher.call(fetcher.read_all(url))
+
+        shards = resolve(source, read_url)
         paths = [path for path, _ in shards]
         formats = [format_of(path) for path in paths]
-        for path, entry in shards:
-            _check_manifest_size(path, entry)
-        indexes = _core.index_shards(paths, formats, num_threads or 0)
-        identities = np.array([index["identity"] for index in indexes], np.int64).reshape(-1, 3)
+        remote_ids = [i for i, path in enumerate(paths) if is_url(path)]
+        local_ids = [i for i, path in enumerate(paths) if not is_url(path)]
+        for i in local_ids:
+            _check_manifest_size(paths[i], shards[i][1])
+        indexes: list[dict] = [{} for _ in paths]
+        identities = np.zeros((len(paths), 3), np.int64)
+        found = _core.index_shards(
+            [paths[i] for i in local_ids], [formats[i] for i in local_ids], num_threads or 0
+        )
+        for i, index in zip(local_ids, found):
+            indexes[i] = index
+            identities[i] = index["identity"]
+        self._remote: RemoteShards | None = None
+        self._remote_of: dict[int, int] = {}  # shard -> its number among the remote ones
+        if remote_ids:
+            remote = RemoteShards(
+                [_remote_shard(paths[i], formats[i], shards[i][1]) for i in remote_ids],
+                cache_dir,
+                cache_limit,
+                options,
+            )
+            remote.describe(options.connections)
+            for r, i in enumerate(remote_ids):
+                shard = remote.shards[r]
+                indexes[i] = {
+                    "format": formats[i],
+                    "samples": shard.samples,
+                    "fields": shard.fields,
+                }
+                paths[i] = remote.cache.path_of(shard.name)
+                self._remote_of[i] = r
+            self._remote = remote
+            largest = max(s.size or 0 for s in remote.shards)
+            if remote.limit < 2 * largest:
+                raise StokerError(
+                    f"cache_limit={remote.limit} bytes cannot hold two of these shards at "
+                    f"once (one being read, one arriving): it needs at least {2 * largest}"
+                )
         self._build(paths, identities, indexes)
 
     @classmethod
@@ -137,6 +205,7 @@ class Dataset:
         sizes = identities[:, 1]
 
         self = cls.__new__(cls)
+        self._remote, self._remote_of = None, {}
         self.source = csv
         self.cache_dir = self.cache_limit = None
         self.num_threads = num_threads
@@ -170,85 +239,143 @@ class Dataset:
         indexes: list[dict],
         member_files: np.ndarray | None = None,
     ) -> None:
-        field_names: list[str] = []
-        field_ids: dict[str, int] = {}
-        decoders: list[tuple[np.dtype, tuple[int, ...]] | None] = [None]
-        decoder_ids: dict[tuple[str, tuple[int, ...]], int] = {}
+        """The columnar index of `indexes` (one per shard). A shard not yet local has a
+        placeholder ``{"format", "samples", "fields"}``: its samples count, its members
+        are added by _add_index once it is."""
+        self._paths = paths
+        self._identities = identities
+        # Reads check that each file is still the one indexed.
+        self._files = _core.FileTable(paths, identities)
+        self._field_names: list[str] = []
+        self._field_ids: dict[str, int] = {}
+        self._decoders: list[tuple[np.dtype, tuple[int, ...]] | None] = [None]
+        self._decoder_ids: dict[tuple[str, tuple[int, ...]], int] = {}
+        self._extras: dict[str, np.ndarray] = {}
+        self._key_array: np.ndarray | None = None
+        self._field_tables: dict[str, np.ndarray] = {}
+        self._fields_known = True
+        counts = []
+        for index in indexes:
+            if "samples" in index:  # a placeholder
+                counts.append(int(index["samples"]))
+                if index.get("fields") is None:
+                    self._fields_known = False
+                for name in index.get("fields") or ():
+                    self._field_id(name)
+            elif index["format"] == "npy":
+                counts.append(int(index["shape"][0]))
+            else:
+                counts.append(len(index["keys"]))
+        self._shard_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+        n = len(self)
+        self._sample_first = np.full(n, -1, np.int64)
+        self._sample_count = np.zeros(n, np.int64)
+        self._indexed = np.zeros(len(indexes), bool)
+        self._shard_keys: list[list[str] | None] = [None] * len(indexes)
+        self._rows = 0
+        self._columns = {name: np.zeros(0, dtype) for name, dtype in _MEMBER_COLUMNS.items()}
+        self._append_rows({k: np.zeros(0, d) for k, d in _MEMBER_COLUMNS.items()}, 0)
+        ready = [s for s, index in enumerate(indexes) if "samples" not in index]
+        self._add_index(ready, [indexes[s] for s in ready], member_files)
 
-        def global_field(name: str) -> int:
-            if name not in field_ids:
-                field_ids[name] = len(field_names)
-                field_names.append(name)
-            return field_ids[name]
+    def _field_id(self, name: str) -> int:
+        if name not in self._field_ids:
+            self._field_ids[name] = len(self._field_names)
+            self._field_names.append(name)
+        return self._field_ids[name]
 
-        columns: dict[str, list[np.ndarray]] = {
-            k: [] for k in ("file", "offset", "length", "out", "codec", "crc", "field", "decoder")
-        }
-        sample_counts, member_counts = [], []
-        shard_keys: list[list[str] | None] = []
-        for shard, index in enumerate(indexes):
+    def _add_index(
+        self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None = None
+    ) -> None:
+        """Add the members of `shards` (now local and indexed) to the columns."""
+        parts: dict[str, list[np.ndarray]] = {name: [] for name in _MEMBER_COLUMNS}
+        base = self._rows
+        for shard, index in zip(shards, indexes):
+            first = int(self._shard_start[shard])
+            expected = int(self._shard_start[shard + 1]) - first
             if index["format"] == "npy":
                 n = int(index["shape"][0])
                 row_shape = tuple(int(d) for d in index["shape"][1:])
-                descr = index["descr"]
-                key = (descr, row_shape)
-                if key not in decoder_ids:
-                    decoder_ids[key] = len(decoders)
-                    decoders.append((np.dtype(descr), row_shape))
+                key = (index["descr"], row_shape)
+                if key not in self._decoder_ids:
+                    self._decoder_ids[key] = len(self._decoders)
+                    self._decoders.append((np.dtype(index["descr"]), row_shape))
                 row = np.uint64(index["row_bytes"])
-                columns["offset"].append(
-                    np.uint64(index["data_offset"]) + np.arange(n, dtype=np.uint64) * row
-                )
-                columns["length"].append(np.full(n, row, np.uint64))
-                columns["out"].append(columns["length"][-1])
-                columns["codec"].append(np.zeros(n, np.uint8))
-                columns["crc"].append(np.zeros(n, np.uint32))
-                columns["field"].append(np.full(n, global_field("npy"), np.int32))
-                columns["decoder"].append(np.full(n, decoder_ids[key], np.int32))
-                sample_counts.append(n)
-                member_counts.append(np.ones(n, np.int64))
-                shard_keys.append(None)
+                cols = {
+                    "offset": np.uint64(index["data_offset"]) + np.arange(n, dtype=np.uint64) * row,
+                    "length": np.full(n, row, np.uint64),
+                    "out": np.full(n, row, np.uint64),
+                    "codec": np.zeros(n, np.uint8),
+                    "crc": np.zeros(n, np.uint32),
+                    "field": np.full(n, self._field_id("npy"), np.int32),
+                    "decoder": np.full(n, self._decoder_ids[key], np.int32),
+                }
+                per_sample = np.ones(n, np.int64)
             else:
+                n = len(index["keys"])
                 m = len(index["member_offset"])
-                lookup = np.array([global_field(f) for f in index["field_names"]], np.int32)
-                columns["offset"].append(index["member_offset"])
-                columns["length"].append(index["member_length"])
-                columns["out"].append(index["member_out_length"])
-                columns["codec"].append(index["member_codec"])
-                columns["crc"].append(index["member_crc"])
-                columns["field"].append(
-                    lookup[index["member_field"]] if m else np.zeros(0, np.int32)
+                lookup = np.array([self._field_id(f) for f in index["field_names"]], np.int32)
+                cols = {
+                    "offset": index["member_offset"],
+                    "length": index["member_length"],
+                    "out": index["member_out_length"],
+                    "codec": index["member_codec"],
+                    "crc": index["member_crc"],
+                    "field": lookup[index["member_field"]] if m else np.zeros(0, np.int32),
+                    "decoder": np.zeros(m, np.int32),
+                }
+                per_sample = np.diff(index["sample_start"].astype(np.int64))
+                self._shard_keys[shard] = index["keys"]
+            if n != expected:
+                raise located(
+                    ShardFormatError,
+                    self._paths[shard],
+                    0,
+                    f"holds {n} samples but {expected} were expected (manifest or first look): "
+                    "the shard changed",
                 )
-                columns["decoder"].append(np.zeros(m, np.int32))
-                sample_counts.append(len(index["keys"]))
-                member_counts.append(np.diff(index["sample_start"].astype(np.int64)))
-                shard_keys.append(index["keys"])
-            if member_files is None:
-                columns["file"].append(np.full(len(columns["offset"][-1]), shard, np.uint32))
+            m = len(cols["offset"])
+            cols["file"] = np.full(m, shard, np.uint32)
+            cols["sample"] = first + np.repeat(np.arange(n, dtype=np.int64), per_sample)
+            starts = np.concatenate([[0], np.cumsum(per_sample)[:-1]]).astype(np.int64)
+            self._sample_first[first : first + n] = base + starts
+            self._sample_count[first : first + n] = per_sample
+            base += m
+            for name in _MEMBER_COLUMNS:
+                parts[name].append(cols[name])
+            self._indexed[shard] = True
+        if member_files is not None:
+            parts["file"] = [member_files]
+        added = base - self._rows
+        if added:
+            self._append_rows({k: np.concatenate(v) for k, v in parts.items()}, added)
+        for name, table in self._field_tables.items():  # keep built tables current
+            self._fill_field_table(name, table, self._rows - added, self._rows)
+        if self._key_array is not None:
+            for shard in shards:
+                self._fill_keys(shard)
 
-        def cat(name: str, dtype: Any) -> np.ndarray:
-            parts = columns[name]
-            return np.concatenate(parts).astype(dtype, copy=False) if parts else np.zeros(0, dtype)
-
-        self._paths = paths
-        # Reads check that each file is still the one indexed.
-        self._files = _core.FileTable(paths, identities)
-        self._m_file = member_files if member_files is not None else cat("file", np.uint32)
-        self._m_offset = cat("offset", np.uint64)
-        self._m_length = cat("length", np.uint64)
-        self._m_out = cat("out", np.uint64)
-        self._m_codec = cat("codec", np.uint8)
-        self._m_crc = cat("crc", np.uint32)
-        self._m_field = cat("field", np.int32)
-        self._m_decoder = cat("decoder", np.int32)
-        counts = np.concatenate(member_counts) if member_counts else np.zeros(0, np.int64)
-        self._member_start = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        self._shard_start = np.concatenate([[0], np.cumsum(sample_counts)]).astype(np.int64)
-        self._shard_keys = shard_keys
-        self._field_names = field_names
-        self._decoders = decoders
-        self._extras: dict[str, np.ndarray] = {}
-        self._key_array: np.ndarray | None = None
+    def _append_rows(self, new: dict[str, np.ndarray], added: int) -> None:
+        # Amortised growth: a remote dataset adds one shard's members at a time.
+        capacity = len(self._columns["offset"])
+        if self._rows + added > capacity:
+            grown = max(self._rows + added, 2 * capacity)
+            for name, dtype in _MEMBER_COLUMNS.items():
+                column = np.zeros(grown, dtype)
+                column[: self._rows] = self._columns[name][: self._rows]
+                self._columns[name] = column
+        for name, dtype in _MEMBER_COLUMNS.items():
+            self._columns[name][self._rows : self._rows + added] = new[name].astype(dtype)
+        self._rows += added
+        c, r = self._columns, self._rows
+        self._m_file, self._m_offset, self._m_length = (
+            c["file"][:r],
+            c["offset"][:r],
+            c["length"][:r],
+        )
+        self._m_out, self._m_codec, self._m_crc = c["out"][:r], c["codec"][:r], c["crc"][:r]
+        self._m_field, self._m_decoder = c["field"][:r], c["decoder"][:r]
+        self._m_sample = c["sample"][:r]
 
     # -- the public surface --------------------------------------------------
 
@@ -262,24 +389,35 @@ class Dataset:
 
     @property
     def shards(self) -> list[str]:
-        """The shard files (for a CSV dataset: the sample files)."""
-        return list(self._paths)
+        """The shard files or URLs (for a CSV dataset: the sample files)."""
+        out = list(self._paths)
+        if self._remote is not None:
+            for shard, r in self._remote_of.items():
+                out[shard] = self._remote.shards[r].url
+        return out
 
     def key(self, i: int) -> str:
         return self.keys([self._check_index(i)])[0]
 
     def keys(self, indices: Sequence[int] | np.ndarray) -> list[str]:
         """Keys of samples `indices` (non-negative)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        self._ensure_local(idx)
         if self._key_array is None:  # built on first use: one array lookup per batch after
-            parts = []
-            for shard, keys in enumerate(self._shard_keys):
-                if keys is None:  # rows of a .npy shard
-                    stem = os.path.splitext(os.path.basename(self._paths[shard]))[0]
-                    count = int(self._shard_start[shard + 1] - self._shard_start[shard])
-                    keys = [f"{stem}/{row}" for row in range(count)]
-                parts.append(np.array(keys, dtype=object))
-            self._key_array = np.concatenate(parts) if parts else np.zeros(0, object)
-        return self._key_array[np.asarray(indices, dtype=np.int64).reshape(-1)].tolist()
+            self._key_array = np.empty(len(self), dtype=object)
+            for shard in np.flatnonzero(self._indexed).tolist():
+                self._fill_keys(shard)
+        return self._key_array[idx].tolist()
+
+    def _fill_keys(self, shard: int) -> None:
+        assert self._key_array is not None
+        first, end = int(self._shard_start[shard]), int(self._shard_start[shard + 1])
+        keys = self._shard_keys[shard]
+        if keys is None:  # rows of a .npy shard
+            name = self.shards[shard].rsplit("/", 1)[-1]
+            stem = os.path.splitext(name)[0]
+            keys = [f"{stem}/{row}" for row in range(end - first)]
+        self._key_array[first:end] = keys
 
     def __getitem__(self, i: int) -> dict[str, Any]:
         return self.get_batch([i])[0]
@@ -295,11 +433,27 @@ class Dataset:
             bad = int(idx[(idx < -n) | (idx >= n)][0])
             raise IndexError(f"sample {bad} out of range for a dataset of {n}")
         idx = np.where(idx < 0, idx + n, idx)
-        rows, bounds = self._member_rows(idx)
-        buffer = self._submit_members(rows).wait()
-        return self._samples_from(buffer, idx, rows, bounds)
+        with self._holding(idx):
+            rows, bounds = self._member_rows(idx)
+            buffer = self._submit_members(rows).wait()
+            return self._samples_from(buffer, idx, rows, bounds)
 
     # -- internals the loader builds on ---------------------------------------
+
+    def _field_rows(self, name: str, idx: np.ndarray) -> np.ndarray:
+        """The member row holding field `name` of each sample of `idx` (-1: it has none)."""
+        table = self._field_tables.get(name)
+        if table is None:
+            table = self._field_tables[name] = np.full(len(self), -1, np.int64)
+            self._fill_field_table(name, table, 0, self._rows)
+        return table[idx]
+
+    def _fill_field_table(self, name: str, table: np.ndarray, lo: int, hi: int) -> None:
+        field = self._field_ids.get(name)
+        if field is None:
+            return
+        hits = lo + np.flatnonzero(self._m_field[lo:hi] == field)
+        table[self._m_sample[hits]] = hits
 
     def _check_index(self, i: int) -> int:
         n = len(self)
@@ -308,10 +462,104 @@ class Dataset:
             raise IndexError(f"sample {i} out of range for a dataset of {n}")
         return i + n if i < 0 else i
 
+    def shards_of(self, idx: np.ndarray) -> np.ndarray:
+        """The shard of each sample in `idx`."""
+        return np.searchsorted(self._shard_start, idx, side="right") - 1
+
+    def _ensure_local(self, idx: np.ndarray) -> None:
+        """Every shard of samples `idx` indexed (remote ones must be held: see _holding)."""
+        if self._remote is None or len(idx) == 0:
+            return
+        shards = np.unique(self.shards_of(idx))
+        missing = shards[~self._indexed[shards]]
+        if len(missing):
+            raise StokerError(
+                f"internal: shard {self.shards[int(missing[0])]} is read before it is local"
+            )
+
+    @contextlib.contextmanager
+    def _holding(self, idx: np.ndarray) -> Iterator[None]:
+        """Remote shards of `idx` held in the cache (fetched if need be) for the block."""
+        if self._remote is None or len(idx) == 0:
+            yield
+            return
+        shards = [s for s in np.unique(self.shards_of(idx)).tolist() if s in self._remote_of]
+        futures = [self._start_fetch(s) for s in shards]
+        held = []
+        try:
+            for shard, future in zip(shards, futures):
+                self._shard_arrived(shard, wait_result(future))
+                held.append(shard)
+            yield
+        finally:
+            for shard in held:
+                self._release(shard)
+            for shard, future in zip(shards[len(held) :], futures[len(held) :]):
+                future.add_done_callback(_release_when_done(self, shard))
+
+    def _start_fetch(self, shard: int) -> concurrent.futures.Future:
+        """Hold `shard` (remote) in the cache; the future's result is (hold, index or None)
+        with the index made on the shard thread when this process has none yet."""
+        assert self._remote is not None
+        r = self._remote_of[shard]
+        fmt = self._remote.shards[r].format
+        must_index = not self._indexed[shard] or self._remote.shards[r].sha256 is None
+
+        def then(hold: Hold) -> tuple[Hold, dict | None]:
+            if not must_index and tuple(self._identities[shard]) == hold.identity:
+                return hold, None
+            try:
+                return hold, _core.index_shards([hold.path], [fmt], 1)[0]
+            except BaseException:
+                self._remote.release(r)
+                raise
+
+        return self._remote.start(r, then)
+
+    def _shard_arrived(self, shard: int, result: tuple[Hold, dict | None]) -> None:
+        """A fetched shard is held: index it (first time) or check it is the same."""
+        hold, index = result
+        if index is not None:
+            if not self._indexed[shard]:
+                self._add_index([shard], [index])
+            elif not self._same_index(shard, index):
+                self._release(shard)
+                raise located(
+                    FetchError,
+                    self._remote.shards[self._remote_of[shard]].url,  # type: ignore[union-attr]
+                    0,
+                    "fetched again, the shard's members differ from the first time: it "
+                    "changed on the server (a manifest with sha256 pins it)",
+                )
+        if tuple(self._identities[shard]) != hold.identity:
+            self._identities[shard] = hold.identity
+            self._files = _core.FileTable(self._paths, self._identities)
+
+    def _same_index(self, shard: int, index: dict) -> bool:
+        first, end = int(self._shard_start[shard]), int(self._shard_start[shard + 1])
+        rows, _ = self._member_rows(np.arange(first, end, dtype=np.int64))
+        if index["format"] == "npy":
+            return bool(
+                len(rows) == int(index["shape"][0])
+                and (not len(rows) or int(self._m_offset[rows[0]]) == int(index["data_offset"]))
+            )
+        return bool(
+            np.array_equal(self._m_offset[rows], index["member_offset"])
+            and np.array_equal(self._m_length[rows], index["member_length"])
+        )
+
+    def _release(self, shard: int) -> None:
+        assert self._remote is not None
+        if self._remote.release(self._remote_of[shard]):
+            # Close our cached descriptor too, or an evicted file's space stays in use.
+            for reader in all_readers():
+                reader.forget(self._paths[shard])
+
     def _member_rows(self, idx: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Member rows of samples `idx`, in order, and where each sample's rows start."""
-        starts = self._member_start[idx]
-        counts = self._member_start[idx + 1] - starts
+        self._ensure_local(idx)
+        starts = self._sample_first[idx]
+        counts = self._sample_count[idx]
         bounds = np.zeros(len(idx) + 1, np.int64)
         np.cumsum(counts, out=bounds[1:])
         rows = np.arange(bounds[-1], dtype=np.int64) + np.repeat(starts - bounds[:-1], counts)
@@ -410,3 +658,26 @@ def _check_manifest_size(path: str, entry: dict | None) -> None:
             min(actual, entry["bytes"]),
             f"the manifest says {entry['bytes']} bytes but the file has {actual}",
         )
+
+
+def _remote_shard(url: str, fmt: str, entry: dict | None) -> RemoteShard:
+    entry = entry or {}
+    fields = entry.get("fields")
+    return RemoteShard(
+        url=url,
+        name=cache_name(url),
+        format=fmt,
+        size=entry.get("bytes"),
+        sha256=entry.get("sha256"),
+        samples=entry.get("samples"),
+        fields=list(fields) if isinstance(fields, list) else None,
+    )
+
+
+def _release_when_done(ds: Dataset, shard: int) -> Callable[[concurrent.futures.Future], None]:
+    # A fetch left behind by an error: whatever it held is let go when it ends.
+    def done(future: concurrent.futures.Future) -> None:
+        if not future.cancelled() and future.exception() is None:
+            ds._release(shard)
+
+    return done

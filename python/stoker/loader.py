@@ -9,6 +9,8 @@ reuse only when every tensor viewing it is gone.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
 import io
 import os
 import time
@@ -21,9 +23,10 @@ from typing import Any
 
 import numpy as np
 
-from stoker.dataset import ALIGN, Dataset, aligned_offsets, shared_reader
+from stoker.dataset import ALIGN, Dataset, _release_when_done, aligned_offsets, shared_reader
 from stoker.errors import ReadError, ShardFormatError, StokerError, located
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
+from stoker.remote import wait_result
 from stoker.sampler import (
     DEFAULT_SHUFFLE_WINDOW,
     EpochPlan,
@@ -33,6 +36,7 @@ from stoker.sampler import (
 )
 
 _STATE_VERSION = 1
+_EXTRA_SHARDS = 2  # remote shards downloading beyond the window being read
 _INT_WIDTH = 64  # bytes of text an Int() member may have, whitespace included
 _CODEC_ASCII_INT = 2  # the reader parses the text into an int64 (io::Codec::kAsciiInt)
 
@@ -104,6 +108,108 @@ class _FailedRead:
         pass
 
 
+class _ShardPrefetch:
+    """One epoch's remote shards for this rank, fetched in the order batches first need
+    them, ``ahead`` at a time, held while batches read them, let go after their last."""
+
+    def __init__(self, ds: Dataset, plan: EpochPlan, start: int, ahead: int) -> None:
+        self.ds = ds
+        self.plan = plan
+        indices = plan.indices[start * plan.batch_size :]
+        shards = ds.shards_of(indices)
+        batches = start + np.arange(len(indices), dtype=np.int64) // plan.batch_size
+        remote = np.array([s in ds._remote_of for s in range(len(ds._paths))], bool)
+        keep = remote[shards]
+        shards, batches = shards[keep], batches[keep]
+        order = np.argsort(batches, kind="stable")
+        shards, batches = shards[order], batches[order]
+        first_seen = np.unique(shards, return_index=True)[1]
+        self.order = shards[np.sort(first_seen)].tolist()  # by first batch that reads each
+        self.last: dict[int, int] = {}
+        for shard, batch in zip(shards.tolist(), batches.tolist()):
+            self.last[shard] = batch
+        self.remote = remote
+        self.ahead = ahead
+        self.started: dict[int, concurrent.futures.Future] = {}
+        self.arrived: set[int] = set()
+        self.released = 0  # shards of self.order let go
+        self.next = 0  # next shard of self.order to start
+
+    def _batch_shards(self, k: int) -> list[int]:
+        shards = np.unique(self.ds.shards_of(self.plan.batch(k)))
+        return [s for s in shards.tolist() if self.remote[s]]
+
+    def pump(self, next_batch: int) -> None:
+        """Start fetches: every shard batch `next_batch` reads, and the next in order
+        until ``ahead`` are held or coming."""
+        if next_batch < len(self.plan):
+            for shard in self._batch_shards(next_batch):
+                self._start(shard)
+        while self.next < len(self.order) and len(self.started) < self.ahead:
+            self._start(self.order[self.next])
+        for shard, future in list(self.started.items()):
+            if shard not in self.arrived and future.done():
+                self._arrive(shard, future)
+
+    def _start(self, shard: int) -> None:
+        while self.next < len(self.order) and self.order[self.next] in self.started:
+            self.next += 1
+        if shard in self.started or shard in self.arrived:
+            return
+        self.started[shard] = self.ds._start_fetch(shard)
+        while self.next < len(self.order) and self.order[self.next] in self.started:
+            self.next += 1
+
+    def _arrive(self, shard: int, future: concurrent.futures.Future) -> None:
+        self.arrived.add(shard)
+        try:
+            self.ds._shard_arrived(shard, future.result())
+        except BaseException:
+            self.arrived.discard(shard)
+            del self.started[shard]
+            raise
+
+    def ready(self, k: int) -> bool:
+        shards = self._batch_shards(k)
+        for shard in shards:
+            future = self.started.get(shard)
+            if future is None or not future.done():
+                return False
+            if shard not in self.arrived:
+                self._arrive(shard, future)
+        return True
+
+    def wait(self, k: int) -> None:
+        for shard in self._batch_shards(k):
+            self._start(shard)
+            if shard not in self.arrived:
+                wait_result_or_error(self.started[shard])
+                self._arrive(shard, self.started[shard])
+
+    def finished(self, k: int) -> None:
+        """Batch `k` is read: let go of the shards no later batch reads."""
+        for shard in self._batch_shards(k):
+            if self.last.get(shard) == k and shard in self.arrived:
+                self.arrived.discard(shard)
+                del self.started[shard]
+                self.ds._release(shard)
+
+    def close(self, in_flight: Any) -> None:
+        for shard, future in self.started.items():
+            if shard in self.arrived:
+                self.ds._release(shard)
+            elif not future.cancel():
+                future.add_done_callback(_release_when_done(self.ds, shard))
+        self.started.clear()
+        self.arrived.clear()
+
+
+def wait_result_or_error(future: concurrent.futures.Future) -> None:
+    """Wait for `future` in slices (Ctrl-C gets through); its error is raised by .result()."""
+    with contextlib.suppress(Exception):
+        wait_result(future)
+
+
 class Loader:
     """Batches of `dataset` for this rank, in the sampler's order. See the README."""
 
@@ -165,7 +271,7 @@ class Loader:
         # had read), so that epoch's rest is shared out over this loader's ranks.
         self._elastic: tuple[int, tuple[int, int, int]] | None = None
         self._stats = _Stats()
-        self._member_table: dict[str, np.ndarray] | None = None
+        self._check_cache()
 
     def __getstate__(self) -> dict[str, Any]:
         # What cannot cross a process boundary is rebuilt on the other side.
@@ -286,6 +392,29 @@ class Loader:
             "samples_per_s": s.samples / elapsed if elapsed > 0 else 0.0,
         }
 
+    # -- remote shards --------------------------------------------------------
+
+    def _shards_ahead(self) -> int:
+        """Remote shards to have fetched or fetching at once: the window mixed from, one
+        more, and a few being downloaded next."""
+        return (self.shuffle_window if self.shuffle else 1) + 1 + _EXTRA_SHARDS
+
+    def _check_cache(self) -> None:
+        remote = self.dataset._remote
+        if remote is None:
+            return
+        # Every process of the node reads its own window from the same cache.
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
+        ahead = self._shards_ahead()
+        need = remote.cache_need(ahead) * processes
+        if remote.limit < need:
+            raise StokerError(
+                f"cache_limit={remote.limit} bytes is too small: {processes} process(es) "
+                f"each holding up to {ahead} shards at once (the {ahead - 1 - _EXTRA_SHARDS} "
+                f"mixed, one finishing, {_EXTRA_SHARDS} downloading ahead) need {need} bytes; "
+                "raise cache_limit or lower shuffle_window"
+            )
+
     # -- iteration ------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -299,9 +428,24 @@ class Loader:
         self._resume_at = None
         next_batch = self._position
         in_flight: deque[tuple[Any, Any]] = deque()
+        fetch = (
+            _ShardPrefetch(self.dataset, plan, next_batch, self._shards_ahead())
+            if self.dataset._remote is not None
+            else None
+        )
+        done = next_batch  # batches handed out by this iterator, as plan numbers
         try:
             while True:
+                if fetch is not None:
+                    fetch.pump(next_batch)
                 while len(in_flight) < self.prefetch and next_batch < len(plan):
+                    if fetch is not None:
+                        if not in_flight:  # nothing else to wait on: wait for the network
+                            start = time.perf_counter()
+                            fetch.wait(next_batch)
+                            self._stats.wait_s += time.perf_counter() - start
+                        elif not fetch.ready(next_batch):
+                            break  # read ahead once its shards are here
                     try:
                         in_flight.append(self._submit(plan.batch(next_batch)))
                     except StokerError as error:  # raised when its batch's turn comes
@@ -313,12 +457,17 @@ class Loader:
                 batch = self._finish(*in_flight.popleft())
                 self._stats.wait_s += time.perf_counter() - start
                 self._stats.batches += 1
+                if fetch is not None:
+                    fetch.finished(done)
+                done += 1
                 if generation == self._generation:
                     self._position += 1
                 yield batch
         finally:
             for pending, _ in in_flight:  # a loop left early: stop reading ahead
                 pending.cancel()
+            if fetch is not None:
+                fetch.close(in_flight)
         if generation == self._generation:
             self._epoch, self._position = epoch + 1, 0
             self._elastic = None
@@ -372,7 +521,7 @@ class Loader:
         for name, spec in self.fields.items():
             if not isinstance(spec, (Raw, Int, Npy, Bytes)):
                 raise StokerError(f"field {name!r}: {spec!r} is not a stoker field decoder")
-            if name not in have and len(self.dataset):
+            if name not in have and len(self.dataset) and self.dataset._fields_known:
                 raise StokerError(f"field {name!r} is in no sample; the dataset has {sorted(have)}")
             if name in self.dataset._extras and not isinstance(spec, Int):
                 raise StokerError(f"field {name!r} is an integer column: use stoker.Int()")
@@ -380,23 +529,15 @@ class Loader:
     def _field_rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
         """For each named field read from shards, the member row of every sample."""
         ds = self.dataset
-        if self._member_table is None:  # once per loader: sample -> member row, per field
-            sample_of = np.repeat(np.arange(len(ds)), np.diff(ds._member_start))
-            self._member_table = {}
-            for name in self.fields:
-                if name in ds._extras:
-                    continue
-                rows = np.full(len(ds), -1, np.int64)
-                hit = np.flatnonzero(ds._m_field == ds._field_names.index(name))
-                rows[sample_of[hit]] = hit
-                self._member_table[name] = rows
         out = {}
-        for name, table in self._member_table.items():
-            chosen = table[indices]
+        for name in self.fields:
+            if name in ds._extras:
+                continue
+            chosen = ds._field_rows(name, indices)
             if (chosen < 0).any():
                 i = int(indices[np.flatnonzero(chosen < 0)[0]])
                 raise self._bad_member(
-                    int(ds._member_start[i]), f"sample {ds.key(i)!r} (#{i}) has no field {name!r}"
+                    int(ds._sample_first[i]), f"sample {ds.key(i)!r} (#{i}) has no field {name!r}"
                 )
             out[name] = chosen
         return out

@@ -6,7 +6,8 @@ import glob
 import json
 import os
 import re
-from collections.abc import Sequence
+import urllib.parse
+from collections.abc import Callable, Sequence
 from typing import Union
 
 from stoker.errors import ShardFormatError, StokerError, located
@@ -19,6 +20,7 @@ MANIFEST_NAME = "stoker.json"
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+_SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 
 
@@ -48,8 +50,8 @@ def is_url(text: str) -> bool:
 
 
 def format_of(path: str) -> str:
-    """The shard format of `path`, from its name; a clear error for anything else."""
-    lower = path.lower()
+    """The shard format of `path` (or URL), from its name; a clear error for anything else."""
+    lower = urllib.parse.urlsplit(path).path.lower() if is_url(path) else path.lower()
     if lower.endswith(_COMPRESSED_TAR):
         raise located(
             ShardFormatError,
@@ -70,24 +72,49 @@ def format_of(path: str) -> str:
 
 
 def read_manifest(path: str) -> list[tuple[str, dict]]:
-    """The shards a ``stoker.json`` lists, as (absolute path, entry) pairs."""
+    """The shards a local ``stoker.json`` lists, as (location, entry) pairs."""
     try:
-        with open(path, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except json.JSONDecodeError as e:
-        raise located(ShardFormatError, path, e.pos, f"manifest is not valid JSON: {e.msg}") from e
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise located(ShardFormatError, path, 0, f"cannot read the manifest: {e}") from e
+    return parse_manifest(data, os.path.abspath(path))
+
+
+def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
+    """The shards of a manifest read from `where` (a path or URL), as (location, entry)
+    pairs; locations are relative to the manifest, so a served manifest lists URLs."""
+    try:
+        manifest = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        pos = getattr(e, "pos", getattr(e, "start", 0))
+        raise located(ShardFormatError, where, pos, f"manifest is not valid JSON: {e}") from e
     if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
-        raise located(ShardFormatError, path, 0, "manifest has no 'shards' list")
+        raise located(ShardFormatError, where, 0, "manifest has no 'shards' list")
     if manifest.get("version", 1) != 1:
         raise located(
-            ShardFormatError, path, 0, f"manifest version {manifest['version']} is not supported"
+            ShardFormatError, where, 0, f"manifest version {manifest['version']} is not supported"
         )
-    base = os.path.dirname(os.path.abspath(path))
     shards = []
     for i, entry in enumerate(manifest["shards"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
-            raise located(ShardFormatError, path, 0, f"manifest shard {i} has no 'path'")
-        shards.append((os.path.join(base, entry["path"]), entry))
+            raise located(ShardFormatError, where, 0, f"manifest shard {i} has no 'path'")
+        for key in ("bytes", "samples"):
+            if key in entry and (not isinstance(entry[key], int) or entry[key] < 0):
+                raise located(
+                    ShardFormatError, where, 0, f"manifest shard {i}: {key!r} is not a count"
+                )
+        if is_url(where):
+            location = urllib.parse.urljoin(where, entry["path"])
+            if not is_url(location):
+                raise located(
+                    ShardFormatError, where, 0, f"manifest shard {i}: {location!r} is not http(s)"
+                )
+        elif is_url(entry["path"]):
+            location = entry["path"]
+        else:
+            location = os.path.join(os.path.dirname(where), entry["path"])
+        shards.append((location, entry))
     return shards
 
 
@@ -101,28 +128,34 @@ def _shards_in_folder(folder: str) -> list[str]:
     return found
 
 
-def resolve(source: Source) -> list[tuple[str, dict | None]]:
-    """Local shard paths for `source`, each with its manifest entry (or None), in order.
+def resolve(
+    source: Source, read_url: Callable[[str], bytes] | None = None
+) -> list[tuple[str, dict | None]]:
+    """Shard paths and URLs for `source`, each with its manifest entry (or None), in order.
 
     `source` may be a folder (its ``stoker.json`` if it has one, else every shard under it,
-    sorted), a manifest, a glob, a brace pattern, a path, or a list of any of these.
+    sorted), a manifest, a glob, a brace pattern, a path, an http(s) URL (of a shard or a
+    manifest, read with `read_url`), or a list of any of these.
     """
     if isinstance(source, (list, tuple)):
         out: list[tuple[str, dict | None]] = []
         for item in source:
-            out.extend(resolve(item))
+            out.extend(resolve(item, read_url))
         return out
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"a source is a path, pattern or list of them, not {type(source)!r}")
     text = os.fspath(source)
-    if is_url(text):
-        raise StokerError(
-            f"{text}: http(s) sources need stoker's remote shard support, which this build "
-            "does not have yet"
-        )
     names = expand_braces(text)
     if len(names) > 1:
-        return [entry for name in names for entry in resolve(name)]
+        return [entry for name in names for entry in resolve(name, read_url)]
+    if is_url(text):
+        if urllib.parse.urlsplit(text).path.lower().endswith(".json"):
+            if read_url is None:
+                raise StokerError(f"{text}: a remote manifest needs a reader")
+            return parse_manifest(read_url(text), text)
+        return [(text, None)]
+    if _SCHEME.match(text):
+        raise StokerError(f"{text}: only local paths and http(s) URLs are sources")
     if any(c in text for c in "*?["):
         matches = sorted(glob.glob(text, recursive=True))
         if not matches:

@@ -152,8 +152,8 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) {
 
 }  // namespace
 
-ShardIndex index_npy(const std::string& path) {
-  WindowReader in(path);
+ShardIndex index_npy(WindowReader& in) {
+  const std::string& path = in.path();
   ShardIndex index("npy", in.identity());
 
   const uint8_t* pre = in.at(0, 10, ".npy preamble");

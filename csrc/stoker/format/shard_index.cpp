@@ -74,11 +74,20 @@ uint16_t SampleBuilder::field_id(const std::string& field, uint64_t header_offse
   return id;
 }
 
+ShardIndex index_shard(WindowReader& in, const std::string& format, bool locate_members) {
+  if (format == "tar") return index_tar(in);
+  if (format == "zip") return index_zip(in, locate_members);
+  if (format == "npy") return index_npy(in);
+  throw FormatError(in.path(), 0,
+                    "unknown shard format '" + format + "' (expected tar, zip or npy)");
+}
+
 ShardIndex index_shard(const std::string& path, const std::string& format) {
-  if (format == "tar") return index_tar(path);
-  if (format == "zip") return index_zip(path);
-  if (format == "npy") return index_npy(path);
-  throw FormatError(path, 0, "unknown shard format '" + format + "' (expected tar, zip or npy)");
+  if (format != "tar" && format != "zip" && format != "npy") {
+    throw FormatError(path, 0, "unknown shard format '" + format + "' (expected tar, zip or npy)");
+  }
+  WindowReader in(path);
+  return index_shard(in, format);
 }
 
 std::vector<ShardIndex> index_shards(const std::vector<std::string>& paths,

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "stoker/format/window_reader.hpp"
 #include "stoker/io/shard_reader.hpp"
 
 namespace stoker::format {
@@ -68,10 +69,13 @@ class SampleBuilder {
 
 // Each parser reads only headers, never the members' bytes, and throws
 // FormatError (file and offset) on anything it cannot trust.
-ShardIndex index_tar(const std::string& path);
-ShardIndex index_zip(const std::string& path);
-ShardIndex index_npy(const std::string& path);
+ShardIndex index_tar(WindowReader& in);
+// Without locate_members only the central directory is read (what a remote
+// shard's samples are, in one or two range requests); member offsets are 0.
+ShardIndex index_zip(WindowReader& in, bool locate_members = true);
+ShardIndex index_npy(WindowReader& in);
 // format: "tar", "zip" or "npy".
+ShardIndex index_shard(WindowReader& in, const std::string& format, bool locate_members = true);
 ShardIndex index_shard(const std::string& path, const std::string& format);
 
 // Index many shards on `num_threads` threads; results in input order. The

@@ -126,8 +126,8 @@ PaxOverrides parse_pax(const uint8_t* data, uint64_t size, const std::string& pa
 
 }  // namespace
 
-ShardIndex index_tar(const std::string& path) {
-  WindowReader in(path);
+ShardIndex index_tar(WindowReader& in) {
+  const std::string& path = in.path();
   ShardIndex index("tar", in.identity());
   SampleBuilder samples(index, path);
   if (in.size() == 0) throw FormatError(path, 0, "empty file: not a tar archive");

@@ -162,8 +162,8 @@ std::vector<Entry> read_entries(WindowReader& in, const CentralDirectory& cd) {
 
 }  // namespace
 
-ShardIndex index_zip(const std::string& path) {
-  WindowReader in(path);
+ShardIndex index_zip(WindowReader& in, bool locate_members) {
+  const std::string& path = in.path();
   ShardIndex index("zip", in.identity());
   CentralDirectory cd = find_central_directory(in);
   std::vector<Entry> entries = read_entries(in, cd);
@@ -204,6 +204,10 @@ ShardIndex index_zip(const std::string& path) {
       throw FormatError(path, e.entry_pos,
                         "member '" + e.name + "' has its local header at " +
                             std::to_string(e.local_header) + ", past the central directory");
+    }
+    if (!locate_members) {
+      samples.add(e.name, e.local_header, 0, e.compressed, e.uncompressed, codec, e.crc);
+      continue;
     }
     const uint8_t* local = in.at(e.local_header, 30, "zip local header");
     if (le32(local) != kLocalHeader) {

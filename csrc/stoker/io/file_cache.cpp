@@ -41,6 +41,14 @@ std::shared_ptr<const FileDescriptor> FileCache::get(const std::string& path,
   return fd;
 }
 
+void FileCache::forget(const std::string& path) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = entries_.find(path);
+  if (it == entries_.end()) return;
+  lru_.erase(it->second.position);
+  entries_.erase(it);
+}
+
 size_t FileCache::size() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return entries_.size();

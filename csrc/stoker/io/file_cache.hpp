@@ -23,6 +23,9 @@ class FileCache {
   // read of other bytes than the index describes.
   std::shared_ptr<const FileDescriptor> get(const std::string& path,
                                             const FileIdentity& expected = {});
+  // Closes the cached descriptor of `path` (reads in flight keep theirs), so
+  // that a deleted file's space is freed: a cache evicts shards it let go of.
+  void forget(const std::string& path);
   size_t capacity() const { return capacity_; }
   size_t size() const;
 

@@ -314,6 +314,8 @@ ShardReader::ProcessState& ShardReader::state() {
 
 size_t ShardReader::open_files() { return state().files->size(); }
 
+void ShardReader::forget(const std::string& path) { state().files->forget(path); }
+
 std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
                                                  std::vector<ReadRequest> requests, uint8_t* dest,
                                                  uint64_t dest_size) {

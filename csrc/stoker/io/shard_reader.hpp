@@ -113,6 +113,7 @@ class ShardReader {
   size_t num_threads() const { return num_threads_; }
   size_t max_open_files() const { return max_open_files_; }
   size_t open_files();
+  void forget(const std::string& path);
 
  private:
   std::shared_ptr<PendingRead> submit_into(std::shared_ptr<const FileTable> files,

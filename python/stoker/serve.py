@@ -1,0 +1,612 @@
+"""A small HTTP file server with a link model and fault injection, for remote shards.
+
+Remote-shard code is only as good as its handling of a bad network, and a bad network is
+hard to get on demand. ``ShardServer`` serves the files of a folder on 127.0.0.1 with real
+aiohttp on its own thread, so tests and benchmarks can talk to it with any client:
+
+- a link model: ``latency`` seconds before every response's headers, and ``bandwidth``
+  bytes/s per response, so benchmarks see something like a remote store;
+- faults on demand: ``server.fault("shard-0003.tar", "reset")`` makes the next GET of that
+  file die halfway through its body; other kinds answer an error status, cut the body
+  short, flip bytes, stall, or slow one response down;
+- counters: every request answered, bytes sent, and how many responses were in flight at
+  once, so tests can check retries and benchmarks can check concurrency.
+
+Bodies are streamed in chunks, so the link model and the faults act mid-body. ``python -m
+stoker.serve ROOT`` serves a folder until Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import email.utils
+import fnmatch
+import logging
+import mimetypes
+import os
+import re
+import socket
+import struct
+import threading
+import time
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any, BinaryIO, NamedTuple
+from urllib.parse import quote
+
+from aiohttp import web
+
+log = logging.getLogger("stoker.serve")
+
+#: Body bytes written per step. Small enough that pacing and faults act mid-body, large
+#: enough that a fast link is not limited by Python.
+CHUNK = 64 * 1024
+
+#: Paced responses write chunks of about this many seconds of the link, so a slow link
+#: trickles instead of sending 64 KiB bursts.
+_PACE_STEP_S = 0.01
+
+#: Fault kinds and the parameters each accepts.
+_FAULT_PARAMS: dict[str, frozenset[str]] = {
+    "status": frozenset({"status", "retry_after"}),
+    "reset": frozenset({"after"}),
+    "short": frozenset({"after"}),
+    "corrupt": frozenset({"at", "count"}),
+    "stall": frozenset({"after", "seconds"}),
+    "slow": frozenset({"bandwidth"}),
+}
+
+_RANGE_RE = re.compile(r"(\d*)-(\d*)", re.ASCII)
+
+
+class RequestRecord(NamedTuple):
+    """One answered request, as the server saw it."""
+
+    method: str
+    path: str  # relative to the root, "/"-separated, as requested
+    range: str | None  # the Range header, if any
+    status: int
+
+
+@dataclass
+class Fault:
+    """A fault waiting for matching GETs; ``remaining`` is None for one that never runs out."""
+
+    pattern: str
+    kind: str
+    remaining: int | None
+    params: dict[str, Any] = field(default_factory=dict)
+
+    def matches(self, relpath: str) -> bool:
+        return fnmatch.fnmatchcase(relpath, self.pattern)
+
+
+class _Unsatisfiable(Exception):
+    """A Range that lies wholly past the end of the file: the answer is 416."""
+
+
+def _parse_range(value: str, size: int) -> tuple[int, int] | None:
+    """The (first, last) byte, inclusive, that a single-range header asks for.
+
+    None means "ignore the header and send the whole file": it is malformed, not in
+    bytes, or asks for several ranges (which this server answers with the full body).
+    Raises ``_Unsatisfiable`` when the range starts at or past the end of the file.
+    """
+    unit, sep, spec = value.partition("=")
+    if not sep or unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    m = _RANGE_RE.fullmatch(spec.strip())
+    if m is None or m.group(1) == m.group(2) == "":
+        return None
+    first_s, last_s = m.groups()
+    if first_s == "":  # suffix: the last n bytes
+        n = int(last_s)
+        if n == 0 or size == 0:
+            raise _Unsatisfiable
+        return max(0, size - n), size - 1
+    first = int(first_s)
+    if last_s and int(last_s) < first:
+        return None
+    if first >= size:
+        raise _Unsatisfiable
+    last = min(int(last_s), size - 1) if last_s else size - 1
+    return first, last
+
+
+class ShardServer:
+    """Serves the files under ``root`` over HTTP on its own thread and event loop.
+
+    ``latency`` (seconds) is waited before every response's headers; ``bandwidth``
+    (bytes/s, None for unlimited) paces each response's body on its own, like one TCP
+    stream on a link. Both may be changed while the server runs. ``ranges=False`` makes
+    the server ignore Range headers, like the stores that do.
+    """
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        latency: float = 0.0,
+        bandwidth: float | None = None,
+        ranges: bool = True,
+    ) -> None:
+        self.root = os.path.realpath(os.fspath(root))
+        self.host = host
+        self.port = port
+        self.latency = latency
+        self.bandwidth = bandwidth
+        self.ranges = ranges
+        self._requested_port = port
+        self._lock = threading.Lock()
+        self._faults: list[Fault] = []
+        self._requests: list[RequestRecord] = []
+        self._bytes_sent = 0
+        self._active = 0
+        self._max_active = 0
+        # Loop-thread state.
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._runner: web.AppRunner | None = None
+        self._inflight: set[asyncio.BaseTransport] = set()
+
+    # -- lifecycle ---------------------------------------------------------------------
+
+    def start(self) -> ShardServer:
+        """Start serving; returns once the socket listens (``self.port`` is then real)."""
+        if self._thread is not None:
+            raise RuntimeError("ShardServer is already running")
+        loop = asyncio.new_event_loop()
+        thread = threading.Thread(
+            target=self._run_loop, args=(loop,), name="stoker-serve", daemon=True
+        )
+        thread.start()
+        self._loop, self._thread = loop, thread
+        try:
+            asyncio.run_coroutine_threadsafe(self._astart(), loop).result(timeout=30)
+        except BaseException:
+            self._halt_loop()
+            raise
+        log.debug("serving %s at %s", self.root, self.url)
+        return self
+
+    def stop(self) -> None:
+        """Stop listening, abort every open connection and join the thread.
+
+        Connections are aborted, not drained: a test that stops the server mid-body (or
+        mid-stall) wants the client to see a dead server now, not in a minute.
+        """
+        loop = self._loop
+        if loop is None:
+            return
+        if threading.current_thread() is self._thread:
+            raise RuntimeError("ShardServer.stop() called from the server's own thread")
+        try:
+            asyncio.run_coroutine_threadsafe(self._astop(), loop).result(timeout=30)
+        finally:
+            self._halt_loop()
+
+    def restart(self) -> None:
+        """Stop, then start again on the same port: a server that dies and comes back.
+
+        Open connections are aborted; faults and counters carry over.
+        """
+        port = self.port
+        self.stop()
+        self._requested_port = port
+        self.start()
+
+    def __enter__(self) -> ShardServer:
+        return self.start()
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None
+
+    @property
+    def url(self) -> str:
+        """Base URL, ``http://HOST:PORT``, with no trailing slash."""
+        return f"http://{self.host}:{self.port}"
+
+    def url_for(self, relpath: str | os.PathLike[str]) -> str:
+        """URL of a file given by its path relative to the root."""
+        rel = os.fspath(relpath).replace(os.sep, "/").lstrip("/")
+        return f"{self.url}/{quote(rel)}"
+
+    # -- faults ------------------------------------------------------------------------
+
+    def fault(self, pattern: str, kind: str, *, times: int | None = 1, **params: Any) -> Fault:
+        """Make the next ``times`` GETs whose path matches ``pattern`` fail with ``kind``.
+
+        ``pattern`` is an fnmatch pattern on the path relative to the root ("*.tar";
+        ``*`` matches across "/" too). HEAD requests never get faults.
+        Kinds and their parameters:
+
+        - ``"status"``: answer ``status`` with no body (``retry_after`` adds Retry-After);
+          ``"503"``, ``"429"``, ``"404"`` (any three digits) are shorthands;
+        - ``"reset"``: send ``after`` body bytes (default half), then abort the connection;
+        - ``"short"``: send ``after`` body bytes (default half), then close cleanly, short
+          of the Content-Length announced;
+        - ``"corrupt"``: send the whole body with ``count`` bytes (default 1) inverted from
+          body offset ``at`` (default the middle);
+        - ``"stall"``: send ``after`` bytes (default half), then nothing for ``seconds``
+          (default 3600), then the rest;
+        - ``"slow"``: pace this response at ``bandwidth`` bytes/s.
+
+        Faults are used in the order added; a request gets at most one. Returns the
+        fault, whose ``remaining`` counts down.
+        """
+        if kind.isdigit() and len(kind) == 3:
+            params = {"status": int(kind), **params}
+            kind = "status"
+        allowed = _FAULT_PARAMS.get(kind)
+        if allowed is None:
+            raise ValueError(
+                f"unknown fault kind {kind!r}; expected one of {sorted(_FAULT_PARAMS)}"
+            )
+        unknown = set(params) - allowed
+        if unknown:
+            raise TypeError(f"fault {kind!r} takes no parameter(s) {sorted(unknown)}")
+        if kind == "status" and "status" not in params:
+            raise TypeError("fault 'status' needs status=")
+        if kind == "slow" and not params.get("bandwidth"):
+            raise TypeError("fault 'slow' needs bandwidth= (bytes/s)")
+        if times is not None and times < 1:
+            raise ValueError(f"times must be at least 1 or None, got {times}")
+        f = Fault(pattern, kind, times, dict(params))
+        with self._lock:
+            self._faults.append(f)
+        return f
+
+    def clear_faults(self) -> None:
+        with self._lock:
+            self._faults.clear()
+
+    def _take_fault(self, relpath: str) -> Fault | None:
+        with self._lock:
+            for f in self._faults:
+                if f.matches(relpath):
+                    if f.remaining is not None:
+                        f.remaining -= 1
+                        if f.remaining <= 0:
+                            self._faults.remove(f)
+                    return f
+        return None
+
+    # -- counters ----------------------------------------------------------------------
+
+    @property
+    def requests(self) -> list[RequestRecord]:
+        """A copy of the requests answered so far, in the order their headers went out."""
+        with self._lock:
+            return list(self._requests)
+
+    def count(self, relpath: str, method: str = "GET") -> int:
+        """How many ``method`` requests of ``relpath`` were answered, faulted ones included."""
+        rel = relpath.lstrip("/")
+        with self._lock:
+            return sum(1 for r in self._requests if r.path == rel and r.method == method)
+
+    @property
+    def bytes_sent(self) -> int:
+        """Body bytes handed to the network, over all responses."""
+        with self._lock:
+            return self._bytes_sent
+
+    @property
+    def active(self) -> int:
+        """Requests being answered now (from arrival, latency included, to the body's end).
+
+        It drops a moment after a client has the whole body: wait for it, don't assume it.
+        """
+        with self._lock:
+            return self._active
+
+    @property
+    def max_active(self) -> int:
+        """The most requests that were being answered at once since the last reset."""
+        with self._lock:
+            return self._max_active
+
+    def reset_counters(self) -> None:
+        with self._lock:
+            self._requests.clear()
+            self._bytes_sent = 0
+            self._max_active = self._active
+
+    def _record(self, request: web.Request, relpath: str, status: int) -> None:
+        rec = RequestRecord(request.method, relpath, request.headers.get("Range"), status)
+        with self._lock:
+            self._requests.append(rec)
+
+    def _add_bytes(self, n: int) -> None:
+        with self._lock:
+            self._bytes_sent += n
+
+    # -- event loop side ---------------------------------------------------------------
+
+    @staticmethod
+    def _run_loop(loop: asyncio.AbstractEventLoop) -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_forever()
+            # Whatever is left (handlers cancelled by stop) gets to finish its cleanup.
+            pending = asyncio.all_tasks(loop)
+            for task in pending:
+                task.cancel()
+            if pending:
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+        finally:
+            loop.close()
+
+    def _halt_loop(self) -> None:
+        loop, thread = self._loop, self._thread
+        self._loop = self._thread = None
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(loop.stop)
+        if thread is not None:
+            thread.join(timeout=10)
+
+    async def _astart(self) -> None:
+        app = web.Application()
+        app.router.add_get("/{path:.*}", self._handle)  # HEAD too
+        # handler_cancellation: a client that hangs up ends its handler (a stalled or
+        # paced body would otherwise hold the file and count as active). A short
+        # shutdown_timeout: stop() aborts connections itself and must not wait on them.
+        runner = web.AppRunner(
+            app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
+        )
+        await runner.setup()
+        try:
+            site = web.TCPSite(runner, self.host, self._requested_port, reuse_address=True)
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
+        self._runner = runner
+        self.port = site.port
+
+    async def _astop(self) -> None:
+        runner, self._runner = self._runner, None
+        if runner is None:
+            return
+        for site in list(runner.sites):
+            await site.stop()  # no new connections from here on
+        for transport in list(self._inflight):
+            _abort(transport)
+        server = runner.server
+        if server is not None:
+            for conn in server.connections:  # idle keep-alive ones too
+                if conn.transport is not None:
+                    _abort(conn.transport)
+        await runner.cleanup()
+
+    async def _handle(self, request: web.Request) -> web.StreamResponse:
+        transport = request.transport
+        if transport is not None:
+            self._inflight.add(transport)
+        with self._lock:
+            self._active += 1
+            self._max_active = max(self._max_active, self._active)
+        try:
+            return await self._respond(request)
+        finally:
+            with self._lock:
+                self._active -= 1
+            if transport is not None:
+                self._inflight.discard(transport)
+
+    async def _respond(self, request: web.Request) -> web.StreamResponse:
+        relpath = request.path.lstrip("/")
+        fault = self._take_fault(relpath) if request.method == "GET" else None
+        if fault is not None:
+            log.debug("fault %s on %s", fault.kind, relpath)
+        if self.latency > 0:
+            await asyncio.sleep(self.latency)
+
+        if fault is not None and fault.kind == "status":
+            headers = {}
+            if fault.params.get("retry_after") is not None:
+                headers["Retry-After"] = str(fault.params["retry_after"])
+            return self._empty(request, relpath, int(fault.params["status"]), headers)
+
+        path = self._resolve(relpath)
+        if path is None:
+            return self._empty(request, relpath, 404)
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed in the finally below
+        except OSError:
+            return self._empty(request, relpath, 404)
+        try:
+            return await self._send_file(request, relpath, fh, fault)
+        finally:
+            fh.close()
+
+    def _resolve(self, relpath: str) -> str | None:
+        """The file a request path names, or None if it is outside the root or no file."""
+        if "\x00" in relpath:
+            return None
+        full = os.path.realpath(os.path.join(self.root, relpath))
+        if not full.startswith(self.root.rstrip(os.sep) + os.sep):
+            return None
+        return full if os.path.isfile(full) else None
+
+    def _empty(
+        self, request: web.Request, relpath: str, status: int, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        self._record(request, relpath, status)
+        return web.Response(status=status, headers=headers)
+
+    async def _send_file(
+        self, request: web.Request, relpath: str, fh: BinaryIO, fault: Fault | None
+    ) -> web.StreamResponse:
+        st = os.fstat(fh.fileno())
+        size = st.st_size
+        etag = f'"{size:x}-{st.st_mtime_ns:x}"'
+        last_modified = email.utils.formatdate(st.st_mtime, usegmt=True)
+        headers = {"ETag": etag, "Last-Modified": last_modified}
+        ctype = mimetypes.guess_type(relpath)[0] or "application/octet-stream"
+        headers["Content-Type"] = ctype
+
+        status, first, length = 200, 0, size
+        range_header = request.headers.get("Range") if self.ranges else None
+        if_range = request.headers.get("If-Range")
+        if if_range is not None and if_range.strip() not in (etag, last_modified):
+            range_header = None  # a resumed download of a file that changed must start over
+        if range_header is not None:
+            try:
+                span = _parse_range(range_header, size)
+            except _Unsatisfiable:
+                return self._empty(request, relpath, 416, {"Content-Range": f"bytes */{size}"})
+            if span is not None:
+                first, last = span
+                status, length = 206, last - first + 1
+                headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        if self.ranges:
+            headers["Accept-Ranges"] = "bytes"
+
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = length
+        self._record(request, relpath, status)
+        await resp.prepare(request)
+        if request.method == "HEAD":
+            await resp.write_eof()
+            return resp
+        fh.seek(first)
+        await self._stream(request, resp, fh, length, fault)
+        return resp
+
+    async def _stream(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        fh: BinaryIO,
+        length: int,
+        fault: Fault | None,
+    ) -> None:
+        """Write ``length`` bytes of ``fh`` as the body, paced and faulted as configured."""
+        kind = fault.kind if fault is not None else None
+        params = fault.params if fault is not None else {}
+        bandwidth = params["bandwidth"] if kind == "slow" else self.bandwidth
+        cut: int | None = None  # body offset where a reset/short/stall happens
+        if kind in ("reset", "short", "stall"):
+            cut = min(max(int(params.get("after", length // 2)), 0), length)
+        flip_at = int(params.get("at", length // 2)) if kind == "corrupt" else -1
+        flip_end = flip_at + int(params.get("count", 1)) if kind == "corrupt" else -1
+
+        chunk = CHUNK
+        if bandwidth:
+            chunk = max(1024, min(CHUNK, int(bandwidth * _PACE_STEP_S)))
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        sent = 0
+        while True:
+            if cut is not None and sent == cut:
+                if kind == "stall":
+                    await asyncio.sleep(float(params.get("seconds", 3600.0)))
+                    cut = None
+                    t0 = loop.time() - (sent / bandwidth if bandwidth else 0.0)
+                else:
+                    await self._hang_up(request, resp, abort=kind == "reset")
+                    return
+            if sent >= length:
+                break
+            n = min(chunk, length - sent)
+            if cut is not None and sent < cut:
+                n = min(n, cut - sent)
+            data = fh.read(n)
+            if not data:  # the file shrank under us: the body cannot be completed
+                log.warning("%s shrank while being served", fh.name)
+                await self._hang_up(request, resp, abort=True)
+                return
+            if flip_at < sent + len(data) and flip_end > sent:
+                buf = bytearray(data)
+                for i in range(max(flip_at, sent), min(flip_end, sent + len(data))):
+                    buf[i - sent] ^= 0xFF
+                data = bytes(buf)
+            if bandwidth:
+                # Never run ahead of the link: these bytes may leave at t0 + (sent+n)/bw.
+                wait = t0 + (sent + len(data)) / bandwidth - loop.time()
+                if wait > 0:
+                    await asyncio.sleep(wait)
+            self._add_bytes(len(data))  # before the write, so a client never sees more
+            await resp.write(data)
+            sent += len(data)
+        await resp.write_eof()
+
+    @staticmethod
+    async def _hang_up(request: web.Request, resp: web.StreamResponse, *, abort: bool) -> None:
+        """End the connection mid-body: a TCP reset if ``abort``, else a clean close."""
+        resp.force_close()
+        transport = request.transport
+        if transport is None:
+            return
+        if abort:
+            # abort() drops whatever is still buffered: let the bytes promised go first.
+            deadline = time.monotonic() + 2.0
+            while transport.get_write_buffer_size() and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            _abort(transport)
+        else:
+            transport.close()  # flushes the buffer, then FIN
+
+
+def _abort(transport: asyncio.BaseTransport) -> None:
+    """Drop a connection with a TCP RST, as a crashed server or middlebox would."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    transport.abort()
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m stoker.serve ROOT``: serve a folder until Ctrl-C."""
+    parser = argparse.ArgumentParser(
+        prog="python -m stoker.serve",
+        description="Serve the files of a folder over HTTP, with optional latency and "
+        "bandwidth limits (a stand-in for a remote shard store).",
+    )
+    parser.add_argument("root", help="folder to serve")
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    parser.add_argument("--latency", type=float, default=0.0, help="seconds before headers")
+    parser.add_argument(
+        "--bandwidth", type=float, default=None, help="bytes/s per response (default: unlimited)"
+    )
+    parser.add_argument("--no-ranges", action="store_true", help="ignore Range headers")
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.root):
+        parser.error(f"not a folder: {args.root}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    server = ShardServer(
+        args.root,
+        host=args.host,
+        port=args.port,
+        latency=args.latency,
+        bandwidth=args.bandwidth,
+        ranges=not args.no_ranges,
+    )
+    with server:
+        log.info("serving %s at %s (Ctrl-C to stop)", server.root, server.url)
+        try:
+            while True:
+                time.sleep(3600)
+        except KeyboardInterrupt:
+            log.info("stopping")
+
+
+if __name__ == "__main__":
+    main()
