@@ -86,9 +86,12 @@ def shard_gets(server: ShardServer) -> dict[str, int]:
 
 
 def cache_bytes(root: str) -> int:
+    """Bytes of shards and partial downloads in a cache (its marker file aside)."""
     total = 0
     for folder, _, files in os.walk(root):
         for name in files:
+            if name == ".stoker-cache":
+                continue
             with contextlib.suppress(FileNotFoundError):
                 total += os.stat(os.path.join(folder, name)).st_size
     return total
@@ -343,8 +346,12 @@ def test_a_limit_too_small_for_the_window_is_refused(server, data, tmp_path):
     ds = stoker.Dataset(urls(server), cache_dir=tmp_path, cache_limit=4 * largest, fetch=FAST)
     with pytest.raises(stoker.StokerError, match=r"too small.*need \d+ bytes"):
         stoker.Loader(ds, shuffle_window=4)
-    stoker.Loader(ds, shuffle=False)  # a window of one fits
-    stoker.Loader(ds, shuffle_window=1)
+    # Small batches read in order hold two or three shards at a time: that fits.
+    loader = stoker.Loader(ds, shuffle=False, batch_size=8, prefetch=1)
+    assert sum(len(b["__key__"]) for b in loader) == SHARDS * PER_SHARD
+    # Batches that each span several shards hold more than the window alone suggests.
+    with pytest.raises(stoker.StokerError, match="too small"):
+        stoker.Loader(ds, shuffle=False, batch_size=128)
 
 
 def test_cache_files_are_private_and_named_safely(server, data, tmp_path):
@@ -474,3 +481,167 @@ def test_manifest_json_is_what_write_manifest_wrote(data):
     assert entry["path"] == shard_name(0) and entry["samples"] == PER_SHARD
     assert entry["bytes"] == os.path.getsize(os.path.join(data, shard_name(0)))
     assert len(entry["sha256"]) == 64
+
+
+# -- prefetch -------------------------------------------------------------------------
+
+
+def test_shards_are_fetched_in_the_order_batches_need_them(server, data, tmp_path):
+    ds = manifest_dataset(server, tmp_path, connections=1)  # one at a time: a strict order
+    loader = stoker.Loader(ds, batch_size=8, seed=5, shuffle_window=2)
+    plan = loader._plan(0)
+    first_use = []
+    for shard in ds.shards_of(plan.indices).tolist():
+        if shard not in first_use:
+            first_use.append(shard)
+    for _ in loader:
+        pass
+    fetched = [r.path for r in server.requests if r.path.endswith((".tar", ".zip"))]
+    assert fetched == [f"with-manifest/{shard_name(s)}" for s in first_use]
+
+
+def test_shards_download_while_earlier_ones_are_read(server, data, tmp_path):
+    server.bandwidth = 4e6
+    ds = manifest_dataset(server, tmp_path)
+    loader = stoker.Loader(ds, batch_size=8, seed=5, shuffle_window=1)
+    it = iter(loader)
+    start = time.monotonic()
+    next(it)
+    first_batch = time.monotonic() - start
+    # The first batch needed one shard (and maybe its neighbour); by now more are coming.
+    time.sleep(0.05)
+    done = {r.path for r in server.requests if r.path.endswith((".tar", ".zip"))}
+    assert len(done) + server.active >= 3  # the window, one more, and some ahead
+    largest = max(os.path.getsize(os.path.join(data, shard_name(i))) for i in range(SHARDS))
+    assert first_batch < 3 * largest / 4e6 + 1  # about one shard's download, not all six
+    assert sum(len(b["__key__"]) for b in it) + 8 == SHARDS * PER_SHARD
+
+
+# -- review cases ---------------------------------------------------------------------
+
+
+def test_a_large_manifest_is_read_whole(server, data, tmp_path):
+    from stoker.remote import fetcher_for
+
+    blob = os.urandom(3 << 20)
+    with open(os.path.join(data, "big.bin"), "wb") as f:
+        f.write(blob)
+    fetcher = fetcher_for(FAST)
+    assert fetcher.call(fetcher.read_all(server.url_for("big.bin"))) == blob
+
+
+def test_a_folder_that_is_not_a_cache_is_refused(server, data, tmp_path):
+    (tmp_path / "thesis.pdf").write_bytes(b"precious")
+    with pytest.raises(stoker.StokerError, match="not a stoker cache"):
+        stoker.Dataset(server.url_for("with-manifest/stoker.json"), cache_dir=tmp_path)
+    assert (tmp_path / "thesis.pdf").read_bytes() == b"precious"
+
+
+def test_a_dead_downloads_part_does_not_count_against_the_limit(server, data, tmp_path):
+    largest = max(os.path.getsize(os.path.join(data, shard_name(i))) for i in range(SHARDS))
+    ds = stoker.Dataset(
+        server.url_for("with-manifest/stoker.json"),
+        cache_dir=tmp_path,
+        cache_limit=2 * largest,
+        fetch=stoker.FetchOptions(**{**FAST.__dict__, "cache_wait": 2}),
+    )
+    remote = ds._remote
+    remote.acquire(1)  # one shard held
+    stale = remote.path_of(0) + ".part"
+    os.makedirs(os.path.dirname(stale), exist_ok=True)
+    with open(stale, "wb") as f:
+        f.truncate(largest)  # what a killed download of shard 0 leaves
+    assert ds.get_batch([0])[0]["__key__"] == local(data).key(0)
+    remote.release(1)
+
+
+def test_a_forked_child_does_not_keep_the_parents_locks(server, data, tmp_path):
+    ds = manifest_dataset(server, tmp_path)
+    remote = ds._remote
+    remote.acquire(0)
+    path = remote.path_of(0)
+    ready, tell = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child (its at-fork handlers have run) outlives the parent's hold
+        os.write(tell, b"x")
+        time.sleep(1.5)
+        os._exit(0)
+    try:
+        os.read(ready, 1)
+        remote.release(0)
+        assert ShardCache(str(tmp_path))._evict(path)  # no copy of the lock left behind
+    finally:
+        os.waitpid(pid, 0)
+        os.close(ready)
+        os.close(tell)
+
+
+def test_threads_reading_a_remote_dataset_at_once(server, data, tmp_path):
+    from concurrency import run_in_threads
+
+    ds = manifest_dataset(server, tmp_path)
+    reference = local(data)
+    rng = np.random.default_rng(0)
+    picks = [rng.permutation(len(ds))[:40] for _ in range(6)]
+
+    def work(t: int) -> None:
+        for i in picks[t].tolist():
+            got, want = ds[i], reference[i]
+            assert got["__key__"] == want["__key__"]
+            assert bytes(got["raw"]) == bytes(want["raw"])
+
+    run_in_threads(work, 6)
+
+
+_EXIT_MID_EPOCH = """
+import sys, time, stoker
+ds = stoker.Dataset(sys.argv[1], cache_dir=sys.argv[2])
+it = iter(stoker.Loader(ds, batch_size=8, shuffle=False))
+next(it)
+start = time.monotonic()
+sys.exit(0)
+"""
+
+
+def test_the_process_exits_promptly_with_downloads_in_flight(server, data, tmp_path):
+    server.fault("with-manifest/shard-00[1-5]*", "stall", times=None, after=100, seconds=60)
+    manifest = server.url_for("with-manifest/stoker.json")
+    start = time.monotonic()
+    result = subprocess.run(
+        [sys.executable, "-c", _EXIT_MID_EPOCH, manifest, str(tmp_path)], timeout=30
+    )
+    assert result.returncode == 0
+    assert time.monotonic() - start < 15
+
+
+def test_retry_after_values():
+    from stoker.remote import _retry_after
+
+    o = stoker.FetchOptions(max_retry_after=60)
+    assert _retry_after("2", o) == 2
+    assert _retry_after("soon", o) is None
+    assert _retry_after("nan", o) is None
+    assert _retry_after("100000", o) == 60
+    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT", o) == 0  # in the past
+    future = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))
+    assert 25 < _retry_after(future, o) <= 31
+
+
+def test_cache_names_of_distinct_urls_differ():
+    urls = [
+        "http://h/a%20b.tar",
+        "http://h/a_20b.tar",
+        "http://h/a b.tar",
+        "http://h/a+b.tar",
+        "http://h/a_b.tar",
+        "http://h/x//y.tar",
+        "http://h/x/y.tar",
+        "http://h/a/../y.tar",
+        "http://h/a/y.tar",
+        "http://h:81/a/y.tar",
+    ]
+    names = [cache_name(u) for u in urls]
+    assert len(set(names)) == len(names)
+    assert cache_name("http://h/a/y.tar") == os.path.join("h", "a", "y.tar")
+    assert cache_name("http://h/a/y.tar", "ab" * 32).endswith(".tar")
+    assert cache_name("http://h/a/y.tar", "ab" * 32) != cache_name("http://h/a/y.tar")

@@ -1,6 +1,6 @@
 """Type stubs for stoker's C++ extension."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -46,6 +46,7 @@ class ShardReader:
     @property
     def max_open_files(self) -> int: ...
     def open_files(self) -> int: ...
+    def forget(self, path: str) -> None: ...
     def read(
         self,
         files: FileTable,
@@ -76,6 +77,13 @@ class ShardReader:
 def index_shards(
     paths: Sequence[str], formats: Sequence[str], num_threads: int = 0
 ) -> list[dict[str, Any]]: ...
+def index_remote(
+    label: str,
+    size: int,
+    format: str,
+    read: Callable[[int, int], bytes],
+    window: int = 65536,
+) -> dict[str, Any]: ...
 def bench_pread(
     files: FileTable,
     file_ids: npt.ArrayLike,

@@ -23,7 +23,7 @@ from stoker.remote import (
     Hold,
     RemoteShard,
     RemoteShards,
-    cache_name,
+    apply_entry,
     fetcher_for,
     wait_result,
 )
@@ -136,7 +136,7 @@ class Dataset:
                 cache_limit,
                 options,
             )
-            remote.describe(options.connections)
+            remote.describe()
             for r, i in enumerate(remote_ids):
                 shard = remote.shards[r]
                 indexes[i] = {
@@ -144,7 +144,7 @@ class Dataset:
                     "samples": shard.samples,
                     "fields": shard.fields,
                 }
-                paths[i] = remote.cache.path_of(shard.name)
+                paths[i] = remote.path_of(r)
                 self._remote_of[i] = r
             self._remote = remote
             largest = max(s.size or 0 for s in remote.shards)
@@ -244,6 +244,7 @@ class Dataset:
         are added by _add_index once it is."""
         self._paths = paths
         self._identities = identities
+        self._index_lock = threading.RLock()
         # Reads check that each file is still the one indexed.
         self._files = _core.FileTable(paths, identities)
         self._field_names: list[str] = []
@@ -289,6 +290,7 @@ class Dataset:
     ) -> None:
         """Add the members of `shards` (now local and indexed) to the columns."""
         parts: dict[str, list[np.ndarray]] = {name: [] for name in _MEMBER_COLUMNS}
+        pointers = []
         base = self._rows
         for shard, index in zip(shards, indexes):
             first = int(self._shard_start[shard])
@@ -329,7 +331,7 @@ class Dataset:
             if n != expected:
                 raise located(
                     ShardFormatError,
-                    self._paths[shard],
+                    self.shards[shard],
                     0,
                     f"holds {n} samples but {expected} were expected (manifest or first look): "
                     "the shard changed",
@@ -338,22 +340,26 @@ class Dataset:
             cols["file"] = np.full(m, shard, np.uint32)
             cols["sample"] = first + np.repeat(np.arange(n, dtype=np.int64), per_sample)
             starts = np.concatenate([[0], np.cumsum(per_sample)[:-1]]).astype(np.int64)
-            self._sample_first[first : first + n] = base + starts
-            self._sample_count[first : first + n] = per_sample
+            pointers.append((first, n, base + starts, per_sample))
             base += m
             for name in _MEMBER_COLUMNS:
                 parts[name].append(cols[name])
-            self._indexed[shard] = True
         if member_files is not None:
             parts["file"] = [member_files]
         added = base - self._rows
         if added:
             self._append_rows({k: np.concatenate(v) for k, v in parts.items()}, added)
+        # Only now that their rows exist may samples point at them: another thread may
+        # be reading other samples meanwhile.
+        for first, n, sample_first, per_sample in pointers:
+            self._sample_first[first : first + n] = sample_first
+            self._sample_count[first : first + n] = per_sample
         for name, table in self._field_tables.items():  # keep built tables current
             self._fill_field_table(name, table, self._rows - added, self._rows)
         if self._key_array is not None:
             for shard in shards:
                 self._fill_keys(shard)
+        self._indexed[shards] = True
 
     def _append_rows(self, new: dict[str, np.ndarray], added: int) -> None:
         # Amortised growth: a remote dataset adds one shard's members at a time.
@@ -402,7 +408,9 @@ class Dataset:
     def keys(self, indices: Sequence[int] | np.ndarray) -> list[str]:
         """Keys of samples `indices` (non-negative)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        self._ensure_local(idx)
+        if self._remote is not None and not self._indexed[self.shards_of(idx)].all():
+            with self._holding(idx):  # a remote shard's keys are known once it is here
+                return self.keys(idx)
         if self._key_array is None:  # built on first use: one array lookup per batch after
             self._key_array = np.empty(len(self), dtype=object)
             for shard in np.flatnonzero(self._indexed).tolist():
@@ -488,8 +496,9 @@ class Dataset:
         held = []
         try:
             for shard, future in zip(shards, futures):
-                self._shard_arrived(shard, wait_result(future))
-                held.append(shard)
+                result = wait_result(future)
+                held.append(shard)  # ours to release from here on, whatever happens
+                self._shard_arrived(shard, result)
             yield
         finally:
             for shard in held:
@@ -501,39 +510,46 @@ class Dataset:
         """Hold `shard` (remote) in the cache; the future's result is (hold, index or None)
         with the index made on the shard thread when this process has none yet."""
         assert self._remote is not None
+        remote = self._remote
         r = self._remote_of[shard]
-        fmt = self._remote.shards[r].format
-        must_index = not self._indexed[shard] or self._remote.shards[r].sha256 is None
+        fmt = remote.shards[r].format
 
         def then(hold: Hold) -> tuple[Hold, dict | None]:
-            if not must_index and tuple(self._identities[shard]) == hold.identity:
+            # The cache file changes only by a new download; with a sha256 that is the
+            # same bytes. Otherwise its index is made again, to compare.
+            if self._indexed[shard] and (
+                tuple(self._identities[shard]) == hold.identity or remote.shards[r].sha256
+            ):
                 return hold, None
             try:
                 return hold, _core.index_shards([hold.path], [fmt], 1)[0]
             except BaseException:
-                self._remote.release(r)
+                remote.release(r)
                 raise
 
-        return self._remote.start(r, then)
+        return remote.start(r, then)
 
     def _shard_arrived(self, shard: int, result: tuple[Hold, dict | None]) -> None:
-        """A fetched shard is held: index it (first time) or check it is the same."""
+        """A fetched shard is held: index it (first time) or check it is the same. On an
+        error the hold stays the caller's to release."""
         hold, index = result
-        if index is not None:
-            if not self._indexed[shard]:
-                self._add_index([shard], [index])
-            elif not self._same_index(shard, index):
-                self._release(shard)
-                raise located(
-                    FetchError,
-                    self._remote.shards[self._remote_of[shard]].url,  # type: ignore[union-attr]
-                    0,
-                    "fetched again, the shard's members differ from the first time: it "
-                    "changed on the server (a manifest with sha256 pins it)",
-                )
-        if tuple(self._identities[shard]) != hold.identity:
-            self._identities[shard] = hold.identity
-            self._files = _core.FileTable(self._paths, self._identities)
+        with self._index_lock:  # threads reading the dataset share its index
+            if index is not None:
+                if not self._indexed[shard]:
+                    self._add_index([shard], [index])
+                elif not self._same_index(shard, index):
+                    raise located(
+                        FetchError,
+                        self.shards[shard],
+                        0,
+                        "fetched again, the shard's members differ from the first time: it "
+                        "changed on the server (a manifest with sha256 pins it)",
+                    )
+            if tuple(self._identities[shard]) != hold.identity:
+                identities = self._identities.copy()
+                identities[shard] = hold.identity
+                self._files = _core.FileTable(self._paths, identities)
+                self._identities = identities
 
     def _same_index(self, shard: int, index: dict) -> bool:
         first, end = int(self._shard_start[shard]), int(self._shard_start[shard + 1])
@@ -624,6 +640,15 @@ class Dataset:
             samples.append(sample)
         return samples
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        del state["_index_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._index_lock = threading.RLock()
+
     def __repr__(self) -> str:
         return f"Dataset({len(self)} samples in {len(self._paths)} files, fields {self.fields})"
 
@@ -661,17 +686,10 @@ def _check_manifest_size(path: str, entry: dict | None) -> None:
 
 
 def _remote_shard(url: str, fmt: str, entry: dict | None) -> RemoteShard:
-    entry = entry or {}
-    fields = entry.get("fields")
-    return RemoteShard(
-        url=url,
-        name=cache_name(url),
-        format=fmt,
-        size=entry.get("bytes"),
-        sha256=entry.get("sha256"),
-        samples=entry.get("samples"),
-        fields=list(fields) if isinstance(fields, list) else None,
-    )
+    shard = RemoteShard(url=url, format=fmt)
+    if entry:
+        apply_entry(shard, entry)
+    return shard
 
 
 def _release_when_done(ds: Dataset, shard: int) -> Callable[[concurrent.futures.Future], None]:

@@ -108,83 +108,84 @@ class _FailedRead:
         pass
 
 
+def _shard_spans(ds: Dataset, plan: EpochPlan, start: int) -> tuple[list[int], dict, dict]:
+    """This rank's remote shards from batch `start` on: in the order batches first read
+    them, and the first and last batch that reads each."""
+    indices = plan.indices[start * plan.batch_size : len(plan) * plan.batch_size]
+    shards = ds.shards_of(indices)
+    batches = start + np.arange(len(indices), dtype=np.int64) // plan.batch_size
+    keep = np.array([s in ds._remote_of for s in shards.tolist()], bool)
+    shards, batches = shards[keep], batches[keep]
+    unique, first_at = np.unique(shards, return_index=True)
+    order = unique[np.argsort(first_at, kind="stable")].tolist()
+    first = dict(zip(shards[::-1].tolist(), batches[::-1].tolist()))
+    last = dict(zip(shards.tolist(), batches.tolist()))
+    return order, first, last
+
+
 class _ShardPrefetch:
-    """One epoch's remote shards for this rank, fetched in the order batches first need
-    them, ``ahead`` at a time, held while batches read them, let go after their last."""
+    """One epoch's remote shards for this rank. The shards of the batches being read are
+    held (fetched first if need be) until the last batch that reads them is done; the
+    next few in the order batches first need them are fetched ahead, unheld and only
+    into free room, so read-ahead never crowds out what is being read."""
 
     def __init__(self, ds: Dataset, plan: EpochPlan, start: int, ahead: int) -> None:
         self.ds = ds
         self.plan = plan
-        indices = plan.indices[start * plan.batch_size :]
-        shards = ds.shards_of(indices)
-        batches = start + np.arange(len(indices), dtype=np.int64) // plan.batch_size
-        remote = np.array([s in ds._remote_of for s in range(len(ds._paths))], bool)
-        keep = remote[shards]
-        shards, batches = shards[keep], batches[keep]
-        order = np.argsort(batches, kind="stable")
-        shards, batches = shards[order], batches[order]
-        first_seen = np.unique(shards, return_index=True)[1]
-        self.order = shards[np.sort(first_seen)].tolist()  # by first batch that reads each
-        self.last: dict[int, int] = {}
-        for shard, batch in zip(shards.tolist(), batches.tolist()):
-            self.last[shard] = batch
-        self.remote = remote
+        self.order, _, self.last = _shard_spans(ds, plan, start)
+        self.remote = np.zeros(len(ds._paths), bool)
+        self.remote[list(ds._remote_of)] = True
         self.ahead = ahead
-        self.started: dict[int, concurrent.futures.Future] = {}
-        self.arrived: set[int] = set()
-        self.released = 0  # shards of self.order let go
-        self.next = 0  # next shard of self.order to start
+        self.started: dict[int, concurrent.futures.Future] = {}  # held, or on the way
+        self.arrived: set[int] = set()  # held and indexed
+        self.warming: dict[int, concurrent.futures.Future] = {}  # fetched ahead, unheld
+        self.next = 0  # the first shard of self.order neither held nor warming
 
     def _batch_shards(self, k: int) -> list[int]:
         shards = np.unique(self.ds.shards_of(self.plan.batch(k)))
         return [s for s in shards.tolist() if self.remote[s]]
 
     def pump(self, next_batch: int) -> None:
-        """Start fetches: every shard batch `next_batch` reads, and the next in order
-        until ``ahead`` are held or coming."""
+        """Hold the shards batch `next_batch` reads, and warm the next ones in order until
+        ``ahead`` are held or warming."""
         if next_batch < len(self.plan):
             for shard in self._batch_shards(next_batch):
                 self._start(shard)
-        while self.next < len(self.order) and len(self.started) < self.ahead:
-            self._start(self.order[self.next])
-        for shard, future in list(self.started.items()):
-            if shard not in self.arrived and future.done():
-                self._arrive(shard, future)
+        while self.next < len(self.order) and len(self.started) + len(self.warming) < self.ahead:
+            shard = self.order[self.next]
+            self.next += 1
+            if shard not in self.started:
+                self.warming[shard] = self.ds._remote.warm(self.ds._remote_of[shard])
 
     def _start(self, shard: int) -> None:
-        while self.next < len(self.order) and self.order[self.next] in self.started:
-            self.next += 1
-        if shard in self.started or shard in self.arrived:
-            return
-        self.started[shard] = self.ds._start_fetch(shard)
-        while self.next < len(self.order) and self.order[self.next] in self.started:
-            self.next += 1
-
-    def _arrive(self, shard: int, future: concurrent.futures.Future) -> None:
-        self.arrived.add(shard)
-        try:
-            self.ds._shard_arrived(shard, future.result())
-        except BaseException:
-            self.arrived.discard(shard)
-            del self.started[shard]
-            raise
+        self.warming.pop(shard, None)  # its download, if running, is waited for by lock
+        if shard not in self.started:
+            self.started[shard] = self.ds._start_fetch(shard)
 
     def ready(self, k: int) -> bool:
-        shards = self._batch_shards(k)
-        for shard in shards:
-            future = self.started.get(shard)
-            if future is None or not future.done():
-                return False
-            if shard not in self.arrived:
-                self._arrive(shard, future)
-        return True
+        """Whether every fetch batch `k` needs has ended (well or not)."""
+        return all(self.started[s].done() for s in self._batch_shards(k))
 
     def wait(self, k: int) -> None:
         for shard in self._batch_shards(k):
-            self._start(shard)
-            if shard not in self.arrived:
-                wait_result_or_error(self.started[shard])
-                self._arrive(shard, self.started[shard])
+            with contextlib.suppress(Exception):  # arrive() raises it, at its batch
+                wait_result(self.started[shard])
+
+    def arrive(self, k: int) -> None:
+        """Index batch `k`'s shards that arrived; a fetch that failed raises here (and is
+        forgotten, so a later batch that needs the shard tries again)."""
+        for shard in self._batch_shards(k):
+            if shard in self.arrived:
+                continue
+            future = self.started.pop(shard)
+            result = future.result()  # a failed fetch holds nothing
+            try:
+                self.ds._shard_arrived(shard, result)
+            except BaseException:
+                self.ds._release(shard)
+                raise
+            self.started[shard] = future
+            self.arrived.add(shard)
 
     def finished(self, k: int) -> None:
         """Batch `k` is read: let go of the shards no later batch reads."""
@@ -194,7 +195,8 @@ class _ShardPrefetch:
                 del self.started[shard]
                 self.ds._release(shard)
 
-    def close(self, in_flight: Any) -> None:
+    def close(self) -> None:
+        """Let go of everything: held shards now, fetches still running when they end."""
         for shard, future in self.started.items():
             if shard in self.arrived:
                 self.ds._release(shard)
@@ -202,12 +204,7 @@ class _ShardPrefetch:
                 future.add_done_callback(_release_when_done(self.ds, shard))
         self.started.clear()
         self.arrived.clear()
-
-
-def wait_result_or_error(future: concurrent.futures.Future) -> None:
-    """Wait for `future` in slices (Ctrl-C gets through); its error is raised by .result()."""
-    with contextlib.suppress(Exception):
-        wait_result(future)
+        self.warming.clear()  # unheld: nothing to let go
 
 
 class Loader:
@@ -395,25 +392,42 @@ class Loader:
     # -- remote shards --------------------------------------------------------
 
     def _shards_ahead(self) -> int:
-        """Remote shards to have fetched or fetching at once: the window mixed from, one
-        more, and a few being downloaded next."""
-        return (self.shuffle_window if self.shuffle else 1) + 1 + _EXTRA_SHARDS
+        """Remote shards held or fetched ahead at once: the window mixed from, one more,
+        and a few beyond."""
+        return (max(1, self.shuffle_window) if self.shuffle else 1) + 1 + _EXTRA_SHARDS
 
     def _check_cache(self) -> None:
+        """Refuse, now, a cache too small for what this loader holds at once (the shards of
+        the batches being read); it would wait for room that never comes, later."""
         remote = self.dataset._remote
         if remote is None:
             return
-        # Every process of the node reads its own window from the same cache.
-        processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-        ahead = self._shards_ahead()
-        need = remote.cache_need(ahead) * processes
+        need = self._held_peak(self._plan(self._epoch)) * int(
+            os.environ.get("LOCAL_WORLD_SIZE", 1)  # every rank of the node reads its own
+        )
         if remote.limit < need:
             raise StokerError(
-                f"cache_limit={remote.limit} bytes is too small: {processes} process(es) "
-                f"each holding up to {ahead} shards at once (the {ahead - 1 - _EXTRA_SHARDS} "
-                f"mixed, one finishing, {_EXTRA_SHARDS} downloading ahead) need {need} bytes; "
-                "raise cache_limit or lower shuffle_window"
+                f"cache_limit={remote.limit} bytes is too small for this loader: the shards "
+                f"it holds at once (a shuffle window of {self.shuffle_window}, batches of "
+                f"{self.batch_size}, {self.prefetch} read ahead, "
+                f"{os.environ.get('LOCAL_WORLD_SIZE', 1)} process(es) on the node) need "
+                f"{need} bytes; raise cache_limit, or lower shuffle_window or prefetch"
             )
+
+    def _held_peak(self, plan: EpochPlan) -> int:
+        """The most bytes of remote shards held at once over `plan`: a shard is held from
+        when the batch `prefetch` before its first is read until its last is done."""
+        remote = self.dataset._remote
+        assert remote is not None
+        _, first, last = _shard_spans(self.dataset, plan, 0)
+        if not first:
+            return 0
+        delta = np.zeros(len(plan) + 2, np.int64)
+        for shard, begin in first.items():
+            size = remote.shards[self.dataset._remote_of[shard]].size or 0
+            delta[max(begin - self.prefetch, 0)] += size
+            delta[last[shard] + 1] -= size
+        return int(np.cumsum(delta).max())
 
     # -- iteration ------------------------------------------------------------
 
@@ -436,17 +450,18 @@ class Loader:
         done = next_batch  # batches handed out by this iterator, as plan numbers
         try:
             while True:
-                if fetch is not None:
-                    fetch.pump(next_batch)
                 while len(in_flight) < self.prefetch and next_batch < len(plan):
                     if fetch is not None:
-                        if not in_flight:  # nothing else to wait on: wait for the network
-                            start = time.perf_counter()
+                        fetch.pump(next_batch)
+                        if not fetch.ready(next_batch):
+                            if in_flight:
+                                break  # read it ahead once its shards are here
+                            start = time.perf_counter()  # nothing else to do: wait
                             fetch.wait(next_batch)
                             self._stats.wait_s += time.perf_counter() - start
-                        elif not fetch.ready(next_batch):
-                            break  # read ahead once its shards are here
                     try:
+                        if fetch is not None:
+                            fetch.arrive(next_batch)
                         in_flight.append(self._submit(plan.batch(next_batch)))
                     except StokerError as error:  # raised when its batch's turn comes
                         in_flight.append((_FailedRead(error), None))
@@ -467,7 +482,7 @@ class Loader:
             for pending, _ in in_flight:  # a loop left early: stop reading ahead
                 pending.cancel()
             if fetch is not None:
-                fetch.close(in_flight)
+                fetch.close()
         if generation == self._generation:
             self._epoch, self._position = epoch + 1, 0
             self._elastic = None

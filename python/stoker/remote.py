@@ -27,19 +27,22 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import datetime
 import email.utils
 import errno
 import fcntl
 import hashlib
 import logging
+import math
 import os
+import queue
 import random
 import re
 import struct
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -49,6 +52,10 @@ log = logging.getLogger("stoker.remote")
 
 _PART = ".part"
 _LOCKS = ".locks"
+_MARKER = ".stoker-cache"  # a folder stoker may evict from has this file
+
+# Module state is guarded by one lock, replaced in a forked child.
+_registry_lock = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -72,15 +79,22 @@ def _retry_delay(options: FetchOptions, attempt: int) -> float:
 
 
 def _retry_after(value: str | None, options: FetchOptions) -> float | None:
+    """Seconds a Retry-After header asks for (delta or HTTP date), capped; None if absent
+    or unreadable (then the usual backoff applies)."""
     if not value:
         return None
     try:
         seconds = float(value)
     except ValueError:
-        when = email.utils.parsedate_to_datetime(value) if value else None
-        if when is None:
+        try:
+            when = email.utils.parsedate_to_datetime(value)
+        except (TypeError, ValueError):
             return None
+        if when.tzinfo is None:  # HTTP dates are GMT
+            when = when.replace(tzinfo=datetime.timezone.utc)
         seconds = when.timestamp() - time.time()
+    if not math.isfinite(seconds):
+        return None
     return min(max(seconds, 0.0), options.max_retry_after)
 
 
@@ -91,6 +105,49 @@ def wait_result(future: concurrent.futures.Future) -> Any:
             return future.result(timeout=0.05)
         except concurrent.futures.TimeoutError:
             continue
+
+
+class _DaemonPool:
+    """Threads that wait for shards (on locks, room, downloads). Daemons: a process that
+    is exiting does not wait for a download it no longer needs (a .part it leaves is
+    cleaned up by the next process that needs room)."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(workers):
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._tasks.put((future, fn))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, fn = self._tasks.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:
+                future.set_exception(e)
+            del future, fn
+
+
+_pools: dict[int, tuple[int, _DaemonPool]] = {}
+
+
+def shard_pool(workers: int) -> _DaemonPool:
+    """The process's pool of `workers` shard threads (made again in a forked child)."""
+    with _registry_lock:
+        found = _pools.get(workers)
+        if found is None or found[0] != os.getpid():
+            found = _pools[workers] = (os.getpid(), _DaemonPool(workers, "stoker-shards"))
+        return found[1]
+
+
+class NoRoom(StokerError):
+    """The cache has no room for a shard right now and the caller chose not to wait."""
 
 
 class _Retryable(Exception):
@@ -126,19 +183,25 @@ class Fetcher:
             timeout=aiohttp.ClientTimeout(
                 total=None, sock_connect=o.connect_timeout, sock_read=o.stall_timeout
             ),
-            auto_decompress=False,  # shards are bytes; a Content-Encoding must not alter them
+            # Shards are bytes whose length and digest are known: no content coding may
+            # change them on the way (and a compressed body could not be resumed by range).
+            headers={"Accept-Encoding": "identity"},
+            auto_decompress=False,
         )
 
     def submit(self, coro: Any) -> concurrent.futures.Future:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)
 
     def call(self, coro: Any) -> Any:
-        """Run `coro` on the loop and wait for it; Ctrl-C still interrupts the wait."""
+        """Run `coro` on the loop and wait for it; Ctrl-C still interrupts the wait (and
+        then waits, briefly, for the coroutine to have stopped)."""
         future = self.submit(coro)
         try:
             return wait_result(future)
         except BaseException:
             future.cancel()
+            with contextlib.suppress(BaseException):
+                future.exception(timeout=5)
             raise
 
     def close(self) -> None:
@@ -164,11 +227,12 @@ class Fetcher:
                 last, delay = str(e), e.delay
             except asyncio.TimeoutError:  # aiohttp's socket timeouts are these too
                 last = f"stalled: no data for {o.stall_timeout:g} s"
+            except asyncio.IncompleteReadError as e:
+                last = f"short body: {len(e.partial)} of {e.expected} bytes"
+            except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as e:
+                raise located(FetchError, url, offset(), f"TLS: {e}") from e
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-                if isinstance(e, aiohttp.ClientConnectorError) and n == o.retries:
-                    last = f"cannot connect: {e}"
-                else:
-                    last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
             except aiohttp.TooManyRedirects as e:
                 raise located(FetchError, url, offset(), f"too many redirects: {e}") from e
             except aiohttp.RedirectClientError as e:
@@ -178,41 +242,43 @@ class Fetcher:
             except aiohttp.ClientError as e:
                 raise located(FetchError, url, offset(), f"{type(e).__name__}: {e}") from e
             if n < o.retries:
-                wait = delay if delay is not None else _retry_delay(o, n)
+                backoff = _retry_delay(o, n)
+                wait = max(delay, backoff) if delay is not None else backoff
                 log.info("%s: %s; retry %d/%d in %.2f s", url, last, n + 1, o.retries, wait)
                 await asyncio.sleep(wait)
         raise located(
             FetchError, url, offset(), f"gave up after {o.retries + 1} attempts; last: {last}"
         )
 
-    def _check_status(self, url: str, offset: int, response: Any) -> None:
+    def _check_response(self, url: str, offset: int, response: Any) -> None:
         status = response.status
-        if status in (200, 206):
-            return
         reason = f"HTTP {status} {response.reason or ''}".strip()
         if status == 429 or status == 408 or status >= 500:
             raise _Retryable(
                 reason, _retry_after(response.headers.get("Retry-After"), self.options)
             )
-        error = located(FetchError, url, offset, reason)
-        error.status = status  # type: ignore[attr-defined]
-        raise error
+        if status not in (200, 206):
+            error = located(FetchError, url, offset, reason)
+            error.status = status  # type: ignore[attr-defined]
+            raise error
+        coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+        if coding not in ("", "identity"):
+            raise located(
+                FetchError, url, offset, f"the server sent a {coding}-encoded body, asked not to"
+            )
 
     def _get(self, url: str, headers: dict[str, str] | None = None) -> Any:
         return self._session.get(
-            url,
-            headers=headers,
-            max_redirects=self.options.max_redirects,
-            allow_redirects=True,
+            url, headers=headers, max_redirects=self.options.max_redirects, allow_redirects=True
         )
 
-    async def size_of(self, url: str) -> int:
+    async def size_of(self, url: str) -> int | None:
         """The size of `url` in bytes, from one ranged GET (HEAD is not always served)."""
 
-        async def attempt() -> int:
+        async def attempt() -> int | None:
             async with self._get(url, {"Range": "bytes=0-0"}) as response:
-                self._check_status(url, 0, response)
-                return _total_size(url, response)
+                self._check_response(url, 0, response)
+                return _total_size(response)
 
         return await self._attempts(url, lambda: 0, attempt)
 
@@ -224,42 +290,40 @@ class Fetcher:
         async def attempt() -> bytes:
             headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
             async with self._get(url, headers) as response:
-                self._check_status(url, offset, response)
+                self._check_response(url, offset, response)
                 if response.status == 206:
                     start = _range_start(response)
                     if start != offset:
                         raise located(
                             FetchError, url, offset, f"asked for offset {offset}, got {start}"
                         )
-                    data = await response.content.readexactly(length)
                 else:  # no ranges here: skip to the bytes wanted in the whole body
                     skipped = 0
                     while skipped < offset:
                         chunk = await response.content.read(min(1 << 20, offset - skipped))
                         if not chunk:
-                            break
+                            raise _Retryable(f"short body: {skipped} of {offset + length} bytes")
                         skipped += len(chunk)
-                    data = await response.content.readexactly(length)
-                return data
+                return await response.content.readexactly(length)
 
-        try:
-            return await self._attempts(url, lambda: offset, attempt)
-        except asyncio.IncompleteReadError as e:  # pragma: no cover - mapped in _attempts
-            raise located(FetchError, url, offset, f"short body: {e}") from e
+        return await self._attempts(url, lambda: offset, attempt)
 
     async def read_all(self, url: str, limit: int = 64 << 20) -> bytes:
         """The whole body of a small resource (a manifest)."""
 
         async def attempt() -> bytes:
             async with self._get(url) as response:
-                self._check_status(url, 0, response)
-                data = await response.content.read(limit + 1)
-                if len(data) > limit:
-                    raise located(FetchError, url, limit, f"larger than {limit} bytes")
+                self._check_response(url, 0, response)
+                parts, got = [], 0
+                async for chunk in response.content.iter_chunked(1 << 20):
+                    got += len(chunk)
+                    if got > limit:
+                        raise located(FetchError, url, limit, f"larger than {limit} bytes")
+                    parts.append(chunk)
                 expected = response.content_length
-                if expected is not None and len(data) != expected:
-                    raise _Retryable(f"short body: {len(data)} of {expected} bytes")
-                return data
+                if expected is not None and got != expected:
+                    raise _Retryable(f"short body: {got} of {expected} bytes")
+                return b"".join(parts)
 
         return await self._attempts(url, lambda: 0, attempt)
 
@@ -272,29 +336,38 @@ class Fetcher:
         progress: Callable[[int], None] | None = None,
     ) -> None:
         """Write the `size` bytes of `url` into `fd` (from offset 0), checking the length and
-        `sha256`. A broken transfer resumes where it stopped when the server takes ranges."""
+        `sha256`. A broken transfer resumes where it stopped when the server takes ranges
+        and the object provably did not change (a strong ETag or Last-Modified to send as
+        If-Range, or a sha256 to check the whole with); otherwise it starts over."""
         o = self.options
-        state = {"got": 0, "hash": hashlib.sha256(), "etag": None, "bad_sums": 0}
+        # Our own descriptor: if the caller gives up (Ctrl-C) and closes theirs, a write
+        # still in flight here cannot land in whatever file reuses the number.
+        fd = os.dup(fd)
+        state: dict[str, Any] = {"got": 0, "hash": hashlib.sha256(), "since": None, "bad": 0}
+
+        def restart() -> None:
+            if progress and state["got"]:
+                progress(-state["got"])
+            state.update(got=0, hash=hashlib.sha256(), since=None)
 
         async def attempt() -> None:
-            got = state["got"]
             headers = {}
-            if got:
-                headers["Range"] = f"bytes={got}-"
-                if state["etag"]:  # resume only if it is still the same object
-                    headers["If-Range"] = state["etag"]
+            if state["got"]:
+                if state["since"] is None and sha256 is None:
+                    restart()  # nothing proves the rest would be the same object
+                else:
+                    headers["Range"] = f"bytes={state['got']}-"
+                    if state["since"] is not None:
+                        headers["If-Range"] = state["since"]
             async with self._get(url, headers) as response:
-                self._check_status(url, got, response)
-                if response.status == 206 and got:
+                self._check_response(url, state["got"], response)
+                if response.status == 206 and state["got"]:
                     start = _range_start(response)
-                    if start != got:
-                        raise _Retryable(f"resumed at {start}, not {got}")
-                elif got:  # the whole body again: start over
-                    if progress:
-                        progress(-got)
-                    got = state["got"] = 0
-                    state["hash"] = hashlib.sha256()
-                total = _total_size(url, response)
+                    if start != state["got"]:
+                        raise _Retryable(f"resumed at {start}, not {state['got']}")
+                elif state["got"]:  # the whole body again: start over
+                    restart()
+                total = _total_size(response)
                 if total is not None and total != size:
                     raise located(
                         FetchError,
@@ -303,51 +376,60 @@ class Fetcher:
                         f"the server has {total} bytes but {size} were expected "
                         "(manifest or first look): the shard changed",
                     )
-                state["etag"] = (
-                    response.headers.get("ETag")
-                    if response.status == 200
-                    else (state["etag"] or response.headers.get("ETag"))
-                )
+                if response.status == 200:
+                    state["since"] = _validator(response)
                 async for chunk in response.content.iter_chunked(1 << 20):
+                    got = state["got"]
                     if got + len(chunk) > size:
                         raise located(
                             FetchError, url, got, f"the body runs past the {size} bytes expected"
                         )
                     _pwrite_all(fd, chunk, got)
                     state["hash"].update(chunk)
-                    got = state["got"] = got + len(chunk)
+                    state["got"] = got + len(chunk)
                     if progress:
                         progress(len(chunk))
-            if got < size:
-                raise _Retryable(f"short body: {got} of {size} bytes")
+            if state["got"] < size:
+                raise _Retryable(f"short body: {state['got']} of {size} bytes")
             digest = state["hash"].hexdigest()
-            if sha256 is not None and digest != sha256.lower():
-                state["bad_sums"] += 1
-                if progress:
-                    progress(-got)
-                state["got"], state["hash"], state["etag"] = 0, hashlib.sha256(), None
-                if state["bad_sums"] > o.retries:
+            if sha256 is not None and digest != sha256:
+                state["bad"] += 1
+                restart()
+                if state["bad"] > o.retries:
                     raise located(
                         ChecksumError,
                         url,
                         0,
                         f"sha256 {digest} does not match the manifest's {sha256} "
-                        f"({state['bad_sums']} downloads)",
+                        f"({state['bad']} downloads)",
                     )
                 raise _Retryable(f"sha256 {digest} does not match the manifest's {sha256}")
 
         try:
             await self._attempts(url, lambda: state["got"], attempt)
         except FetchError as e:
-            if state["bad_sums"] and not isinstance(e, ChecksumError):
-                raise located(
+            if state["bad"] and not isinstance(e, ChecksumError):
+                error = located(
                     ChecksumError,
                     url,
                     0,
-                    f"sha256 does not match the manifest's {sha256} ({state['bad_sums']} "
-                    f"downloads; last problem: {e})",
-                ) from e
+                    f"sha256 does not match the manifest's {sha256} ({state['bad']} "
+                    f"download(s)); then: {e}",
+                )
+                error.status = getattr(e, "status", None)  # type: ignore[attr-defined]
+                raise error from e
             raise
+        finally:
+            os.close(fd)
+
+
+def _validator(response: Any) -> str | None:
+    """What If-Range may carry to resume this response's object: a strong ETag, else its
+    Last-Modified date."""
+    etag = response.headers.get("ETag")
+    if etag and not etag.startswith("W/"):
+        return etag
+    return response.headers.get("Last-Modified")
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
@@ -365,7 +447,7 @@ def _range_start(response: Any) -> int | None:
     return int(match.group(1)) if match else None
 
 
-def _total_size(url: str, response: Any) -> int | None:
+def _total_size(response: Any) -> int | None:
     if response.status == 206:
         match = _CONTENT_RANGE.match(response.headers.get("Content-Range", ""))
         if match and match.group(3) != "*":
@@ -375,13 +457,12 @@ def _total_size(url: str, response: Any) -> int | None:
 
 
 _fetchers: dict[FetchOptions, tuple[int, Fetcher]] = {}
-_fetchers_lock = threading.Lock()
 
 
 def fetcher_for(options: FetchOptions) -> Fetcher:
     """The process's Fetcher for `options`; a forked child makes its own (the parent's loop
     thread does not exist there)."""
-    with _fetchers_lock:
+    with _registry_lock:
         found = _fetchers.get(options)
         if found is None or found[0] != os.getpid():
             found = _fetchers[options] = (os.getpid(), Fetcher(options))
@@ -396,34 +477,37 @@ def default_cache_root() -> str:
     if not root:
         base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
         root = os.path.join(base, "stoker")
-    return root
+    return os.path.abspath(root)
 
 
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 
-def cache_name(url: str) -> str:
-    """Where `url` lives under a cache root: ``host_port/its/path``, made of safe names
-    only, so no URL can point outside the cache."""
+def cache_name(url: str, sha256: str | None = None) -> str:
+    """Where `url` lives under a cache root: ``host_port/its/path``, of safe names only,
+    so no URL can point outside the cache. Where making it safe changed the path (or the
+    URL has a query) a hash of the exact URL keeps two URLs from sharing a file; with a
+    known sha256 the name carries it, so a republished shard is a new file."""
     parts = urllib.parse.urlsplit(url)
     host = _UNSAFE.sub("_", parts.hostname or "host") + (f"_{parts.port}" if parts.port else "")
-    pieces = [host]
-    for piece in parts.path.split("/"):
-        if piece in ("", ".", ".."):
-            continue
-        pieces.append(_UNSAFE.sub("_", piece))
-    if parts.query:  # same path, other query: another object
-        digest = hashlib.sha1(parts.query.encode()).hexdigest()[:12]
-        stem, ext = os.path.splitext(pieces[-1])
-        pieces[-1] = f"{stem}-{digest}{ext}"
-    for i, piece in enumerate(pieces):
-        if len(piece) > 150:
-            digest = hashlib.sha1(piece.encode()).hexdigest()[:12]
-            stem, ext = os.path.splitext(piece)
-            pieces[i] = f"{stem[:100]}-{digest}{ext[:40]}"
-        if pieces[i].startswith("."):
-            pieces[i] = "_" + pieces[i][1:]
-    return os.path.join(*pieces)
+    raw = [p for p in parts.path.split("/")]
+    pieces = [_UNSAFE.sub("_", p) for p in raw if p not in ("", ".", "..")]
+    pieces = [("_" + p[1:]) if p.startswith(".") else p for p in pieces] or ["index"]
+    changed = "/".join(pieces) != parts.path.strip("/") or bool(parts.query)
+    tags = []
+    if changed:
+        tags.append(hashlib.sha1(url.encode()).hexdigest()[:12])
+    if sha256:
+        tags.append(sha256[:16])
+    stem, ext = os.path.splitext(pieces[-1])
+    if len(stem) > 120:
+        tags.insert(0, hashlib.sha1(stem.encode()).hexdigest()[:12])
+        stem = stem[:100]
+    pieces[-1] = "-".join([stem, *tags]) + ext[:40]
+    pieces = [
+        p if len(p) <= 200 else p[:180] + hashlib.sha1(p.encode()).hexdigest()[:12] for p in pieces
+    ]
+    return os.path.join(host, *pieces)
 
 
 def _flock(kind: int) -> bytes:
@@ -450,6 +534,25 @@ def _lock_polling(fd: int, exclusive: bool, deadline: float, what: str) -> None:
         delay = min(delay * 2, 0.1)
 
 
+# Every descriptor that carries a lock, so a forked child can close its copies: a lock
+# on an open file description lasts while any copy of it is open, and a child that kept
+# one would keep the parent's lock after the parent let go.
+_lock_fds: set[int] = set()
+
+
+def _open_locked_fd(path: str, flags: int) -> int:
+    fd = os.open(path, flags | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    with _registry_lock:
+        _lock_fds.add(fd)
+    return fd
+
+
+def _close_locked_fd(fd: int) -> None:
+    with _registry_lock:
+        _lock_fds.discard(fd)
+    os.close(fd)
+
+
 @dataclass
 class Hold:
     """A shard this process holds: a descriptor with a shared lock, so nobody evicts it."""
@@ -461,19 +564,26 @@ class Hold:
 
 
 class ShardCache:
-    """A cache directory shared by every process on the node, each keeping it within the
-    limit it was given (``limit`` arguments).
-
-    Within a process one object per directory (see :func:`cache_for`) counts holds, since
-    one lock per file per process is enough.
-    """
+    """A cache folder shared by every process on the node; each keeps it within the limit
+    it is given. Only a folder stoker made (it has a ``.stoker-cache`` file) is used, so
+    eviction never touches anyone else's files. Within a process there is one object per
+    folder (see :func:`cache_for`), which counts holds."""
 
     def __init__(self, root: str) -> None:
         self.root = os.path.abspath(root)
+        marker = os.path.join(self.root, _MARKER)
+        if not os.path.exists(marker):
+            if os.path.isdir(self.root) and os.listdir(self.root):
+                raise StokerError(
+                    f"{self.root}: not a stoker cache (no {_MARKER} in it) and not empty; "
+                    "stoker evicts files from its cache folder, so give it one of its own"
+                )
+            _private_dirs(self.root)
+            with open(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600), "w") as f:
+                f.write("a stoker shard cache: files here are evicted as needed\n")
         _private_dirs(os.path.join(self.root, _LOCKS))
         self._holds: dict[str, Hold] = {}
         self._mutex = threading.Lock()
-        self._pid = os.getpid()
 
     def default_limit(self) -> int:
         """With no cache_limit: what is cached now plus the disk's free space, less a tenth
@@ -482,43 +592,32 @@ class ShardCache:
         reserve = st.f_blocks * st.f_frsize // 10
         return max(self.usage() + st.f_bavail * st.f_frsize - reserve, 0)
 
-    # -- paths and locks ----------------------------------------------------------
-
     def path_of(self, name: str) -> str:
-        return os.path.join(self.root, name)
+        path = os.path.normpath(os.path.join(self.root, name))
+        if not path.startswith(self.root + os.sep):
+            raise StokerError(f"{name}: not a name inside the cache {self.root}")
+        return path
 
     def _lock_file(self, path: str) -> str:
         rel = os.path.relpath(path, self.root)
         return os.path.join(self.root, _LOCKS, hashlib.sha1(rel.encode()).hexdigest()[:24])
 
-    @contextlib.contextmanager
-    def _locked(self, lock_path: str, what: str, deadline: float) -> Iterator[None]:
-        fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        try:
-            _lock_polling(fd, True, deadline, what)
-            yield
-        finally:
-            os.close(fd)  # the lock goes with the descriptor
-
-    def _cache_lock(self, deadline: float) -> contextlib.AbstractContextManager[None]:
-        return self._locked(os.path.join(self.root, _LOCKS, "cache"), self.root, deadline)
-
     # -- holding ------------------------------------------------------------------
 
     def hold(self, path: str, size: int | None) -> Hold | None:
-        """Hold the complete shard at `path` if it is there (and `size` bytes); None if not."""
+        """Hold the complete shard at `path` if it is there (and `size` bytes); None if not.
+        A file of another size is stale (a shard that changed): removed if no one holds it."""
         with self._mutex:
-            self._after_fork()
             held = self._holds.get(path)
             if held is not None:
                 held.count += 1
                 return held
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+            fd = _open_locked_fd(path, os.O_RDONLY)
         except FileNotFoundError:
             return None
         try:
-            _lock_polling(fd, False, time.monotonic() + 60, path)
+            _lock_polling(fd, False, time.monotonic() + 60, path)  # evictors lock briefly
             st = os.fstat(fd)
             try:
                 now = os.stat(path)
@@ -526,20 +625,24 @@ class ShardCache:
                 now = None
             # Evicted between our open and our lock: it is gone, whatever fd says.
             if now is None or (now.st_ino, now.st_dev) != (st.st_ino, st.st_dev):
-                os.close(fd)
+                _close_locked_fd(fd)
                 return None
             if size is not None and st.st_size != size:
-                raise located(
-                    StokerError,
-                    path,
-                    min(st.st_size, size),
-                    f"cached shard has {st.st_size} bytes, {size} expected: delete it",
-                )
+                _close_locked_fd(fd)
+                if not self._evict(path):
+                    raise located(
+                        FetchError,
+                        path,
+                        min(st.st_size, size),
+                        f"cached shard has {st.st_size} bytes, {size} expected, and another "
+                        "process is reading it: the shard changed on the server",
+                    )
+                return None
             # atime orders eviction (mtime is part of the identity reads check).
-            os.utime(path, ns=(time.time_ns(), st.st_mtime_ns))
+            os.utime(fd, ns=(time.time_ns(), st.st_mtime_ns))
         except BaseException:
             with contextlib.suppress(OSError):
-                os.close(fd)
+                _close_locked_fd(fd)
             raise
         return self._keep(path, fd, st)
 
@@ -549,7 +652,7 @@ class ShardCache:
             held = self._holds.get(path)
             if held is not None:  # another thread got there first: keep one lock
                 held.count += 1
-                os.close(fd)
+                _close_locked_fd(fd)
                 return held
             self._holds[path] = hold
         return hold
@@ -557,7 +660,6 @@ class ShardCache:
     def release(self, path: str) -> bool:
         """Let go of one hold of `path`; True when this process no longer holds it."""
         with self._mutex:
-            self._after_fork()
             held = self._holds.get(path)
             if held is None:
                 return True
@@ -565,24 +667,18 @@ class ShardCache:
             if held.count > 0:
                 return False
             del self._holds[path]
-        os.close(held.fd)
+        _close_locked_fd(held.fd)
         return True
 
     def held(self) -> list[str]:
         with self._mutex:
-            self._after_fork()
             return list(self._holds)
 
-    def _after_fork(self) -> None:
-        # A forked child inherits the parent's descriptors and with them its locks;
-        # they are the parent's to release, so the child forgets them (and closes its
-        # copies, which leaves the parent's locks in place).
-        if self._pid != os.getpid():
-            for hold in self._holds.values():
-                with contextlib.suppress(OSError):
-                    os.close(hold.fd)
-            self._holds = {}
-            self._pid = os.getpid()
+    def _forget_holds(self) -> None:
+        # In a forked child: the holds are the parent's (their descriptors are closed
+        # with the other lock descriptors).
+        self._mutex = threading.Lock()
+        self._holds = {}
 
     # -- fetching -----------------------------------------------------------------
 
@@ -595,26 +691,28 @@ class ShardCache:
         fetcher: Fetcher,
         limit: int,
         progress: Callable[[int], None] | None = None,
+        wait_for_room: bool = True,
     ) -> Hold:
         """Hold the shard `url` at `path`, downloading it if no one has: one download per
-        node, whoever else wants it waits for it."""
-        deadline = time.monotonic() + fetcher.options.cache_wait
+        node; whoever else wants it waits for that one (for as long as its process lives:
+        the lock dies with it). Without `wait_for_room`, NoRoom when the cache is full."""
         while True:
             hold = self.hold(path, size)
             if hold is not None:
                 return hold
-            lock_path = self._lock_file(path)
-            fd = os.open(lock_path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            fd = _open_locked_fd(self._lock_file(path), os.O_RDWR | os.O_CREAT)
             try:
                 if not _try_lock(fd, True):  # someone is downloading it: wait for them
-                    _lock_polling(fd, True, deadline, f"{url}: waiting for its download")
+                    _lock_polling(fd, True, math.inf, url)
                     continue  # their download is done (or they died): look again
                 hold = self.hold(path, size)
                 if hold is not None:
                     return hold
-                return self._download(url, path, size, sha256, fetcher, limit, progress, deadline)
+                return self._download(
+                    url, path, size, sha256, fetcher, limit, progress, wait_for_room
+                )
             finally:
-                os.close(fd)
+                _close_locked_fd(fd)
 
     def _download(
         self,
@@ -625,21 +723,29 @@ class ShardCache:
         fetcher: Fetcher,
         limit: int,
         progress: Callable[[int], None] | None,
-        deadline: float,
+        wait_for_room: bool,
     ) -> Hold:
         part = path + _PART
-        fd = self._reserve(part, size, limit, deadline, url)
+        fd = -1  # the part being written
         done = False
         try:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(part)  # a dead downloader's: we hold this shard's lock now
+            fd = self._reserve(part, size, limit, url, fetcher.options.cache_wait, wait_for_room)
             fetcher.call(fetcher.download(url, fd, size, sha256, progress))
             os.fsync(fd)  # a cached shard survives a crash whole, or not at all
             os.close(fd)
-            fd = os.open(part, os.O_RDONLY | os.O_CLOEXEC)
-            if not _try_lock(fd, False):  # pragma: no cover - nobody else knows the part
-                raise StokerError(f"{part}: locked while being downloaded")
-            os.rename(part, path)
+            fd = -1
+            held = _open_locked_fd(part, os.O_RDONLY)
+            try:  # held before it has its name, so no one can evict it in between
+                if not _try_lock(held, False):  # pragma: no cover - no one else knows it
+                    raise StokerError(f"{part}: locked while being downloaded")
+                os.rename(part, path)
+            except BaseException:
+                _close_locked_fd(held)
+                raise
             done = True
-            return self._keep(path, fd, os.fstat(fd))
+            return self._keep(path, held, os.fstat(held))
         except OSError as e:
             if isinstance(e, StokerError):
                 raise
@@ -647,31 +753,34 @@ class ShardCache:
                 FetchError, url, 0, f"cannot write the cache file {part}: {e.strerror or e}"
             ) from e
         finally:
+            if fd >= 0:
+                os.close(fd)
             if not done:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
                 with contextlib.suppress(OSError):
                     os.unlink(part)
 
-    def _reserve(self, part: str, size: int, limit: int, deadline: float, url: str) -> int:
+    def _reserve(
+        self, part: str, size: int, limit: int, url: str, wait: float, wait_for_room: bool
+    ) -> int:
         """Make room for `size` bytes (evicting least recently used shards no one holds)
-        and create `part` at its full size, so other processes count it."""
+        and create `part` at its full size, so that every process counts it."""
         if size > limit:
             raise StokerError(f"{url}: the shard is {size} bytes, more than cache_limit={limit}")
-        waited = False
         started = time.monotonic()
+        waited = False
         while True:
-            with self._cache_lock(deadline):
+            lock = _open_locked_fd(os.path.join(self.root, _LOCKS, "cache"), os.O_RDWR | os.O_CREAT)
+            try:
+                _lock_polling(lock, True, started + wait, self.root)
                 used = self._evict_for(size, limit)
                 if used + size <= limit:
                     _private_dirs(os.path.dirname(part))
-                    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                    fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                     try:
                         _preallocate(fd, size)
                     except OSError as e:
                         os.close(fd)
-                        with contextlib.suppress(OSError):
-                            os.unlink(part)
+                        os.unlink(part)
                         raise located(
                             FetchError,
                             url,
@@ -679,16 +788,20 @@ class ShardCache:
                             f"no room for {size} bytes in the cache {self.root}: {e.strerror or e}",
                         ) from e
                     return fd
-            if time.monotonic() > deadline:
+            finally:
+                _close_locked_fd(lock)
+            if not wait_for_room:
+                raise NoRoom(f"{url}: no room in the cache now")
+            if time.monotonic() - started > wait:
                 raise StokerError(
-                    f"{url}: cache {self.root} is full ({used} of {limit} bytes) of "
-                    f"shards in use; waited {time.monotonic() - started:.0f} s for room for {size} "
+                    f"{url}: cache {self.root} is full ({used} of {limit} bytes) of shards "
+                    f"in use; waited {time.monotonic() - started:.0f} s for room for {size} "
                     "bytes: raise cache_limit, or run fewer processes on it"
                 )
             if not waited:
                 log.info("%s: cache full of shards in use; waiting for room", self.root)
                 waited = True
-            time.sleep(0.05)
+            time.sleep(0.1)
 
     def usage(self) -> int:
         """Bytes in the cache: complete shards and downloads in flight."""
@@ -699,18 +812,20 @@ class ShardCache:
         for folder, dirs, files in os.walk(self.root):
             if folder == self.root:
                 dirs[:] = [d for d in dirs if d != _LOCKS]
+                files = [f for f in files if f != _MARKER]
             for name in files:
                 path = os.path.join(folder, name)
                 try:
-                    st = os.stat(path)
+                    st = os.lstat(path)
                 except FileNotFoundError:
                     continue
                 out.append((path, st.st_size, st.st_atime_ns))
         return out
 
     def _evict_for(self, size: int, limit: int) -> int:
-        """Under the cache lock: remove orphaned downloads, then least recently used
-        unheld shards until `size` more bytes fit. Returns the bytes then in use."""
+        """Under the cache lock: remove downloads whose downloader died, then the least
+        recently used shards no one holds, until `size` more bytes fit. Returns the bytes
+        then in the cache."""
         files = self._files()
         used = sum(s for _, s, _ in files)
         for path, s, _ in files:
@@ -719,35 +834,33 @@ class ShardCache:
         if used + size <= limit:
             return used
         held = set(self.held())
-        for path, s, _ in sorted(
-            (f for f in files if not f[0].endswith(_PART)), key=lambda f: f[2]
-        ):
+        complete = [f for f in files if not f[0].endswith(_PART)]
+        for path, s, _ in sorted(complete, key=lambda f: f[2]):  # least recently used first
             if used + size <= limit:
                 break
-            if path in held:
-                continue
-            if self._evict(path):
+            if path not in held and self._evict(path):
                 used -= s
         return used
 
     def _orphaned(self, part: str) -> bool:
-        """A partial download whose downloader is gone: removed (True) or not."""
-        fd = os.open(
-            self._lock_file(part[: -len(_PART)]), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600
-        )
+        """Remove a partial download whose downloader is gone; True if it was removed."""
+        fd = _open_locked_fd(self._lock_file(part[: -len(_PART)]), os.O_RDWR | os.O_CREAT)
         try:
             if not _try_lock(fd, True):
                 return False
-            with contextlib.suppress(FileNotFoundError):
+            try:
                 os.unlink(part)
+            except FileNotFoundError:  # finished and renamed meanwhile: not an orphan
+                return False
             log.info("removed %s, left by a download that did not finish", part)
             return True
         finally:
-            os.close(fd)
+            _close_locked_fd(fd)
 
     def _evict(self, path: str) -> bool:
+        """Remove the shard at `path` unless some process holds it; True if it is gone."""
         try:
-            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            fd = _open_locked_fd(path, os.O_RDWR)
         except FileNotFoundError:
             return True
         try:
@@ -757,7 +870,7 @@ class ShardCache:
             log.debug("evicted %s", path)
             return True
         finally:
-            os.close(fd)
+            _close_locked_fd(fd)
 
 
 def _preallocate(fd: int, size: int) -> None:
@@ -772,13 +885,12 @@ def _preallocate(fd: int, size: int) -> None:
 
 
 _caches: dict[str, ShardCache] = {}
-_caches_lock = threading.Lock()
 
 
 def cache_for(root: str) -> ShardCache:
-    """The process's ShardCache for `root`: one per directory, so holds are counted once."""
+    """The process's ShardCache for `root`: one per folder, so holds are counted once."""
     root = os.path.abspath(root)
-    with _caches_lock:
+    with _registry_lock:
         cache = _caches.get(root)
         if cache is None:
             cache = _caches[root] = ShardCache(root)
@@ -795,14 +907,18 @@ def _private_dirs(path: str) -> None:
         os.mkdir(path, 0o700)
 
 
-def _reset_locks_after_fork() -> None:
-    global _fetchers_lock, _caches_lock, _executor
-    _fetchers_lock = threading.Lock()
-    _caches_lock = threading.Lock()
-    _executor = None  # its threads do not exist in the child
+def _after_fork_in_child() -> None:
+    global _registry_lock
+    _registry_lock = threading.Lock()
+    for fd in _lock_fds:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    _lock_fds.clear()
     for cache in _caches.values():
-        cache._mutex = threading.Lock()
-        cache._after_fork()
+        cache._forget_holds()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 # -- one dataset's remote shards ----------------------------------------------------
@@ -811,27 +927,12 @@ def _reset_locks_after_fork() -> None:
 @dataclass
 class RemoteShard:
     url: str
-    name: str  # where it lives under the cache root
     format: str
     size: int | None = None
     sha256: str | None = None
     samples: int | None = None
     fields: list[str] | None = None
-
-
-_executor: concurrent.futures.ThreadPoolExecutor | None = None
-_executor_pid = 0
-
-
-def _acquire_pool(workers: int) -> concurrent.futures.ThreadPoolExecutor:
-    # Threads that wait for shards (locks, downloads); the network work itself is on the
-    # event loop. One pool per process, made again in a forked child.
-    global _executor, _executor_pid
-    with _caches_lock:
-        if _executor is None or _executor_pid != os.getpid():
-            _executor = concurrent.futures.ThreadPoolExecutor(workers, "stoker-shards")
-            _executor_pid = os.getpid()
-        return _executor
+    name: str = ""  # where it lives under the cache root, once size and sha256 are known
 
 
 #: Read-ahead of the header walk over a tar shard that has no manifest entry.
@@ -849,7 +950,8 @@ class RemoteShards:
         options: FetchOptions | None,
     ) -> None:
         self.options = options or FetchOptions()
-        self.cache_dir = os.fspath(cache_dir) if cache_dir is not None else None
+        # Resolved now: a child process may run in another working directory.
+        self.cache_dir = os.path.abspath(os.fspath(cache_dir or default_cache_root()))
         self.cache_limit = cache_limit
         self.shards = shards
         self._cache: ShardCache | None = None
@@ -864,62 +966,59 @@ class RemoteShards:
     @property
     def cache(self) -> ShardCache:
         if self._cache is None:
-            self._cache = cache_for(self.cache_dir or default_cache_root())
+            self._cache = cache_for(self.cache_dir)
         return self._cache
 
     @property
     def limit(self) -> int:
         if self._limit is None:
-            self._limit = (
-                int(self.cache_limit)
-                if self.cache_limit is not None
-                else self.cache.default_limit()
-            )
+            given = self.cache_limit
+            self._limit = int(given) if given is not None else self.cache.default_limit()
         return self._limit
 
     @property
     def fetcher(self) -> Fetcher:
         return fetcher_for(self.options)
 
-    def describe(self, probe_threads: int) -> None:
-        """Learn each shard's size and samples that no manifest gave: a manifest beside the
-        shards if there is one, else the headers, read with range requests."""
-        from stoker import _core
+    def path_of(self, i: int) -> str:
+        return self.cache.path_of(self.shards[i].name)
 
+    def describe(self) -> None:
+        """Learn each shard's size and samples that no manifest gave: from a manifest beside
+        the shards if there is one, else from their headers, read with range requests."""
         missing = [s for s in self.shards if s.size is None or s.samples is None]
-        if not missing:
-            return
-        fetcher = self.fetcher
-        self._adopt_manifests(missing)
-        missing = [s for s in missing if s.size is None or s.samples is None]
+        if missing:
+            self._adopt_manifests(missing)
+            missing = [s for s in missing if s.size is None or s.samples is None]
         if missing:
             log.info(
                 "%d remote shard(s) have no manifest entry: reading their headers with range "
-                "requests (write a stoker.json beside them to skip this)",
+                "requests (a stoker.json beside them saves this)",
                 len(missing),
             )
+            pool = shard_pool(self.options.connections)
+            for future in [pool.submit(lambda s=s: self._probe(s)) for s in missing]:
+                wait_result(future)
+        for shard in self.shards:
+            shard.name = cache_name(shard.url, shard.sha256)
 
-        def probe(shard: RemoteShard) -> None:
+    def _probe(self, shard: RemoteShard) -> None:
+        from stoker import _core
+
+        fetcher = self.fetcher
+        if shard.size is None:
+            shard.size = fetcher.call(fetcher.size_of(shard.url))
             if shard.size is None:
-                shard.size = fetcher.call(fetcher.size_of(shard.url))
-                if shard.size is None:
-                    raise located(FetchError, shard.url, 0, "the server does not say its size")
-            if shard.samples is None:
+                raise located(FetchError, shard.url, 0, "the server does not say its size")
 
-                def read(offset: int, length: int) -> bytes:
-                    return fetcher.call(fetcher.read_range(shard.url, offset, length))
+        def read(offset: int, length: int) -> bytes:
+            return fetcher.call(fetcher.read_range(shard.url, offset, length))
 
-                index = _core.index_remote(shard.url, shard.size, shard.format, read, PROBE_WINDOW)
-                if shard.format == "npy":
-                    shard.samples = int(index["shape"][0])
-                    shard.fields = ["npy"]
-                else:
-                    shard.samples = len(index["keys"])
-                    shard.fields = list(index["field_names"])
-
-        with concurrent.futures.ThreadPoolExecutor(max(1, probe_threads)) as pool:
-            for future in [pool.submit(probe, s) for s in missing]:
-                future.result()
+        index = _core.index_remote(shard.url, shard.size, shard.format, read, PROBE_WINDOW)
+        if shard.format == "npy":
+            shard.samples, shard.fields = int(index["shape"][0]), ["npy"]
+        else:
+            shard.samples, shard.fields = len(index["keys"]), list(index["field_names"])
 
     def _adopt_manifests(self, shards: list[RemoteShard]) -> None:
         """Use the ``stoker.json`` beside the shards, where there is one that lists them:
@@ -933,37 +1032,34 @@ class RemoteShards:
         for folder, members in folders.items():
             url = folder + MANIFEST_NAME
             try:
-                data = fetcher.call(fetcher.read_all(url))
-                listed = dict(parse_manifest(data, url))
-            except (FetchError, StokerError) as e:
-                if getattr(e, "status", None) not in (None, 401, 403, 404, 410):
-                    raise
+                listed = dict(parse_manifest(fetcher.call(fetcher.read_all(url)), url))
+            except FetchError as e:
+                if getattr(e, "status", None) is None:
+                    raise  # the server is not answering: the shards would fail too
                 log.debug("%s: no manifest (%s)", url, e)
                 continue
             for shard in members:
                 entry = listed.get(shard.url)
-                if entry is None:
-                    continue
-                shard.size = entry.get("bytes", shard.size)
-                shard.samples = entry.get("samples", shard.samples)
-                shard.sha256 = entry.get("sha256", shard.sha256)
-                if isinstance(entry.get("fields"), list):
-                    shard.fields = list(entry["fields"])
-
-    def cache_need(self, shards: int) -> int:
-        """Bytes the largest `shards` shards take: what holding that many at once needs."""
-        sizes = sorted((s.size or 0 for s in self.shards), reverse=True)
-        return sum(sizes[:shards])
+                if entry is not None:
+                    apply_entry(shard, entry)
 
     # -- acquire / release --------------------------------------------------------
 
-    def acquire(self, i: int, progress: Callable[[int], None] | None = None) -> Hold:
+    def acquire(
+        self, i: int, progress: Callable[[int], None] | None = None, wait_for_room: bool = True
+    ) -> Hold:
         """Hold shard `i` in the cache, fetching it if needed (blocks)."""
         shard = self.shards[i]
         assert shard.size is not None
-        path = self.cache.path_of(shard.name)
         return self.cache.fetch(
-            shard.url, path, shard.size, shard.sha256, self.fetcher, self.limit, progress
+            shard.url,
+            self.path_of(i),
+            shard.size,
+            shard.sha256,
+            self.fetcher,
+            self.limit,
+            progress,
+            wait_for_room,
         )
 
     def start(self, i: int, then: Callable[[Hold], Any] | None = None) -> concurrent.futures.Future:
@@ -973,10 +1069,30 @@ class RemoteShards:
             hold = self.acquire(i)
             return then(hold) if then is not None else hold
 
-        return _acquire_pool(self.options.connections).submit(task)
+        return shard_pool(self.options.connections).submit(task)
+
+    def warm(self, i: int) -> concurrent.futures.Future:
+        """Fetch shard `i` into the cache without holding it, if there is room now: a
+        prefetch that never crowds out the shards being read."""
+
+        def task() -> bool:
+            try:
+                self.acquire(i, wait_for_room=False)
+            except NoRoom:
+                return False
+            self.release(i)
+            return True
+
+        return shard_pool(self.options.connections).submit(task)
 
     def release(self, i: int) -> bool:
-        return self.cache.release(self.cache.path_of(self.shards[i].name))
+        return self.cache.release(self.path_of(i))
 
 
-os.register_at_fork(after_in_child=_reset_locks_after_fork)
+def apply_entry(shard: RemoteShard, entry: dict) -> None:
+    """What a manifest entry says of a shard: bytes, samples, sha256, fields."""
+    shard.size = entry.get("bytes", shard.size)
+    shard.samples = entry.get("samples", shard.samples)
+    shard.sha256 = entry.get("sha256", shard.sha256)
+    if isinstance(entry.get("fields"), list):
+        shard.fields = [str(f) for f in entry["fields"]]

@@ -20,6 +20,7 @@ MANIFEST_NAME = "stoker.json"
 
 _BRACE = re.compile(r"\{([^{}]*)\}")
 _RANGE = re.compile(r"^(-?\d+)\.\.(-?\d+)$")
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
 _SCHEME = re.compile(r"^[A-Za-z][A-Za-z0-9+.-]*://")
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 
@@ -104,6 +105,13 @@ def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
                 raise located(
                     ShardFormatError, where, 0, f"manifest shard {i}: {key!r} is not a count"
                 )
+        if "sha256" in entry:
+            digest = entry["sha256"]
+            if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+                raise located(
+                    ShardFormatError, where, 0, f"manifest shard {i}: 'sha256' is not a digest"
+                )
+            entry = {**entry, "sha256": digest.lower()}
         if is_url(where):
             location = urllib.parse.urljoin(where, entry["path"])
             if not is_url(location):

@@ -1,0 +1,578 @@
+"""Remote shards: stoker (cold cache) against the seeds' download-unzip-read pipeline and
+WebDataset streaming, all over one local HTTP link of known speed.
+
+    python benchmarks/remote.py [--samples 20000] [--runs 3] [--connections 4]
+                                [--latency 0.02] [--bandwidth 20e6] [--json FILE]
+
+The workload of benchmarks/loaders.py (N samples of a 3x64x64 uint8 image and an integer
+label, shuffled, batches of 64, each batch an image tensor and a label tensor) is written
+once under --data as the seeds' format, zip shards of per-sample files (``KEY.image``,
+``KEY.cls``, stored) with a ``stoker.json`` beside them, and as tar shards in the
+WebDataset convention with the same samples. ``python -m stoker.serve`` serves both in its
+own process (no GIL shared with the loaders), with ``--latency`` seconds before every
+response and ``--bandwidth`` bytes/s paced per response, that is per connection. Every
+loader gets ``--connections`` connections, so the link limit is connections x bandwidth.
+
+The loaders, each measured in a fresh process reading one epoch:
+
+- stoker, cold cache: ``stoker.Dataset`` of the manifest's URL with an empty cache
+  directory, ``stoker.Loader`` with ``fields=``;
+- the seeds' approach done correctly: an SPDL pipeline downloads each zip shard with
+  aiohttp (``connections`` at once) to a temporary name and renames it when whole, unzips
+  it (``zipfile.extractall``) into a temporary folder renamed when complete, reads the
+  per-sample files into arrays, and deletes both. Unzipping and reading run in
+  ``connections`` worker processes (in threads they convoy on the GIL: 2-3x slower). The
+  main thread mixes the samples of about ``--window`` shards at a time, as stoker's
+  ``shuffle_window`` does, into batches;
+- WebDataset streaming the tar shards over HTTP (through ``curl``, its default opener for
+  http URLs; where there is no curl, a ``pipe:`` URL of a small urllib copier) with a
+  1,000-sample shuffle buffer, batched to 64, in a DataLoader with ``connections`` workers
+  (each streams its own shards: ``connections`` connections).
+
+The clock starts after the imports: time to first batch covers opening the dataset and
+building the loader. MB/s is the shards' bytes (zip or tar, whichever the loader reads)
+over the whole epoch's wall time. The loaders take turns for --runs rounds and the table
+shows medians. Each measurement's scratch space (stoker's cache, the seeds' downloads) is
+a new temporary folder, deleted after it; the server is stopped however the run ends.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import contextlib
+import io
+import json
+import multiprocessing
+import os
+import re
+import resource
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+
+import numpy as np
+
+SHAPE = (3, 64, 64)
+BATCH = 64
+IMAGE_BYTES = int(np.prod(SHAPE))
+
+
+# -- data ---------------------------------------------------------------------
+
+
+def prepare(folder: str, n: int, per_shard: int) -> dict:
+    """Write the zip shards, their manifest and the tar shards, unless a stamp says they are
+    there for these settings. Returns the stamp: shard names, bytes and the labels' sum."""
+    stamp_path = os.path.join(folder, ".done")
+    want = {"samples": n, "per_shard": per_shard}
+    if os.path.exists(stamp_path):
+        with open(stamp_path) as f:
+            stamp = json.load(f)
+        if all(stamp.get(k) == v for k, v in want.items()):
+            return stamp
+        os.unlink(stamp_path)
+    zips, tars = os.path.join(folder, "zip"), os.path.join(folder, "tar")
+    for d in (zips, tars):
+        shutil.rmtree(d, ignore_errors=True)
+        os.makedirs(d)
+    shards = -(-n // per_shard)
+    label_sum = 0
+    names = []
+    for s in range(shards):
+        rng = np.random.default_rng([0, s])
+        first, last = s * per_shard, min(n, (s + 1) * per_shard)
+        images = rng.integers(0, 256, (last - first, *SHAPE), dtype=np.uint8)
+        labels = rng.integers(0, 1000, last - first)
+        label_sum += int(labels.sum())
+        name = f"shard-{s:06d}"
+        names.append(name)
+        with zipfile.ZipFile(os.path.join(zips, name + ".zip"), "w", zipfile.ZIP_STORED) as z:
+            for j in range(last - first):
+                key = f"{first + j:07d}"
+                z.writestr(f"{key}.image", images[j].tobytes())
+                z.writestr(f"{key}.cls", b"%d" % labels[j])
+        with tarfile.open(os.path.join(tars, name + ".tar"), "w") as tar:
+            for j in range(last - first):
+                key = f"{first + j:07d}"
+                for field, data in (("image", images[j].tobytes()), ("cls", b"%d" % labels[j])):
+                    info = tarfile.TarInfo(f"{key}.{field}")
+                    info.size = len(data)
+                    tar.addfile(info, io.BytesIO(data))
+    from stoker.manifest import write_manifest
+
+    write_manifest([os.path.join(zips, name + ".zip") for name in names], zips)
+    stamp = {
+        **want,
+        "shards": names,
+        "label_sum": label_sum,
+        "zip_bytes": sum(os.path.getsize(os.path.join(zips, m + ".zip")) for m in names),
+        "tar_bytes": sum(os.path.getsize(os.path.join(tars, m + ".tar")) for m in names),
+    }
+    with open(stamp_path, "w") as f:
+        json.dump(stamp, f)
+    return stamp
+
+
+# -- the server ---------------------------------------------------------------
+
+
+class Server:
+    """``python -m stoker.serve`` in its own process group; stopped by ``stop()``."""
+
+    def __init__(self, root: str, latency: float, bandwidth: float, log: str) -> None:
+        self.log = log
+        with open(log, "w") as out:
+            self.proc = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "stoker.serve",
+                    root,
+                    "--port",
+                    "0",
+                    "--latency",
+                    repr(latency),
+                    "--bandwidth",
+                    repr(bandwidth),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=out,
+                start_new_session=True,
+            )
+        try:
+            self.url = self._wait_url(deadline=time.monotonic() + 60)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_url(self, deadline: float) -> str:
+        """The URL the server logs once it listens, after its port answers."""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                with open(self.log) as f:
+                    raise RuntimeError(f"the server exited early:\n{f.read()[-2000:]}")
+            with open(self.log) as f:
+                found = re.search(r" at (http://[\d.]+:(\d+))", f.read())
+            if found:
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", int(found.group(2))), 1).close()
+                    return found.group(1)
+            time.sleep(0.05)
+        raise RuntimeError("the server did not answer within 60 s")
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server has used so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+
+# -- one loader, in a child process --------------------------------------------
+
+
+def run_stoker(url: str, stamp: dict, scratch: str, args):
+    import stoker
+
+    ds = stoker.Dataset(
+        f"{url}/zip/stoker.json",
+        cache_dir=os.path.join(scratch, "cache"),
+        fetch=stoker.FetchOptions(connections=args.connections),
+    )
+    return stoker.Loader(
+        ds,
+        BATCH,
+        shuffle=True,
+        seed=0,
+        shuffle_window=args.window,
+        fields={"image": stoker.Raw(SHAPE, "uint8"), "cls": stoker.Int()},
+    )
+
+
+def _unzip(path: str) -> str:
+    """The seeds' unzip stage: the shard's members as files in a folder beside it, which
+    appears (by rename) only once complete; the zip is deleted after."""
+    folder = path[: -len(".zip")]
+    part = folder + ".part"
+    with zipfile.ZipFile(path) as z:
+        z.extractall(part)  # members' CRCs are checked as they are read
+    os.rename(part, folder)
+    os.unlink(path)
+    return folder
+
+
+def _read(folder: str) -> tuple[np.ndarray, np.ndarray]:
+    """The seeds' read stage: every sample's files of an unzipped shard decoded into an
+    image array and a label array; the folder is deleted after."""
+    keys = sorted({name.split(".", 1)[0] for name in os.listdir(folder)})
+    images = np.empty((len(keys), *SHAPE), np.uint8)
+    labels = np.empty(len(keys), np.int64)
+    for j, key in enumerate(keys):
+        with open(os.path.join(folder, key + ".image"), "rb") as f:
+            if f.readinto(memoryview(images[j]).cast("B")) != IMAGE_BYTES or f.read(1):
+                raise ValueError(f"{folder}/{key}.image is not {IMAGE_BYTES} bytes")
+        with open(os.path.join(folder, key + ".cls"), "rb") as f:
+            labels[j] = int(f.read())
+    shutil.rmtree(folder)
+    return images, labels
+
+
+def run_seeds(url: str, stamp: dict, scratch: str, args):
+    """The seeds' SPDL pipeline (download, unzip, read), written so that no stage ever sees
+    a file another is still writing: downloads and extractions land under temporary names
+    and are renamed when complete, and each stage only gets what the one before finished."""
+    import aiohttp
+    import torch
+    from spdl.pipeline import PipelineBuilder
+
+    names = stamp["shards"]
+    order = np.random.default_rng(0).permutation(len(names)).tolist()
+
+    async def download(i: int) -> str:
+        final = os.path.join(scratch, names[i] + ".zip")
+        part = final + ".part"
+        got = 0
+        # One session per download, as the seeds write it (the server's latency is per
+        # request, so a reused connection would save nothing here).
+        async with (
+            aiohttp.ClientSession() as session,
+            session.get(f"{url}/zip/{names[i]}.zip") as response,
+        ):
+            response.raise_for_status()
+            expected = response.content_length
+            with open(part, "wb") as f:
+                async for chunk in response.content.iter_chunked(1 << 20):
+                    f.write(chunk)
+                    got += len(chunk)
+        if expected is not None and got != expected:
+            raise OSError(f"{names[i]}: {got} of {expected} bytes")
+        os.replace(part, final)
+        return final
+
+    def builder(pool: concurrent.futures.Executor) -> PipelineBuilder:
+        return (
+            PipelineBuilder()
+            .add_source(order)
+            .pipe(download, concurrency=args.connections)
+            .pipe(_unzip, concurrency=args.connections, executor=pool)
+            .pipe(_read, concurrency=args.connections, executor=pool)
+            .add_sink(2)
+        )
+
+    window = args.window
+
+    class Run:  # a pipeline runs once: one per epoch
+        """Batches mixed as stoker mixes them: the shard that arrives p-th gives its samples
+        keys uniform in [p, p + window), and samples go out in key order as soon as no
+        later shard can come before them."""
+
+        def __iter__(self):
+            rng = np.random.default_rng(0)
+            held: dict[int, list] = {}  # arrival number -> [images, labels, samples left]
+            waiting = np.empty(0), np.empty(0, np.int64), np.empty(0, np.int64)  # key, shard, row
+            ready = np.empty(0, np.int64), np.empty(0, np.int64)  # shard, row, in order
+
+            def take(count: int):
+                nonlocal ready
+                shards, rows = ready[0][:count], ready[1][:count]
+                ready = ready[0][count:], ready[1][count:]
+                images = np.empty((len(rows), *SHAPE), np.uint8)
+                labels = np.empty(len(rows), np.int64)
+                for s in np.unique(shards).tolist():
+                    mask = shards == s
+                    images[mask] = held[s][0][rows[mask]]
+                    labels[mask] = held[s][1][rows[mask]]
+                    held[s][2] -= int(mask.sum())
+                    if held[s][2] == 0:
+                        del held[s]
+                return torch.from_numpy(images), torch.from_numpy(labels)
+
+            def release(bound: float):
+                nonlocal waiting, ready
+                go = waiting[0] < bound
+                by_key = np.argsort(waiting[0][go], kind="stable")
+                shards, rows = (w[go][by_key] for w in waiting[1:])
+                ready = np.concatenate([ready[0], shards]), np.concatenate([ready[1], rows])
+                waiting = tuple(w[~go] for w in waiting)
+
+            # Unzipping and reading are many small file operations with Python around
+            # each: in threads they convoy on the GIL, so they get processes, forked (all
+            # at once, by the first task) before the pipeline's threads exist.
+            pool = concurrent.futures.ProcessPoolExecutor(
+                args.connections, mp_context=multiprocessing.get_context("fork")
+            )
+            list(pool.map(int, range(args.connections)))
+            pipeline = builder(pool).build(num_threads=args.connections)
+            with contextlib.ExitStack() as stack:
+                stack.callback(pool.shutdown)
+                stack.enter_context(pipeline.auto_stop())
+                for p, (images, labels) in enumerate(pipeline):
+                    n = len(labels)
+                    held[p] = [images, labels, n]
+                    keys = p + rng.random(n) * window
+                    waiting = (
+                        np.concatenate([waiting[0], keys]),
+                        np.concatenate([waiting[1], np.full(n, p, np.int64)]),
+                        np.concatenate([waiting[2], np.arange(n, dtype=np.int64)]),
+                    )
+                    release(p + 1)  # every later shard's keys are at least p + 1
+                    while len(ready[0]) >= BATCH:
+                        yield take(BATCH)
+            release(np.inf)
+            while len(ready[0]):
+                yield take(BATCH)
+
+    return Run()
+
+
+_COPY_URL = (
+    "import shutil, sys, urllib.request; "
+    "shutil.copyfileobj(urllib.request.urlopen(sys.argv[1]), sys.stdout.buffer, 1 << 20)"
+)
+
+
+def run_webdataset(url: str, stamp: dict, scratch: str, args):
+    import torch
+    import webdataset as wds
+
+    urls = [f"{url}/tar/{name}.tar" for name in stamp["shards"]]
+    if shutil.which("curl") is None:  # webdataset opens http URLs with curl: stand in for it
+        urls = [f"pipe:{sys.executable} -c '{_COPY_URL}' {u}" for u in urls]
+
+    def to_tensors(sample):
+        image = torch.frombuffer(bytearray(sample["image"]), dtype=torch.uint8).reshape(SHAPE)
+        return image, int(sample["cls"])
+
+    pipeline = (
+        wds.WebDataset(urls, shardshuffle=len(urls), seed=0, empty_check=False)
+        .shuffle(1000)
+        .map(to_tensors)
+        .batched(BATCH)
+    )
+    return wds.WebLoader(pipeline, batch_size=None, num_workers=args.connections)
+
+
+LOADERS = {
+    "stoker, cold cache": ("zip", run_stoker),
+    "seeds' approach (SPDL: download, unzip, read)": ("zip", run_seeds),
+    "WebDataset over HTTP": ("tar", run_webdataset),
+}
+BASELINE = "seeds' approach (SPDL: download, unzip, read)"
+
+
+def child(name: str, url: str, stamp: dict, scratch: str, args) -> None:
+    import aiohttp  # noqa: F401 - imports are not what is measured
+    import spdl.pipeline  # noqa: F401
+    import torch
+    import webdataset  # noqa: F401
+
+    import stoker  # noqa: F401
+
+    def cpu_seconds() -> float:  # this process's and its waited-for children's
+        usage = [resource.getrusage(w) for w in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)]
+        return sum(u.ru_utime + u.ru_stime for u in usage)
+
+    cpu = cpu_seconds()
+    start = time.perf_counter()
+    loader = LOADERS[name][1](url, stamp, scratch, args)
+    first, samples, label_sum = None, 0, 0
+    for batch in loader:
+        if first is None:
+            first = time.perf_counter() - start
+        images, labels = (batch["image"], batch["cls"]) if isinstance(batch, dict) else batch
+        if images.dtype != torch.uint8 or tuple(images.shape[1:]) != SHAPE:
+            raise ValueError(f"images of {images.dtype} {tuple(images.shape)}")
+        samples += len(images)
+        label_sum += int(labels.sum())
+    seconds = time.perf_counter() - start
+    cpu = cpu_seconds() - cpu
+    if first is None:  # no batch at all
+        first = seconds
+    print(
+        json.dumps(
+            {
+                "first": first,
+                "seconds": seconds,
+                "samples": samples,
+                "label_sum": label_sum,
+                "cpu_s": cpu,
+            }
+        )
+    )
+
+
+def measure(name: str, args, server: Server, work: str) -> dict | None:
+    """One epoch of `name` in a fresh process, with fresh scratch space removed after."""
+    scratch = tempfile.mkdtemp(prefix="scratch-", dir=work)
+    server_cpu = server.cpu_seconds()
+    command = [sys.executable, __file__, "--child", name, "--url", server.url]
+    command += ["--scratch", scratch]
+    command += [
+        f"--{k}={getattr(args, k.replace('-', '_'))}"
+        for k in ("samples", "shard-samples", "connections", "window", "data")
+    ]
+    proc = subprocess.Popen(
+        command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True
+    )
+    try:
+        out, err = proc.communicate(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        out, err = "", f"timed out after {args.timeout} s"
+    finally:  # the child's own children too (DataLoader workers, curl)
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        shutil.rmtree(scratch, ignore_errors=True)
+    if proc.returncode != 0 or not out.strip():
+        print(f"{name}: failed\n{err[-3000:]}", file=sys.stderr)
+        return None
+    result = json.loads(out.strip().splitlines()[-1])
+    result["server_cpu_s"] = server.cpu_seconds() - server_cpu
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--samples", type=int, default=20_000)
+    parser.add_argument("--shard-samples", type=int, default=1000, help="samples per shard")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--connections", type=int, default=4, help="per loader")
+    parser.add_argument("--latency", type=float, default=0.02, help="seconds per request")
+    parser.add_argument("--bandwidth", type=float, default=20e6, help="bytes/s per connection")
+    parser.add_argument("--window", type=int, default=8, help="shards shuffled together")
+    parser.add_argument("--only", nargs="*", help="substrings of the loader names to run")
+    parser.add_argument("--timeout", type=float, default=900, help="seconds per measurement")
+    parser.add_argument("--json", help="write the raw results here")
+    parser.add_argument(
+        "--tmp",
+        help="where scratch space goes (stoker's cache, the seeds' downloads and "
+        "unzipped files); default: the system's temporary folder",
+    )
+    parser.add_argument("--data", default=os.path.join("bench-data", "remote"))
+    parser.add_argument("--child", help=argparse.SUPPRESS)
+    parser.add_argument("--url", help=argparse.SUPPRESS)
+    parser.add_argument("--scratch", help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    folder = os.path.join(args.data, str(args.samples))
+    if args.child:
+        with open(os.path.join(folder, ".done")) as f:
+            stamp = json.load(f)
+        child(args.child, args.url, stamp, args.scratch, args)
+        return
+    os.makedirs(folder, exist_ok=True)
+    stamp = prepare(folder, args.samples, args.shard_samples)
+    names = [n for n in LOADERS if not args.only or any(o in n for o in args.only)]
+    results: dict[str, list[dict]] = {n: [] for n in names}
+    work = tempfile.mkdtemp(prefix="stoker-remote-", dir=args.tmp)  # server log, scratch
+    server = None
+    try:
+        server = Server(folder, args.latency, args.bandwidth, os.path.join(work, "serve.log"))
+        for _ in range(args.runs):
+            for name in names:
+                result = measure(name, args, server, work)
+                if result is None:
+                    continue
+                if (result["samples"], result["label_sum"]) != (args.samples, stamp["label_sum"]):
+                    print(
+                        f"{name}: read {result['samples']} samples with labels summing to "
+                        f"{result['label_sum']}, expected {args.samples} and "
+                        f"{stamp['label_sum']}",
+                        file=sys.stderr,
+                    )
+                    result["wrong"] = True
+                results[name].append(result)
+    finally:
+        if server is not None:
+            server.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    report(args, stamp, results)
+
+
+def report(args, stamp: dict, results: dict[str, list[dict]]) -> None:
+    link = args.connections * args.bandwidth
+    shards = len(stamp["shards"])
+    print(
+        f"{args.samples} samples of {SHAPE} uint8 + label in {shards} shards "
+        f"({stamp['zip_bytes'] / 1e6:.0f} MB zip, {stamp['tar_bytes'] / 1e6:.0f} MB tar), "
+        f"shuffled, batches of {BATCH}, one epoch from a cold start, median of {args.runs} "
+        f"runs, {os.cpu_count()} cores, scratch space in {args.tmp or tempfile.gettempdir()}."
+    )
+    print(
+        f"Link: {args.connections} connections x {args.bandwidth / 1e6:g} MB/s, "
+        f"{args.latency * 1e3:g} ms per request: link limit {link / 1e6:g} MB/s "
+        f"= {link / (stamp['zip_bytes'] / args.samples):,.0f} samples/s of zip, "
+        f"{link / (stamp['tar_bytes'] / args.samples):,.0f} of tar."
+    )
+    opener = "curl" if shutil.which("curl") else "a pipe: to python's urllib (no curl here)"
+    print(f"WebDataset opens the http URLs with {opener}.")
+    if shards < 4 * args.connections:
+        print(
+            f"Note: only {shards} shards for {args.connections} connections: the first and "
+            "last transfers leave connections idle, so no loader nears the link limit; use "
+            "more --samples for that."
+        )
+    print()
+    print(
+        "| loader | 1st batch (s) | samples/s | MB/s | x seeds' | of link limit "
+        "| loader CPU (cores) | server CPU (cores) |"
+    )
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name])
+
+    def rate(name: str) -> float:
+        return statistics.median(r["samples"] / r["seconds"] for r in results[name])
+
+    base = rate(BASELINE) if results.get(BASELINE) else None
+    for name, rs in results.items():
+        if not rs:
+            print(f"| {name} | failed | | | | | | |")
+            continue
+        fmt = LOADERS[name][0]
+        mb_s = statistics.median(stamp[f"{fmt}_bytes"] / r["seconds"] for r in rs)
+        cpu = statistics.median(r["cpu_s"] / r["seconds"] for r in rs)
+        server_cpu = statistics.median(r["server_cpu_s"] / r["seconds"] for r in rs)
+        ratio = f"{rate(name) / base:.2f}x" if base else "-"
+        wrong = " (wrong data!)" if any(r.get("wrong") for r in rs) else ""
+        print(
+            f"| {name}{wrong} | {median(name, 'first'):.2f} | {rate(name):,.0f} "
+            f"| {mb_s / 1e6:.1f} | {ratio} | {mb_s / link:.0%} | {cpu:.2f} | {server_cpu:.2f} |"
+        )
+    ours = "stoker, cold cache"
+    if results.get(ours):
+        fraction = statistics.median(stamp["zip_bytes"] / r["seconds"] for r in results[ours])
+        ratio = f", {rate(ours) / base:.1f}x the seeds' approach (target: 2x)" if base else ""
+        print(
+            f"\nstoker: {fraction / link:.0%} of the link limit (target: 90% where the link "
+            f"is the bottleneck){ratio}."
+        )
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(
+                {"args": vars(args), "data": stamp, "link_bytes_per_s": link, "results": results},
+                f,
+                indent=1,
+            )
+
+
+if __name__ == "__main__":
+    main()
