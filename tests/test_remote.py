@@ -486,18 +486,40 @@ def test_manifest_json_is_what_write_manifest_wrote(data):
 # -- prefetch -------------------------------------------------------------------------
 
 
-def test_shards_are_fetched_in_the_order_batches_need_them(server, data, tmp_path):
-    ds = manifest_dataset(server, tmp_path, connections=1)  # one at a time: a strict order
-    loader = stoker.Loader(ds, batch_size=8, seed=5, shuffle_window=2)
-    plan = loader._plan(0)
-    first_use = []
-    for shard in ds.shards_of(plan.indices).tolist():
-        if shard not in first_use:
-            first_use.append(shard)
-    for _ in loader:
+def test_downloads_take_connections_in_priority_order(server, data, tmp_path):
+    """With one connection busy, waiting downloads go in priority order: a shard a batch
+    needs (0, rank) before read-ahead (1, rank), each by rank."""
+    from stoker.remote import fetcher_for
+
+    fetcher = fetcher_for(stoker.FetchOptions(connections=1, backoff=0.01))
+    server.fault("shard-000.tar", "slow", bandwidth=200_000)
+    order = []
+
+    async def fetch(name: str, priority: tuple[int, int]) -> None:
+        path = os.path.join(data, name)
+        fd = os.open(str(tmp_path / name), os.O_RDWR | os.O_CREAT, 0o600)
+        try:
+            await fetcher.download(
+                server.url_for(name), fd, os.path.getsize(path), None, priority=priority
+            )
+        finally:
+            os.close(fd)
+        order.append(name)
+
+    first = fetcher.submit(fetch(shard_name(0), (0, 0)))
+    time.sleep(0.2)  # it holds the one connection
+    waiting = [(shard_name(1), (1, 5)), (shard_name(2), (1, 3)), (shard_name(3), (0, 9))]
+    futures = [fetcher.submit(fetch(name, p)) for name, p in waiting]
+    for future in [first, *futures]:
+        future.result(timeout=30)
+    assert order == [shard_name(0), shard_name(3), shard_name(2), shard_name(1)]
+
+
+def test_every_shard_is_fetched_once_in_an_epoch(server, data, tmp_path):
+    ds = manifest_dataset(server, tmp_path, connections=2)
+    for _ in stoker.Loader(ds, batch_size=8, seed=5, shuffle_window=2):
         pass
-    fetched = [r.path for r in server.requests if r.path.endswith((".tar", ".zip"))]
-    assert fetched == [f"with-manifest/{shard_name(s)}" for s in first_use]
+    assert shard_gets(server) == {f"with-manifest/{shard_name(i)}": 1 for i in range(SHARDS)}
 
 
 def test_shards_download_while_earlier_ones_are_read(server, data, tmp_path):

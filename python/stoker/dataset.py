@@ -506,9 +506,12 @@ class Dataset:
             for shard, future in zip(shards[len(held) :], futures[len(held) :]):
                 future.add_done_callback(_release_when_done(self, shard))
 
-    def _start_fetch(self, shard: int) -> concurrent.futures.Future:
+    def _start_fetch(
+        self, shard: int, priority: tuple[int, int] = (0, 0)
+    ) -> concurrent.futures.Future:
         """Hold `shard` (remote) in the cache; the future's result is (hold, index or None)
-        with the index made on the shard thread when this process has none yet."""
+        with the index made on the shard thread when this process has none yet. Downloads
+        start in `priority` order (lowest first)."""
         assert self._remote is not None
         remote = self._remote
         r = self._remote_of[shard]
@@ -527,7 +530,7 @@ class Dataset:
                 remote.release(r)
                 raise
 
-        return remote.start(r, then)
+        return remote.start(r, then, priority)
 
     def _shard_arrived(self, shard: int, result: tuple[Hold, dict | None]) -> None:
         """A fetched shard is held: index it (first time) or check it is the same. On an

@@ -36,7 +36,7 @@ from stoker.sampler import (
 )
 
 _STATE_VERSION = 1
-_EXTRA_SHARDS = 2  # remote shards downloading beyond the window being read
+_EXTRA_SHARDS = 2  # remote shards fetched ahead beyond one per connection
 _INT_WIDTH = 64  # bytes of text an Int() member may have, whitespace included
 _CODEC_ASCII_INT = 2  # the reader parses the text into an int64 (io::Codec::kAsciiInt)
 
@@ -129,13 +129,15 @@ class _ShardPrefetch:
     next few in the order batches first need them are fetched ahead, unheld and only
     into free room, so read-ahead never crowds out what is being read."""
 
-    def __init__(self, ds: Dataset, plan: EpochPlan, start: int, ahead: int) -> None:
+    def __init__(self, ds: Dataset, plan: EpochPlan, start: int) -> None:
         self.ds = ds
         self.plan = plan
         self.order, _, self.last = _shard_spans(ds, plan, start)
         self.remote = np.zeros(len(ds._paths), bool)
         self.remote[list(ds._remote_of)] = True
-        self.ahead = ahead
+        # Enough fetched ahead to keep every connection busy while batches are read.
+        self.ahead = ds._remote.options.connections + _EXTRA_SHARDS
+        self.rank = {shard: i for i, shard in enumerate(self.order)}  # download priority
         self.started: dict[int, concurrent.futures.Future] = {}  # held, or on the way
         self.arrived: set[int] = set()  # held and indexed
         self.warming: dict[int, concurrent.futures.Future] = {}  # fetched ahead, unheld
@@ -146,21 +148,22 @@ class _ShardPrefetch:
         return [s for s in shards.tolist() if self.remote[s]]
 
     def pump(self, next_batch: int) -> None:
-        """Hold the shards batch `next_batch` reads, and warm the next ones in order until
-        ``ahead`` are held or warming."""
+        """Hold the shards batch `next_batch` reads, and warm the next ones in order, so
+        that ``ahead`` are warming (or warm and not needed yet)."""
         if next_batch < len(self.plan):
             for shard in self._batch_shards(next_batch):
                 self._start(shard)
-        while self.next < len(self.order) and len(self.started) + len(self.warming) < self.ahead:
+        while self.next < len(self.order) and len(self.warming) < self.ahead:
             shard = self.order[self.next]
             self.next += 1
             if shard not in self.started:
-                self.warming[shard] = self.ds._remote.warm(self.ds._remote_of[shard])
+                r = self.ds._remote_of[shard]
+                self.warming[shard] = self.ds._remote.warm(r, priority=(1, self.rank[shard]))
 
     def _start(self, shard: int) -> None:
         self.warming.pop(shard, None)  # its download, if running, is waited for by lock
         if shard not in self.started:
-            self.started[shard] = self.ds._start_fetch(shard)
+            self.started[shard] = self.ds._start_fetch(shard, priority=(0, self.rank[shard]))
 
     def ready(self, k: int) -> bool:
         """Whether every fetch batch `k` needs has ended (well or not)."""
@@ -391,11 +394,6 @@ class Loader:
 
     # -- remote shards --------------------------------------------------------
 
-    def _shards_ahead(self) -> int:
-        """Remote shards held or fetched ahead at once: the window mixed from, one more,
-        and a few beyond."""
-        return (max(1, self.shuffle_window) if self.shuffle else 1) + 1 + _EXTRA_SHARDS
-
     def _check_cache(self) -> None:
         """Refuse, now, a cache too small for what this loader holds at once (the shards of
         the batches being read); it would wait for room that never comes, later."""
@@ -443,7 +441,7 @@ class Loader:
         next_batch = self._position
         in_flight: deque[tuple[Any, Any]] = deque()
         fetch = (
-            _ShardPrefetch(self.dataset, plan, next_batch, self._shards_ahead())
+            _ShardPrefetch(self.dataset, plan, next_batch)
             if self.dataset._remote is not None
             else None
         )

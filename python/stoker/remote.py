@@ -32,6 +32,7 @@ import email.utils
 import errno
 import fcntl
 import hashlib
+import heapq
 import logging
 import math
 import os
@@ -173,6 +174,11 @@ class Fetcher:
         self._thread.daemon = True
         self._thread.start()
         self._session = self.call(self._open_session())
+        # Whole-shard downloads take turns for the connections in priority order (loop
+        # thread only): the shard a reader waits for goes before read-ahead.
+        self._free = options.connections
+        self._turns: list[tuple[tuple[int, int], int, asyncio.Future]] = []
+        self._arrivals = 0
         atexit.register(self.close)
 
     async def _open_session(self) -> Any:
@@ -213,6 +219,33 @@ class Fetcher:
         self._thread.join(timeout=2)
 
     # -- transfers ----------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def _turn(self, priority: tuple[int, int]) -> Any:
+        if self._free > 0 and not self._turns:
+            self._free -= 1
+        else:
+            waiter = self._loop.create_future()
+            self._arrivals += 1
+            heapq.heappush(self._turns, (priority, self._arrivals, waiter))
+            try:
+                await waiter
+            except asyncio.CancelledError:
+                if waiter.done() and not waiter.cancelled():
+                    self._pass_turn()  # it was handed over as we were cancelled
+                raise
+        try:
+            yield
+        finally:
+            self._pass_turn()
+
+    def _pass_turn(self) -> None:
+        while self._turns:
+            _, _, waiter = heapq.heappop(self._turns)
+            if not waiter.done():
+                waiter.set_result(None)
+                return
+        self._free += 1
 
     async def _attempts(self, url: str, offset: Callable[[], int], attempt: Any) -> Any:
         """Call `attempt()` until it succeeds, retrying what may pass; FetchError after."""
@@ -334,6 +367,7 @@ class Fetcher:
         size: int,
         sha256: str | None,
         progress: Callable[[int], None] | None = None,
+        priority: tuple[int, int] = (0, 0),
     ) -> None:
         """Write the `size` bytes of `url` into `fd` (from offset 0), checking the length and
         `sha256`. A broken transfer resumes where it stopped when the server takes ranges
@@ -406,7 +440,8 @@ class Fetcher:
                 raise _Retryable(f"sha256 {digest} does not match the manifest's {sha256}")
 
         try:
-            await self._attempts(url, lambda: state["got"], attempt)
+            async with self._turn(priority):
+                await self._attempts(url, lambda: state["got"], attempt)
         except FetchError as e:
             if state["bad"] and not isinstance(e, ChecksumError):
                 error = located(
@@ -692,6 +727,7 @@ class ShardCache:
         limit: int,
         progress: Callable[[int], None] | None = None,
         wait_for_room: bool = True,
+        priority: tuple[int, int] = (0, 0),
     ) -> Hold:
         """Hold the shard `url` at `path`, downloading it if no one has: one download per
         node; whoever else wants it waits for that one (for as long as its process lives:
@@ -709,7 +745,7 @@ class ShardCache:
                 if hold is not None:
                     return hold
                 return self._download(
-                    url, path, size, sha256, fetcher, limit, progress, wait_for_room
+                    url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority
                 )
             finally:
                 _close_locked_fd(fd)
@@ -724,6 +760,7 @@ class ShardCache:
         limit: int,
         progress: Callable[[int], None] | None,
         wait_for_room: bool,
+        priority: tuple[int, int],
     ) -> Hold:
         part = path + _PART
         fd = -1  # the part being written
@@ -732,7 +769,7 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)  # a dead downloader's: we hold this shard's lock now
             fd = self._reserve(part, size, limit, url, fetcher.options.cache_wait, wait_for_room)
-            fetcher.call(fetcher.download(url, fd, size, sha256, progress))
+            fetcher.call(fetcher.download(url, fd, size, sha256, progress, priority))
             os.fsync(fd)  # a cached shard survives a crash whole, or not at all
             os.close(fd)
             fd = -1
@@ -980,6 +1017,13 @@ class RemoteShards:
     def fetcher(self) -> Fetcher:
         return fetcher_for(self.options)
 
+    @property
+    def _threads(self) -> int:
+        # More threads than connections: a thread finishing one shard (fsync, rename,
+        # index) or making room for the next must not keep a connection idle; aiohttp's
+        # connector is what bounds the transfers.
+        return 2 * self.options.connections + 4
+
     def path_of(self, i: int) -> str:
         return self.cache.path_of(self.shards[i].name)
 
@@ -996,7 +1040,7 @@ class RemoteShards:
                 "requests (a stoker.json beside them saves this)",
                 len(missing),
             )
-            pool = shard_pool(self.options.connections)
+            pool = shard_pool(self._threads)
             for future in [pool.submit(lambda s=s: self._probe(s)) for s in missing]:
                 wait_result(future)
         for shard in self.shards:
@@ -1046,9 +1090,14 @@ class RemoteShards:
     # -- acquire / release --------------------------------------------------------
 
     def acquire(
-        self, i: int, progress: Callable[[int], None] | None = None, wait_for_room: bool = True
+        self,
+        i: int,
+        progress: Callable[[int], None] | None = None,
+        wait_for_room: bool = True,
+        priority: tuple[int, int] = (0, 0),
     ) -> Hold:
-        """Hold shard `i` in the cache, fetching it if needed (blocks)."""
+        """Hold shard `i` in the cache, fetching it if needed (blocks). A download waiting
+        for a connection goes before those of higher `priority`."""
         shard = self.shards[i]
         assert shard.size is not None
         return self.cache.fetch(
@@ -1060,30 +1109,36 @@ class RemoteShards:
             self.limit,
             progress,
             wait_for_room,
+            priority,
         )
 
-    def start(self, i: int, then: Callable[[Hold], Any] | None = None) -> concurrent.futures.Future:
+    def start(
+        self,
+        i: int,
+        then: Callable[[Hold], Any] | None = None,
+        priority: tuple[int, int] = (0, 0),
+    ) -> concurrent.futures.Future:
         """acquire(i) (then `then(hold)`) on the process's shard threads."""
 
         def task() -> Any:
-            hold = self.acquire(i)
+            hold = self.acquire(i, priority=priority)
             return then(hold) if then is not None else hold
 
-        return shard_pool(self.options.connections).submit(task)
+        return shard_pool(self._threads).submit(task)
 
-    def warm(self, i: int) -> concurrent.futures.Future:
+    def warm(self, i: int, priority: tuple[int, int] = (1, 0)) -> concurrent.futures.Future:
         """Fetch shard `i` into the cache without holding it, if there is room now: a
         prefetch that never crowds out the shards being read."""
 
         def task() -> bool:
             try:
-                self.acquire(i, wait_for_room=False)
+                self.acquire(i, wait_for_room=False, priority=priority)
             except NoRoom:
                 return False
             self.release(i)
             return True
 
-        return shard_pool(self.options.connections).submit(task)
+        return shard_pool(self._threads).submit(task)
 
     def release(self, i: int) -> bool:
         return self.cache.release(self.path_of(i))
