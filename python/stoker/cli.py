@@ -1,8 +1,9 @@
-"""The ``stoker`` command line."""
+"""The ``stoker`` command line: demo, pack, index, inspect, fetch, bench."""
 
 from __future__ import annotations
 
 import argparse
+import logging
 import re
 import sys
 import threading
@@ -10,13 +11,6 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import stoker
-
-
-def _inspect(args: argparse.Namespace) -> int:
-    ds = stoker.Dataset(args.source)
-    print(f"{len(ds.shards)} file(s), {len(ds)} samples, fields: {', '.join(ds.fields)}")
-    return 0
-
 
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
 
@@ -30,6 +24,67 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
+def _quiet(args: argparse.Namespace) -> bool:
+    return args.quiet or not sys.stderr.isatty()
+
+
+# -- commands ----------------------------------------------------------------------------
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from stoker import demo
+
+    return demo.run(args.samples, quiet=args.quiet, keep=args.keep)
+
+
+def _pack(args: argparse.Namespace) -> int:
+    from stoker import pack
+
+    ds, classes = pack.open_input(args.source, args.csv, args.root)
+    result = pack.pack(
+        ds,
+        args.out,
+        shard_size=args.shard_size,
+        samples_per_shard=args.samples_per_shard,
+        shuffle=args.shuffle,
+        seed=args.seed,
+        stratify=args.stratify,
+        classes=classes,
+        num_threads=args.threads,
+        quiet=_quiet(args),
+    )
+    print(
+        f"packed {result.samples:,} samples into {len(result.shards)} shard(s), "
+        f"{pack.human(result.bytes)}, in {result.folder} (manifest: stoker.json)"
+    )
+    return 0
+
+
+def _index(args: argparse.Namespace) -> int:
+    from stoker import pack
+
+    written, entries = pack.index(args.source, args.out, args.threads)
+    samples = sum(e["samples"] for e in entries)
+    size = sum(e["bytes"] for e in entries)
+    print(
+        f"wrote {written}: {len(entries)} shard(s), {samples:,} samples, "
+        f"{pack.human(size)}, sha256 of each"
+    )
+    return 0
+
+
+def _inspect(args: argparse.Namespace) -> int:
+    from stoker import pack
+
+    if any(stoker.sources.is_url(s) for s in [args.source]):
+        ds = stoker.Dataset(args.source)
+        print(f"{len(ds.shards)} remote shard(s), {len(ds):,} samples, fields: {ds.fields}")
+        return 0
+    reports = pack.inspect_shards(pack.local_shards(args.source), args.threads)
+    print(pack.format_inspection(args.source, reports))
+    return 1 if any(r.error for r in reports) else 0
+
+
 def _fetch(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
@@ -41,7 +96,6 @@ def _fetch(args: argparse.Namespace) -> int:
     if remote is None:
         print("stoker fetch: every shard of this source is local already; nothing to fetch")
         return 0
-    cache = remote.cache
     sizes = [shard.size or 0 for shard in remote.shards]
     count = len(sizes)
     while count and sum(sizes[:count]) > remote.limit:
@@ -52,9 +106,8 @@ def _fetch(args: argparse.Namespace) -> int:
             f"{len(sizes)} shards ({sum(sizes)} bytes); fetching those",
             file=sys.stderr,
         )
-    quiet = args.quiet or not sys.stderr.isatty()
     with tqdm(
-        total=sum(sizes[:count]), unit="B", unit_scale=True, disable=quiet, desc="fetch"
+        total=sum(sizes[:count]), unit="B", unit_scale=True, disable=_quiet(args), desc="fetch"
     ) as bar:
         lock = threading.Lock()
 
@@ -75,30 +128,104 @@ def _fetch(args: argparse.Namespace) -> int:
         with ThreadPoolExecutor(args.connections) as pool:
             for future in [pool.submit(one, i) for i in range(count)]:
                 future.result()
-    print(f"{count} shard(s), {sum(sizes[:count])} bytes, in {cache.root}")
+    print(f"{count} shard(s), {sum(sizes[:count])} bytes, in {remote.cache.root}")
     return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from stoker import bench
+
+    return bench.run(args)
+
+
+# -- the parser --------------------------------------------------------------------------
+
+
+def _command(
+    commands: argparse._SubParsersAction, name: str, help: str, example: str
+) -> argparse.ArgumentParser:
+    parser = commands.add_parser(
+        name,
+        help=help,
+        description=help[0].upper() + help[1:] + ".",
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    return parser
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="stoker",
         description="stoker keeps GPUs fed: a C++ data loader for PyTorch.",
-        epilog="example: stoker inspect 'data/shard-{000000..000009}.tar'",
+        epilog="examples:\n  stoker demo\n  stoker inspect 'data/shard-{000000..000009}.tar'\n"
+        "  stoker COMMAND --help",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"stoker {stoker.__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
-    inspect = commands.add_parser(
+
+    demo = _command(
+        commands,
+        "demo",
+        "make a small dataset, serve it over HTTP on 127.0.0.1 and load it, next to a DataLoader",
+        "stoker demo --samples 5000",
+    )
+    demo.add_argument("--samples", type=int, default=10_000, help="dataset size")
+    demo.add_argument("--keep", metavar="DIR", help="work in DIR (new) and keep it")
+    demo.add_argument("--quiet", action="store_true", help="no progress bars")
+    demo.set_defaults(run=_demo)
+
+    pack = _command(
+        commands,
+        "pack",
+        "write tar shards (WebDataset convention) and a stoker.json from a CSV + folder, "
+        "a class-per-folder tree, or any stoker source",
+        "stoker pack --csv labels_train.csv --root labels_train/ shards/ --shuffle --stratify",
+    )
+    pack.add_argument("source", nargs="?", help="a class-per-folder tree or a stoker source")
+    pack.add_argument("out", help="the output folder (new or empty)")
+    pack.add_argument("--csv", help="a CSV of filename,label rows (the seeds' layout)")
+    pack.add_argument("--root", help="the folder the CSV's file names are in")
+    size = pack.add_mutually_exclusive_group()
+    size.add_argument("--shard-size", type=parse_size, help="bytes per shard (default 256M)")
+    size.add_argument("--samples-per-shard", type=int, help="samples per shard")
+    pack.add_argument("--shuffle", action="store_true", help="shuffle the samples first")
+    pack.add_argument("--seed", type=int, default=0, help="the shuffle's seed")
+    pack.add_argument(
+        "--stratify", action="store_true", help="spread each label evenly over the shards"
+    )
+    pack.add_argument("--threads", type=int, default=0, help="shards written at once")
+    pack.add_argument("--quiet", action="store_true", help="no progress bar")
+    pack.set_defaults(run=_pack)
+
+    index = _command(
+        commands,
+        "index",
+        "write stoker.json (samples, fields, sha256 of each shard) for existing shards",
+        "stoker index data/",
+    )
+    index.add_argument("source", help="local shards: a folder, glob, brace pattern or file")
+    index.add_argument("--out", help="where to write it (default: the shards' folder)")
+    index.add_argument("--threads", type=int, default=0, help="shards read at once")
+    index.set_defaults(run=_index)
+
+    inspect = _command(
+        commands,
         "inspect",
-        help="count the shards, samples and fields of a source",
-        epilog="example: stoker inspect data/",
+        "show a source's shards, samples, fields and their sizes, and anything malformed",
+        "stoker inspect data/",
     )
     inspect.add_argument("source", help="a folder, glob, brace pattern, shard or stoker.json")
+    inspect.add_argument("--threads", type=int, default=0, help="shards read at once")
     inspect.set_defaults(run=_inspect)
-    fetch = commands.add_parser(
+
+    fetch = _command(
+        commands,
         "fetch",
-        help="download a remote source's shards into a cache ahead of training",
-        epilog="example: stoker fetch http://host/data/stoker.json --cache-dir /local/cache "
-        "--cache-limit 200G",
+        "download a remote source's shards into a cache ahead of training",
+        "stoker fetch http://host/data/stoker.json --cache-dir /local/cache --cache-limit 200G",
     )
     fetch.add_argument("source", help="http(s) URLs: a stoker.json, a brace pattern or a shard")
     fetch.add_argument("--cache-dir", help="the cache (default: $STOKER_CACHE or ~/.cache/stoker)")
@@ -106,6 +233,18 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--connections", type=int, default=16, help="downloads at once")
     fetch.add_argument("--quiet", action="store_true", help="no progress bar")
     fetch.set_defaults(run=_fetch)
+
+    bench = _command(
+        commands,
+        "bench",
+        "measure the loader on your data against a sequential read and a DataLoader, "
+        "over a grid of num_threads and batch_size",
+        "stoker bench data/ --threads 1,2,4 --batch-sizes 32,128 --plot bench.png",
+    )
+    from stoker import bench as bench_module
+
+    bench_module.add_arguments(bench)
+    bench.set_defaults(run=_bench)
     return parser
 
 
@@ -115,12 +254,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    logging.basicConfig(
+        format="%(name)s: %(message)s",
+        level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,
+    )
     try:
         return args.run(args)
     except (stoker.StokerError, OSError) as error:
         # A user's mistake (a bad path, a corrupt shard) is one line, not a traceback.
         print(f"stoker: error: {error}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print("stoker: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

@@ -189,7 +189,23 @@ class Dataset:
                 f"{len(bad)} row(s) have a label that is not an integer ({shown})",
             )
         labels = label_text.astype(np.int64).to_numpy()
-        names = names.tolist()
+        return cls.from_files(root, names.tolist(), labels, source=csv, num_threads=num_threads)
+
+    @classmethod
+    def from_files(
+        cls,
+        root: str | os.PathLike[str],
+        names: Sequence[str],
+        labels: Sequence[int] | np.ndarray | None = None,
+        *,
+        source: str | None = None,
+        num_threads: int | None = None,
+    ) -> Dataset:
+        """One sample per file: ``root/name`` for each of `names` (key: the name up to its
+        extension, field: the extension), with an integer ``"label"`` if `labels` is given.
+        Files that cannot be read are reported together (the first few and the count)."""
+        root = os.fspath(root)
+        names = list(names)
         paths = [os.path.join(root, name) for name in names]
         identities, errors = _core.stat_files(paths, 0)
         missing = np.flatnonzero(errors)
@@ -199,14 +215,14 @@ class Dataset:
                 ReadError,
                 paths[missing[0]],
                 0,
-                f"{len(missing)} file(s) listed in {csv} cannot be read "
+                f"{len(missing)} file(s) listed in {source or root} cannot be read "
                 f"({os.strerror(int(errors[missing[0]]))}): {shown}",
             )
         sizes = identities[:, 1]
 
         self = cls.__new__(cls)
         self._remote, self._remote_of = None, {}
-        self.source = csv
+        self.source = source or root
         self.cache_dir = self.cache_limit = None
         self.num_threads = num_threads
         keys, fields = zip(*(_split_name(name) for name in names)) if names else ((), ())
@@ -227,7 +243,8 @@ class Dataset:
         }
         # Every sample is its own file: file i holds exactly member i.
         self._build(paths, identities, [index], member_files=np.arange(n, dtype=np.uint32))
-        self._extras["label"] = labels
+        if labels is not None:
+            self._extras["label"] = np.asarray(labels, dtype=np.int64)
         return self
 
     # -- building the index --------------------------------------------------

@@ -12,6 +12,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import io
+import logging
 import os
 import time
 import weakref
@@ -34,6 +35,8 @@ from stoker.sampler import (
     plan_epoch,
     rank_stretch,
 )
+
+log = logging.getLogger("stoker.loader")
 
 _STATE_VERSION = 1
 _EXTRA_SHARDS = 2  # remote shards fetched ahead beyond one per connection
@@ -230,6 +233,7 @@ class Loader:
         num_threads: int | None = None,
         prefetch: int = 4,
         shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+        log_every: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
@@ -251,6 +255,7 @@ class Loader:
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.prefetch = prefetch
         self.shuffle_window = shuffle_window
+        self.log_every = log_every
         self.map = map
         self.collate = collate or default_collate
         self.fields = dict(fields) if fields is not None else None
@@ -427,6 +432,20 @@ class Loader:
             delta[last[shard] + 1] -= size
         return int(np.cumsum(delta).max())
 
+    def _log_stats(self) -> None:
+        s = self.stats()
+        log.info(
+            "epoch %d batch %d: %.0f samples/s, %.1f MB/s, waited %.0f%% of the time "
+            "(%d samples, %.2f s)",
+            self._epoch,
+            self._position + 1,
+            s["samples_per_s"],
+            s["bytes"] / s["elapsed_s"] / 1e6 if s["elapsed_s"] else 0.0,
+            100 * s["input_bound_fraction"],
+            s["samples"],
+            s["elapsed_s"],
+        )
+
     # -- iteration ------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
@@ -470,6 +489,8 @@ class Loader:
                 batch = self._finish(*in_flight.popleft())
                 self._stats.wait_s += time.perf_counter() - start
                 self._stats.batches += 1
+                if self.log_every and self._stats.batches % self.log_every == 0:
+                    self._log_stats()
                 if fetch is not None:
                     fetch.finished(done)
                 done += 1

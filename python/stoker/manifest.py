@@ -7,10 +7,12 @@ import hashlib
 import json
 import os
 import tempfile
+import zipfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from stoker import _core
+from stoker.errors import ShardFormatError, located
 from stoker.sources import MANIFEST_NAME, format_of
 
 MANIFEST_VERSION = 1
@@ -29,6 +31,13 @@ def shard_entry(path: str, relative_to: str) -> dict:
     sha256."""
     fmt = format_of(path)
     index = _core.index_shards([path], [fmt], 1)[0]
+    if fmt == "zip":  # stored members' CRCs are not checked on every read: check them once
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            raise located(
+                ShardFormatError, path, 0, f"member {bad!r} does not match its CRC-32: corrupt"
+            )
     if fmt == "npy":
         samples, fields = int(index["shape"][0]), ["npy"]
     else:
@@ -47,9 +56,11 @@ def write_manifest(
     out: str | os.PathLike[str],
     *,
     num_threads: int = 0,
+    extra: dict | None = None,
 ) -> str:
     """Write the manifest of `shards` to `out` (a ``stoker.json`` path or the folder to
-    put one in), atomically. Shard paths are stored relative to it."""
+    put one in), atomically. Shard paths are stored relative to it. `extra` keys (such
+    as ``classes``) go beside ``shards``."""
     out = os.fspath(out)
     if os.path.isdir(out):
         out = os.path.join(out, MANIFEST_NAME)
@@ -57,7 +68,7 @@ def write_manifest(
     paths = [os.path.abspath(os.fspath(p)) for p in shards]
     with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
         entries = list(pool.map(lambda p: shard_entry(p, base), paths))
-    text = json.dumps({"version": MANIFEST_VERSION, "shards": entries}, indent=1)
+    text = json.dumps({"version": MANIFEST_VERSION, **(extra or {}), "shards": entries}, indent=1)
     fd, tmp = tempfile.mkstemp(prefix=".stoker-", suffix=".json", dir=base)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:

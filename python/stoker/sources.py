@@ -179,6 +179,8 @@ def resolve(
                 f"{text}: no shards in this folder (looked for {', '.join(SHARD_FORMATS)})"
             )
         return [(path, None) for path in shards]
+    if text.endswith(("/", os.sep)):
+        raise StokerError(f"{text}: no such folder")
     if text.lower().endswith(".json"):
         return list(read_manifest(text))
     return [(text, None)]

@@ -1,0 +1,433 @@
+"""Writing and describing shards: ``stoker pack``, ``stoker index``, ``stoker inspect``.
+
+``pack`` turns any stoker source (the seeds' CSV + folder, a class-per-folder tree, or
+shards) into tar shards in the WebDataset convention plus a ``stoker.json``. The
+assignment of samples to shards is a pure function of the input and the options, and every
+tar header is fixed (mtime, owner, mode), so the same input packs to the same bytes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+import shutil
+import sys
+import tarfile
+import threading
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from stoker import _core
+from stoker.dataset import Dataset
+from stoker.errors import StokerError
+from stoker.manifest import write_manifest
+from stoker.sources import MANIFEST_NAME, SHARD_FORMATS, format_of, is_url, resolve
+
+#: Header block size and the fixed fields every packed member gets.
+_BLOCK = 512
+_MTIME = 0
+_MODE = 0o644
+
+
+def _progress(total: int, quiet: bool, unit: str, desc: str):  # noqa: ANN202 - tqdm's type
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit=unit, desc=desc, disable=quiet or not sys.stderr.isatty())
+
+
+# -- what to pack ----------------------------------------------------------------------
+
+
+def class_folder(folder: str) -> tuple[Dataset, list[str]]:
+    """A class-per-folder tree (``folder/<class>/<file>``): one sample per file, its label
+    the index of its folder's name among the sorted class names."""
+    classes = sorted(
+        d for d in os.listdir(folder) if os.path.isdir(os.path.join(folder, d)) and d[0] != "."
+    )
+    if not classes:
+        raise StokerError(f"{folder}: no class folders in it (expected FOLDER/<class>/<file>)")
+    names, labels = [], []
+    for label, name in enumerate(classes):
+        for root, dirs, files in os.walk(os.path.join(folder, name)):
+            dirs.sort()
+            for file in sorted(files):
+                if not file.startswith("."):
+                    names.append(os.path.relpath(os.path.join(root, file), folder))
+                    labels.append(label)
+    if not names:
+        raise StokerError(f"{folder}: the class folders hold no files")
+    return Dataset.from_files(folder, names, labels, source=folder), classes
+
+
+def _is_class_folder(path: str) -> bool:
+    """A folder of sub-folders and no shards (or manifest) of its own."""
+    if not os.path.isdir(path) or os.path.exists(os.path.join(path, MANIFEST_NAME)):
+        return False
+    entries = os.listdir(path)
+    has_dirs = any(os.path.isdir(os.path.join(path, e)) for e in entries)
+    has_shards = any(os.path.splitext(e.lower())[1] in SHARD_FORMATS for e in entries)
+    return has_dirs and not has_shards
+
+
+def open_input(
+    source: str | None, csv: str | None, root: str | None
+) -> tuple[Dataset, list[str] | None]:
+    """The dataset to pack, and class names where the labels come from folder names."""
+    if csv is not None:
+        if root is None:
+            raise StokerError("--csv needs --root, the folder its file names are in")
+        return Dataset.from_csv(csv, root), None
+    if source is None:
+        raise StokerError("give a SOURCE to pack, or --csv with --root")
+    if _is_class_folder(source):
+        return class_folder(source)
+    return Dataset(source), None
+
+
+# -- planning ----------------------------------------------------------------------------
+
+
+def _tar_bytes(lengths: np.ndarray) -> np.ndarray:
+    """Bytes members of `lengths` take in a tar: a header and the data padded to blocks."""
+    return _BLOCK + (lengths + _BLOCK - 1) // _BLOCK * _BLOCK
+
+
+def sample_sizes(ds: Dataset) -> np.ndarray:
+    """Each sample's bytes once packed (an estimate where members are not indexed yet)."""
+    n = len(ds)
+    sizes = np.zeros(n, np.int64)
+    known = ds._sample_first >= 0
+    if known.any():
+        idx = np.flatnonzero(known)
+        rows, bounds = ds._member_rows(idx)
+        per_member = _tar_bytes(ds._m_out[rows].astype(np.int64))
+        sums = np.add.reduceat(per_member, bounds[:-1]) if len(rows) else np.zeros(len(idx))
+        sums[np.diff(bounds) == 0] = 0
+        sizes[idx] = sums
+    if "label" in ds._extras:
+        sizes += 2 * _BLOCK  # a .cls member of a few digits
+    if not known.all():  # remote shards not fetched: their average
+        remote = ds._remote
+        assert remote is not None
+        for shard, r in ds._remote_of.items():
+            first, end = int(ds._shard_start[shard]), int(ds._shard_start[shard + 1])
+            info = remote.shards[r]
+            if end > first and sizes[first:end].sum() == 0:
+                sizes[first:end] = (info.size or 0) // (end - first)
+    return sizes
+
+
+def labels_of(ds: Dataset) -> np.ndarray | None:
+    """Every sample's integer label: the ``label`` column, or the ``cls`` field."""
+    if "label" in ds._extras:
+        return ds._extras["label"]
+    if "cls" not in ds.fields:
+        return None
+    from stoker.fields import Int
+    from stoker.loader import Loader
+
+    out = np.zeros(len(ds), np.int64)
+    at = 0
+    for batch in Loader(ds, batch_size=8192, shuffle=False, fields={"cls": Int()}):
+        values = batch["cls"].numpy()
+        out[at : at + len(values)] = values
+        at += len(values)
+    return out
+
+
+def assign(
+    sizes: np.ndarray,
+    *,
+    shard_size: int | None,
+    samples_per_shard: int | None,
+    shuffle: bool,
+    seed: int,
+    labels: np.ndarray | None,
+) -> list[np.ndarray]:
+    """Which samples go in each shard, in order: a pure function of its arguments.
+
+    Without `labels`, the (shuffled) order is cut into consecutive shards. With them
+    (stratify), the order is sorted by label and dealt round robin, so each label is spread
+    evenly over the shards, and each shard keeps the shuffled order inside it.
+    """
+    n = len(sizes)
+    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
+    if n == 0:
+        return []
+    if labels is not None:
+        total = int(sizes.sum())
+        count = (
+            -(-n // samples_per_shard)
+            if samples_per_shard
+            else max(1, -(-total // int(shard_size or total or 1)))
+        )
+        by_label = order[np.argsort(labels[order], kind="stable")]
+        shard_of = np.empty(n, np.int64)
+        shard_of[by_label] = np.arange(n) % count
+        rank = np.empty(n, np.int64)
+        rank[order] = np.arange(n)
+        return [
+            members[np.argsort(rank[members], kind="stable")]
+            for members in (np.flatnonzero(shard_of == s) for s in range(count))
+        ]
+    if samples_per_shard:
+        return [order[i : i + samples_per_shard] for i in range(0, n, samples_per_shard)]
+    limit = int(shard_size or sizes.sum() or 1)
+    shards, start, used = [], 0, 0
+    ordered = sizes[order]
+    for i in range(n):
+        if i > start and used + ordered[i] > limit:
+            shards.append(order[start:i])
+            start, used = i, 0
+        used += int(ordered[i])
+    shards.append(order[start:])
+    return shards
+
+
+# -- writing -------------------------------------------------------------------------
+
+
+def _member(name: str, data: bytes | memoryview) -> tuple[tarfile.TarInfo, io.BytesIO]:
+    info = tarfile.TarInfo(name)
+    info.size = len(data)
+    info.mtime = _MTIME
+    info.mode = _MODE
+    info.uid = info.gid = 0
+    info.uname = info.gname = ""
+    return info, io.BytesIO(data)
+
+
+def write_shard(
+    ds: Dataset, samples: np.ndarray, path: str, progress: Callable[[int], None]
+) -> None:
+    """Tar shard `path` of `samples`: each field a member ``KEY.FIELD``, a label ``KEY.cls``."""
+    chunk = 256
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        for at in range(0, len(samples), chunk):
+            idx = samples[at : at + chunk]
+            for sample in ds.get_batch(idx):
+                key = sample.pop("__key__")
+                label = sample.pop("label", None)
+                for field in sorted(sample):
+                    value = sample[field]
+                    if value.dtype == np.uint8 and value.ndim == 1:
+                        data: bytes | memoryview = memoryview(value)
+                    else:  # a row of a .npy shard: a .npy file of its own
+                        buffer = io.BytesIO()
+                        np.save(buffer, value, allow_pickle=False)
+                        data = buffer.getvalue()
+                    tar.addfile(*_member(f"{key}.{field}", data))
+                if label is not None:
+                    tar.addfile(*_member(f"{key}.cls", str(int(label)).encode()))
+            progress(len(idx))
+
+
+@dataclass
+class PackResult:
+    folder: str
+    shards: list[str]
+    samples: int
+    bytes: int
+
+
+def pack(
+    ds: Dataset,
+    out: str,
+    *,
+    shard_size: int | None = None,
+    samples_per_shard: int | None = None,
+    shuffle: bool = False,
+    seed: int = 0,
+    stratify: bool = False,
+    classes: Sequence[str] | None = None,
+    num_threads: int = 0,
+    quiet: bool = False,
+    prefix: str = "shard",
+) -> PackResult:
+    """Pack `ds` into tar shards and a ``stoker.json`` in `out` (new or empty). Everything
+    is written in a hidden folder and moved into `out` at the end: a run that fails leaves
+    nothing behind."""
+    if shard_size is not None and samples_per_shard is not None:
+        raise StokerError("give --shard-size or --samples-per-shard, not both")
+    if shard_size is None and samples_per_shard is None:
+        shard_size = 256 << 20
+    if (shard_size is not None and shard_size <= 0) or (
+        samples_per_shard is not None and samples_per_shard <= 0
+    ):
+        raise StokerError("shard sizes must be positive")
+    labels = None
+    if stratify:
+        labels = labels_of(ds)
+        if labels is None:
+            raise StokerError(
+                "--stratify needs labels: a CSV's label column, class folders or a .cls field"
+            )
+    out = os.path.abspath(out)
+    made = not os.path.exists(out)
+    if not made and (not os.path.isdir(out) or os.listdir(out)):
+        raise StokerError(f"{out}: the output folder exists and is not empty")
+    plan = assign(
+        sample_sizes(ds),
+        shard_size=shard_size,
+        samples_per_shard=samples_per_shard,
+        shuffle=shuffle,
+        seed=seed,
+        labels=labels,
+    )
+    width = max(6, len(str(len(plan) - 1)))
+    names = [f"{prefix}-{i:0{width}d}.tar" for i in range(len(plan))]
+    os.makedirs(out, exist_ok=True)
+    work = os.path.join(out, f".stoker-pack-{os.getpid()}")
+    os.mkdir(work)
+    try:
+        lock = threading.Lock()
+        with _progress(len(ds), quiet, "samples", "pack") as bar:
+
+            def progress(n: int) -> None:
+                with lock:
+                    bar.update(n)
+
+            with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
+                futures = [
+                    pool.submit(write_shard, ds, members, os.path.join(work, name), progress)
+                    for members, name in zip(plan, names)
+                ]
+                for future in futures:
+                    future.result()
+        extra = {"classes": list(classes)} if classes is not None else None
+        write_manifest([os.path.join(work, n) for n in names], work, extra=extra)
+        for name in [*names, MANIFEST_NAME]:  # the manifest last: it says the rest is there
+            os.rename(os.path.join(work, name), os.path.join(out, name))
+        os.rmdir(work)
+    except BaseException:
+        shutil.rmtree(work, ignore_errors=True)
+        if made:
+            with contextlib.suppress(OSError):
+                os.rmdir(out)
+        raise
+    paths = [os.path.join(out, n) for n in names]
+    return PackResult(out, paths, len(ds), sum(os.path.getsize(p) for p in paths))
+
+
+# -- index and inspect -------------------------------------------------------------------
+
+
+def local_shards(source: str) -> list[str]:
+    """The local shard files of `source` (a folder, glob, brace pattern, list, manifest)."""
+    paths = [path for path, _ in resolve(source)]
+    remote = [p for p in paths if is_url(p)]
+    if remote:
+        raise StokerError(f"{remote[0]}: this command reads local shards only")
+    missing = [p for p in paths if not os.path.exists(p)]
+    if missing:
+        raise StokerError(
+            f"{missing[0]}: no such file"
+            + (f" (and {len(missing) - 1} more)" if missing[1:] else "")
+        )
+    return paths
+
+
+def index(source: str, out: str | None = None, num_threads: int = 0) -> tuple[str, list[dict]]:
+    """Write ``stoker.json`` for the shards of `source` (beside them unless `out`)."""
+    paths = local_shards(source)
+    if not paths:
+        raise StokerError(f"{source}: no shards")
+    if out is None:
+        if os.path.isdir(source):
+            out = source
+        else:
+            out = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
+    written = write_manifest(paths, out, num_threads=num_threads)
+    from stoker.sources import read_manifest
+
+    return written, [entry for _, entry in read_manifest(written)]
+
+
+@dataclass
+class ShardReport:
+    path: str
+    format: str
+    bytes: int
+    samples: int = 0
+    fields: dict[str, np.ndarray] | None = None  # field -> member sizes
+    error: str | None = None
+
+
+def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:
+    """Each shard's samples and field sizes, or what is wrong with it."""
+
+    def one(path: str) -> ShardReport:
+        try:
+            fmt = format_of(path)
+            size = os.path.getsize(path)
+            found = _core.index_shards([path], [fmt], 1)[0]
+        except (StokerError, OSError) as e:
+            return ShardReport(path, os.path.splitext(path)[1][1:], 0, error=str(e))
+        if fmt == "npy":
+            rows = int(found["shape"][0])
+            sizes = np.full(rows, int(found["row_bytes"]), np.int64)
+            return ShardReport(path, fmt, size, rows, {"npy": sizes})
+        fields = {
+            name: found["member_out_length"][found["member_field"] == i].astype(np.int64)
+            for i, name in enumerate(found["field_names"])
+        }
+        return ShardReport(path, fmt, size, len(found["keys"]), fields)
+
+    with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
+        return list(pool.map(one, paths))
+
+
+def human(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
+
+
+def format_inspection(source: str, reports: list[ShardReport]) -> str:
+    good = [r for r in reports if r.error is None]
+    bad = [r for r in reports if r.error is not None]
+    formats: dict[str, int] = {}
+    for r in good:
+        formats[r.format] = formats.get(r.format, 0) + 1
+    lines = [
+        f"{source}: {len(reports)} shard(s) "
+        f"({', '.join(f'{n} {f}' for f, n in sorted(formats.items())) or 'none readable'}), "
+        f"{sum(r.samples for r in good):,} samples, {human(sum(r.bytes for r in good))}",
+        "",
+    ]
+    base = os.path.commonpath([os.path.dirname(os.path.abspath(r.path)) for r in reports])
+    shown = [os.path.relpath(os.path.abspath(r.path), base) for r in reports]
+    width = max([5, *(len(s) for s in shown)])
+    lines.append(f"{'shard':<{width}}  format  {'samples':>9}  {'bytes':>9}  fields")
+    for name, r in zip(shown, reports):
+        if r.error is None:
+            fields = ", ".join(sorted(r.fields or {}))
+            lines.append(
+                f"{name:<{width}}  {r.format:<6}  {r.samples:>9,}  {human(r.bytes):>9}  {fields}"
+            )
+        else:
+            lines.append(f"{name:<{width}}  {r.format:<6}  {'-':>9}  {'-':>9}  MALFORMED")
+    totals: dict[str, list[np.ndarray]] = {}
+    for r in good:
+        for field, sizes in (r.fields or {}).items():
+            totals.setdefault(field, []).append(sizes)
+    if totals:
+        lines += ["", f"{'field':<10}  {'samples':>9}  {'min':>9}  {'mean':>9}  {'max':>9}  total"]
+        for field in sorted(totals):
+            sizes = np.concatenate(totals[field])
+            if not len(sizes):
+                continue
+            lines.append(
+                f"{field:<10}  {len(sizes):>9,}  {human(sizes.min()):>9}  "
+                f"{human(sizes.mean()):>9}  {human(sizes.max()):>9}  {human(sizes.sum())}"
+            )
+    if bad:
+        lines += ["", f"{len(bad)} malformed shard(s):"]
+        lines += [f"  {r.error}" for r in bad]
+    return "\n".join(lines)

@@ -1,0 +1,243 @@
+"""The command line's tools on tiny data: pack, index, inspect, demo, and the Loader's log."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from shards import make_samples, write_tar, write_zip
+
+import stoker
+from stoker.cli import main
+
+
+def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "stoker", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, **(env or {})},
+    )
+
+
+def seed_layout(folder, n: int = 60, bad: dict | None = None):
+    """The seeds' layout: labels_train.csv (filename,label) and labels_train/."""
+    root = folder / "labels_train"
+    root.mkdir()
+    rng = np.random.default_rng(1)
+    rows = ["filename,label"]
+    for i in range(n):
+        name = f"img{i:04d}.png"
+        (root / name).write_bytes(rng.integers(0, 256, 100 + i, dtype=np.uint8).tobytes())
+        rows.append(f"{name},{i % 3}")
+    for line, text in (bad or {}).items():
+        rows[line] = text
+    csv = folder / "labels_train.csv"
+    csv.write_text("\n".join(rows) + "\n")
+    return csv, root
+
+
+def pack_csv(csv, root, out, *options: str) -> int:
+    return main(["pack", "--csv", str(csv), "--root", str(root), str(out), "--quiet", *options])
+
+
+def tar_bytes(folder) -> dict[str, bytes]:
+    return {p: (folder / p).read_bytes() for p in sorted(os.listdir(folder))}
+
+
+# -- pack ------------------------------------------------------------------------------
+
+
+def test_pack_csv_round_trips_through_stoker_and_webdataset(tmp_path):
+    import webdataset as wds
+
+    csv, root = seed_layout(tmp_path)
+    out = tmp_path / "shards"
+    assert pack_csv(csv, root, out, "--samples-per-shard", "25") == 0
+    assert sorted(os.listdir(out)) == [
+        "shard-000000.tar", "shard-000001.tar", "shard-000002.tar", "stoker.json"
+    ]  # fmt: skip
+    original = stoker.Dataset.from_csv(csv, root)
+    want = {s["__key__"]: s for s in original.get_batch(np.arange(len(original)))}
+    packed = stoker.Dataset(out)
+    assert len(packed) == len(original)
+    for sample in packed.get_batch(np.arange(len(packed))):
+        source = want[sample["__key__"]]
+        assert bytes(sample["png"]) == bytes(source["png"])
+        assert int(bytes(sample["cls"])) == source["label"]
+    urls = [str(out / name) for name in sorted(os.listdir(out)) if name.endswith(".tar")]
+    seen = 0
+    for sample in wds.WebDataset(urls, shardshuffle=False, empty_check=False):
+        source = want[sample["__key__"]]
+        assert sample["png"] == bytes(source["png"])
+        assert int(sample["cls"]) == source["label"]
+        seen += 1
+    assert seen == len(original)
+
+
+def test_pack_is_deterministic(tmp_path):
+    csv, root = seed_layout(tmp_path)
+    outs = [tmp_path / "a", tmp_path / "b"]
+    for out in outs:
+        assert pack_csv(csv, root, out, "--shard-size", "3K", "--shuffle", "--seed", "7") == 0
+    assert tar_bytes(outs[0]) == tar_bytes(outs[1])
+    assert len(os.listdir(outs[0])) > 3
+    other = tmp_path / "c"
+    assert pack_csv(csv, root, other, "--shard-size", "3K", "--shuffle", "--seed", "8") == 0
+    assert tar_bytes(other) != tar_bytes(outs[0])
+
+
+def test_pack_stratify_spreads_each_label(tmp_path):
+    csv, root = seed_layout(tmp_path, n=90)
+    out = tmp_path / "shards"
+    assert pack_csv(csv, root, out, "--samples-per-shard", "30", "--shuffle", "--stratify") == 0
+    for name in sorted(n for n in os.listdir(out) if n.endswith(".tar")):
+        ds = stoker.Dataset(out / name)
+        labels = [int(bytes(s["cls"])) for s in ds.get_batch(np.arange(len(ds)))]
+        assert sorted(np.bincount(labels, minlength=3).tolist()) == [10, 10, 10]
+
+
+def test_pack_class_folders(tmp_path):
+    tree = tmp_path / "tree"
+    for c, count in (("cat", 3), ("dog", 4)):
+        (tree / c).mkdir(parents=True)
+        for i in range(count):
+            (tree / c / f"{c}{i}.jpg").write_bytes(f"{c}-{i}".encode())
+    out = tmp_path / "shards"
+    assert main(["pack", str(tree), str(out), "--quiet"]) == 0
+    manifest = json.loads((out / "stoker.json").read_text())
+    assert manifest["classes"] == ["cat", "dog"]
+    ds = stoker.Dataset(out)
+    got = {s["__key__"]: (bytes(s["jpg"]), int(bytes(s["cls"]))) for s in ds.get_batch(range(7))}
+    assert got["dog/dog2"] == (b"dog-2", 1) and got["cat/cat0"] == (b"cat-0", 0)
+
+
+def test_pack_from_shards_and_npy(tmp_path):
+    write_zip(tmp_path / "a.zip", make_samples(5))
+    np.save(tmp_path / "b.npy", np.arange(12, dtype=np.float32).reshape(4, 3))
+    out = tmp_path / "out"
+    assert main(["pack", str(tmp_path / "a.zip"), str(out), "--quiet"]) == 0
+    assert len(stoker.Dataset(out)) == 5
+    out2 = tmp_path / "out2"
+    assert main(["pack", str(tmp_path / "b.npy"), str(out2), "--quiet"]) == 0
+    ds = stoker.Dataset(out2)
+    row = np.load(__import__("io").BytesIO(bytes(ds[2]["npy"])))
+    assert row.tolist() == [6.0, 7.0, 8.0]
+
+
+def test_manifest_checksums_are_true(tmp_path):
+    csv, root = seed_layout(tmp_path)
+    out = tmp_path / "shards"
+    assert pack_csv(csv, root, out) == 0
+    manifest = json.loads((out / "stoker.json").read_text())
+    for entry in manifest["shards"]:
+        data = (out / entry["path"]).read_bytes()
+        assert entry["sha256"] == hashlib.sha256(data).hexdigest()
+        assert entry["bytes"] == len(data)
+    assert sum(e["samples"] for e in manifest["shards"]) == 60
+
+
+def test_bad_csv_rows_stop_the_run_with_one_line(tmp_path):
+    csv, root = seed_layout(tmp_path, bad={3: "img0002.png,three", 7: "nothere.png,1"})
+    out = tmp_path / "shards"
+    result = run_cli("pack", "--csv", str(csv), "--root", str(root), str(out))
+    assert result.returncode == 1
+    assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
+    assert "line 4: 'three'" in result.stderr and "1 row(s)" in result.stderr
+    assert not out.exists()
+    (root / "img0002.png").unlink()
+    csv.write_text("filename,label\nimg0002.png,1\nimg0001.png,2\nimg0009.png,x\n")
+    result = run_cli("pack", "--csv", str(csv), "--root", str(root), str(out))
+    assert result.returncode == 1 and "not an integer" in result.stderr
+    csv.write_text("filename,label\nimg0002.png,1\nimg0001.png,2\nmissing.png,0\n")
+    result = run_cli("pack", "--csv", str(csv), "--root", str(root), str(out))
+    assert result.returncode == 1
+    assert "2 file(s)" in result.stderr and "img0002.png" in result.stderr
+    assert not out.exists()
+
+
+def test_pack_refuses_a_full_output_folder(tmp_path):
+    write_tar(tmp_path / "a.tar", make_samples(3))
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    result = run_cli("pack", str(tmp_path / "a.tar"), str(out))
+    assert result.returncode == 1 and "not empty" in result.stderr
+    assert os.listdir(out) == ["keep.txt"]
+
+
+# -- index and inspect ------------------------------------------------------------------
+
+
+def test_index_tar_zip_npy(tmp_path):
+    write_tar(tmp_path / "a.tar", make_samples(4))
+    write_zip(tmp_path / "b.zip", make_samples(5, seed=1))
+    np.save(tmp_path / "c.npy", np.zeros((6, 2), np.int16))
+    result = run_cli("index", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert "3 shard(s), 15 samples" in result.stdout
+    manifest = json.loads((tmp_path / "stoker.json").read_text())
+    assert [(e["path"], e["samples"]) for e in manifest["shards"]] == [
+        ("a.tar", 4), ("b.zip", 5), ("c.npy", 6)
+    ]  # fmt: skip
+    assert manifest["shards"][2]["fields"] == ["npy"]
+    ds = stoker.Dataset(tmp_path)  # opens through the manifest now
+    assert len(ds) == 15
+
+
+def test_index_refuses_a_zip_whose_crc_fails(tmp_path):
+    path = write_zip(tmp_path / "b.zip", make_samples(5))
+    with open(path, "r+b") as f:
+        f.seek(40)  # inside the first member's bytes
+        byte = f.read(1)
+        f.seek(40)
+        f.write(bytes([byte[0] ^ 0xFF]))
+    result = run_cli("index", str(tmp_path))
+    assert result.returncode == 1 and "CRC" in result.stderr
+    assert not (tmp_path / "stoker.json").exists()
+
+
+def test_inspect_reports_fields_and_a_malformed_shard(tmp_path):
+    write_tar(tmp_path / "a.tar", make_samples(4))
+    (tmp_path / "broken.tar").write_bytes(b"x" * 1024)
+    result = run_cli("inspect", str(tmp_path))
+    assert result.returncode == 1
+    out = result.stdout
+    assert "2 shard(s)" in out and "4 samples" in out
+    assert "broken.tar" in out and "MALFORMED" in out and "1 malformed shard(s)" in out
+    assert "cls" in out and "raw" in out and "mean" in out
+
+
+# -- everywhere --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("command", ["demo", "pack", "index", "inspect", "fetch", "bench"])
+def test_every_command_has_help_with_an_example(command):
+    result = run_cli(command, "--help")
+    assert result.returncode == 0
+    assert "example:" in result.stdout and f"stoker {command}" in result.stdout
+
+
+def test_loader_logs_its_stats(tmp_path, caplog):
+    write_tar(tmp_path / "a.tar", make_samples(40))
+    with caplog.at_level(logging.INFO, logger="stoker"):
+        for _ in stoker.Loader(stoker.Dataset(tmp_path), batch_size=4, log_every=5):
+            pass
+    lines = [r.getMessage() for r in caplog.records if r.name == "stoker.loader"]
+    assert len(lines) == 2 and "samples/s" in lines[0] and "batch 5" in lines[0]
+
+
+def test_demo_end_to_end(tmp_path):
+    result = run_cli("demo", "--samples", "600", env={"TMPDIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "packed them into" in out and "serving them at http://127.0.0.1:" in out
+    assert "remote -> cache -> batches" in out and "DataLoader" in out
+    assert os.listdir(tmp_path) == []  # nothing left behind
