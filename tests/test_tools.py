@@ -241,3 +241,30 @@ def test_demo_end_to_end(tmp_path):
     assert "packed them into" in out and "serving them at http://127.0.0.1:" in out
     assert "remote -> cache -> batches" in out and "DataLoader" in out
     assert os.listdir(tmp_path) == []  # nothing left behind
+
+
+def test_a_manifest_opens_without_a_scan(tmp_path):
+    for i in range(3):
+        write_tar(tmp_path / f"s{i}.tar", make_samples(20, seed=i))
+    scanned = stoker.Dataset(sorted(str(p) for p in tmp_path.glob("*.tar")))
+    assert run_cli("index", str(tmp_path)).returncode == 0
+    # Break a header but keep the size: opening reads only the manifest, so it succeeds;
+    # the shard is indexed (and refused) when a batch first reads it.
+    with open(tmp_path / "s2.tar", "r+b") as f:
+        f.write(b"\xff" * 100)
+    ds = stoker.Dataset(tmp_path)
+    assert len(ds) == 60 and sorted(ds.fields) == ["cls", "raw"]
+    assert not ds._indexed.any()
+    got = ds.get_batch(range(40))
+    want = scanned.get_batch(range(40))
+    assert [bytes(s["raw"]) for s in got] == [bytes(s["raw"]) for s in want]
+    assert ds._indexed.tolist() == [True, True, False]
+    with pytest.raises(stoker.ShardFormatError, match="s2.tar"):
+        ds.get_batch([45])
+    (tmp_path / "s2.tar").unlink()
+    write_tar(tmp_path / "s2.tar", make_samples(20, seed=2))
+    fields = {"raw": stoker.Bytes(), "cls": stoker.Int()}
+    loader = stoker.Loader(stoker.Dataset(tmp_path), batch_size=7, seed=1, fields=fields)
+    rescanned = stoker.Dataset(sorted(str(p) for p in tmp_path.glob("*.tar")))
+    reference = stoker.Loader(rescanned, batch_size=7, seed=1, fields=fields)
+    assert [b["cls"].tolist() for b in loader] == [b["cls"].tolist() for b in reference]

@@ -121,10 +121,18 @@ class Dataset:
             _check_manifest_size(paths[i], shards[i][1])
         indexes: list[dict] = [{} for _ in paths]
         identities = np.zeros((len(paths), 3), np.int64)
+        # Shards a manifest describes open without a scan: each is indexed when a batch
+        # first reads it.
+        lazy = [i for i in local_ids if _describes(shards[i][1])]
+        for i in lazy:
+            entry = shards[i][1]
+            indexes[i] = {"format": formats[i], "samples": entry["samples"]}
+            indexes[i]["fields"] = entry.get("fields")
+        scan = [i for i in local_ids if i not in set(lazy)]
         found = _core.index_shards(
-            [paths[i] for i in local_ids], [formats[i] for i in local_ids], num_threads or 0
+            [paths[i] for i in scan], [formats[i] for i in scan], num_threads or 0
         )
-        for i, index in zip(local_ids, found):
+        for i, index in zip(scan, found):
             indexes[i] = index
             identities[i] = index["identity"]
         self._remote: RemoteShards | None = None
@@ -260,6 +268,11 @@ class Dataset:
         placeholder ``{"format", "samples", "fields"}``: its samples count, its members
         are added by _add_index once it is."""
         self._paths = paths
+        self._formats = (
+            [index.get("format") if index.get("format") != "files" else "" for index in indexes]
+            if member_files is None
+            else [""] * len(paths)
+        )
         self._identities = identities
         self._index_lock = threading.RLock()
         # Reads check that each file is still the one indexed.
@@ -425,9 +438,11 @@ class Dataset:
     def keys(self, indices: Sequence[int] | np.ndarray) -> list[str]:
         """Keys of samples `indices` (non-negative)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
-        if self._remote is not None and not self._indexed[self.shards_of(idx)].all():
-            with self._holding(idx):  # a remote shard's keys are known once it is here
-                return self.keys(idx)
+        if not self._indexed[self.shards_of(idx)].all():
+            if self._remote is not None:
+                with self._holding(idx):  # a remote shard's keys are known once it is here
+                    return self.keys(idx)
+            self._ensure_local(idx)
         if self._key_array is None:  # built on first use: one array lookup per batch after
             self._key_array = np.empty(len(self), dtype=object)
             for shard in np.flatnonzero(self._indexed).tolist():
@@ -467,6 +482,7 @@ class Dataset:
 
     def _field_rows(self, name: str, idx: np.ndarray) -> np.ndarray:
         """The member row holding field `name` of each sample of `idx` (-1: it has none)."""
+        self._ensure_local(idx)
         table = self._field_tables.get(name)
         if table is None:
             table = self._field_tables[name] = np.full(len(self), -1, np.int64)
@@ -492,14 +508,31 @@ class Dataset:
         return np.searchsorted(self._shard_start, idx, side="right") - 1
 
     def _ensure_local(self, idx: np.ndarray) -> None:
-        """Every shard of samples `idx` indexed (remote ones must be held: see _holding)."""
-        if self._remote is None or len(idx) == 0:
+        """Every shard of samples `idx` indexed: local ones a manifest described are
+        indexed now; remote ones must be held already (see _holding)."""
+        if self._indexed.all() or len(idx) == 0:
             return
         shards = np.unique(self.shards_of(idx))
-        missing = shards[~self._indexed[shards]]
-        if len(missing):
+        missing = shards[~self._indexed[shards]].tolist()
+        local = [s for s in missing if s not in self._remote_of]
+        if local:
+            with self._index_lock:
+                local = [s for s in local if not self._indexed[s]]
+                found = _core.index_shards(
+                    [self._paths[s] for s in local],
+                    [self._formats[s] for s in local],
+                    self.num_threads or 0,
+                )
+                self._add_index(local, found)
+                identities = self._identities.copy()
+                for s, index in zip(local, found):
+                    identities[s] = index["identity"]
+                self._files = _core.FileTable(self._paths, identities)
+                self._identities = identities
+        remote = [s for s in missing if s in self._remote_of]
+        if remote:
             raise StokerError(
-                f"internal: shard {self.shards[int(missing[0])]} is read before it is local"
+                f"internal: shard {self.shards[remote[0]]} is read before it is local"
             )
 
     @contextlib.contextmanager
@@ -687,6 +720,11 @@ def _split_name(name: str) -> tuple[str, str]:
     if not dot or not stem:
         stem, ext = base, "bin"
     return (os.path.join(folder, stem) if folder else stem), ext.lower()
+
+
+def _describes(entry: dict | None) -> bool:
+    """Whether a manifest entry says enough to open its shard without a scan."""
+    return bool(entry) and isinstance(entry.get("samples"), int) and "bytes" in entry
 
 
 def _check_manifest_size(path: str, entry: dict | None) -> None:
