@@ -211,6 +211,13 @@ def write_shard(
             idx = samples[at : at + chunk]
             for sample in ds.get_batch(idx):
                 key = sample.pop("__key__")
+                if key.startswith("/") or ".." in key.split("/"):
+                    # Nothing in stoker extracts members, but other tools do: a packed
+                    # shard never names a place outside the folder it is unpacked in.
+                    raise StokerError(
+                        f"sample key {key!r} (from {ds.source}) is not a safe relative name: "
+                        "refusing to pack it"
+                    )
                 label = sample.pop("label", None)
                 for field in sorted(sample):
                     value = sample[field]

@@ -50,7 +50,7 @@ _PACE_STEP_S = 0.01
 
 #: Fault kinds and the parameters each accepts.
 _FAULT_PARAMS: dict[str, frozenset[str]] = {
-    "status": frozenset({"status", "retry_after"}),
+    "status": frozenset({"status", "retry_after", "location"}),
     "reset": frozenset({"after"}),
     "short": frozenset({"after"}),
     "corrupt": frozenset({"at", "count"}),
@@ -189,13 +189,15 @@ class ShardServer:
         finally:
             self._halt_loop()
 
-    def restart(self) -> None:
-        """Stop, then start again on the same port: a server that dies and comes back.
+    def restart(self, down_for: float = 0.0) -> None:
+        """Stop, stay down `down_for` seconds (connections are refused meanwhile), then
+        start again on the same port: a server that dies and comes back.
 
         Open connections are aborted; faults and counters carry over.
         """
         port = self.port
         self.stop()
+        time.sleep(down_for)
         self._requested_port = port
         self.start()
 
@@ -233,7 +235,8 @@ class ShardServer:
         ``*`` matches across "/" too). HEAD requests never get faults.
         Kinds and their parameters:
 
-        - ``"status"``: answer ``status`` with no body (``retry_after`` adds Retry-After);
+        - ``"status"``: answer ``status`` with no body (``retry_after`` adds Retry-After,
+          ``location`` a Location: with a 3xx status, a redirect);
           ``"503"``, ``"429"``, ``"404"`` (any three digits) are shorthands;
         - ``"reset"``: send ``after`` body bytes (default half), then abort the connection;
         - ``"short"``: send ``after`` body bytes (default half), then close cleanly, short
@@ -420,6 +423,8 @@ class ShardServer:
             headers = {}
             if fault.params.get("retry_after") is not None:
                 headers["Retry-After"] = str(fault.params["retry_after"])
+            if fault.params.get("location") is not None:  # a redirect
+                headers["Location"] = str(fault.params["location"])
             return self._empty(request, relpath, int(fault.params["status"]), headers)
 
         path = self._resolve(relpath)

@@ -1,0 +1,347 @@
+// libFuzzer target for the shard parsers and the reader on what they index.
+//
+// Input: one byte that picks the format (byte % 3: 0 tar, 1 zip, 2 npy), then
+// the shard's bytes. Each input is
+//   1. indexed from memory (a WindowReader over the bytes, with a small window
+//      so that headers straddle windows) and from a real file (a memfd opened
+//      by its /proc/self/fd path, as a Dataset opens a shard); the two must
+//      agree exactly, and an index must only describe bytes inside the file;
+//   2. read back with io::ShardReader, every member the index found, in
+//      batches: stored bytes must equal the input's, deflated members are
+//      inflated and CRC-checked by the reader.
+// stoker::FormatError and stoker::ReadError are the expected rejections of bad
+// input. Anything else (another exception, a crash, a sanitizer report, a
+// hang, an index that points outside the file, wrong bytes) is a bug: the
+// harness aborts with a message so that libFuzzer saves the input.
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <string>
+#include <typeinfo>
+#include <vector>
+
+#include "stoker/errors.hpp"
+#include "stoker/format/shard_index.hpp"
+#include "stoker/format/window_reader.hpp"
+#include "stoker/io/shard_reader.hpp"
+
+namespace {
+
+using stoker::format::ShardIndex;
+using stoker::io::Codec;
+using stoker::io::ReadRequest;
+
+constexpr const char* kFormats[] = {"tar", "zip", "npy"};
+// What one input may make the harness decode in all, and per batch of reads:
+// bounded, so memory stays far below libFuzzer's -rss_limit_mb.
+constexpr uint64_t kMaxDecodedBytes = 64ull << 20;
+constexpr size_t kBatchMembers = 256;
+constexpr size_t kMaxMembers = 1024;
+constexpr uint64_t kAlign = 64;  // as the Python Dataset lays out a batch
+
+[[noreturn]] void bug(const std::string& what) {
+  std::fprintf(stderr, "\n==stoker-fuzz== BUG: %s\n", what.c_str());
+  std::fflush(stderr);
+  std::abort();
+}
+
+// A rejection of bad input, with the file's name taken out so that the same
+// rejection from memory and from the memfd compare equal.
+struct Outcome {
+  bool ok = false;
+  uint64_t offset = 0;
+  std::string message;
+  ShardIndex index;
+};
+
+std::string without_path(const stoker::Error& e) {
+  std::string what = e.what();
+  if (!e.path().empty() && what.compare(0, e.path().size(), e.path()) == 0) {
+    what.erase(0, e.path().size());
+  }
+  // The path may also appear inside the text ("...: /proc/self/fd/3: ...").
+  for (size_t at; !e.path().empty() && (at = what.find(e.path())) != std::string::npos;) {
+    what.replace(at, e.path().size(), "<shard>");
+  }
+  return what;
+}
+
+// Runs `parse`; FormatError and ReadError are outcomes, anything else a bug.
+template <typename Parse>
+Outcome attempt(const char* stage, Parse parse) {
+  Outcome out;
+  try {
+    out.index = parse();
+    out.ok = true;
+  } catch (const stoker::FormatError& e) {
+    out.offset = e.offset();
+    out.message = without_path(e);
+  } catch (const stoker::ReadError& e) {
+    out.offset = e.offset();
+    out.message = without_path(e);
+  } catch (const std::exception& e) {
+    bug(std::string(stage) + " threw " + typeid(e).name() + ": " + e.what());
+  } catch (...) {
+    bug(std::string(stage) + " threw something that is not a std::exception");
+  }
+  return out;
+}
+
+// What a Dataset assumes of any index the parsers return.
+void check_index(const ShardIndex& index, const std::string& format, uint64_t size,
+                 bool located) {
+  if (index.format != format) bug("index format '" + index.format + "' for a " + format);
+  if (format == "npy") {
+    const auto& h = index.npy;
+    if (h.shape.empty() || h.itemsize == 0) bug("npy index without shape or itemsize");
+    if (h.data_offset > size) bug("npy data offset past the end of the file");
+    uint64_t rows = h.shape[0];
+    if (h.row_bytes != 0 && rows > (size - h.data_offset) / h.row_bytes) {
+      bug("npy index has " + std::to_string(rows) + " rows of " + std::to_string(h.row_bytes) +
+          " bytes from offset " + std::to_string(h.data_offset) + " in a file of " +
+          std::to_string(size) + " bytes");
+    }
+    return;
+  }
+  size_t members = index.member_field.size();
+  if (index.member_offset.size() != members || index.member_length.size() != members ||
+      index.member_out_length.size() != members || index.member_codec.size() != members ||
+      index.member_crc.size() != members) {
+    bug("member columns differ in length");
+  }
+  const auto& starts = index.sample_start;
+  if (starts.size() != index.keys.size() + 1 || starts.front() != 0 ||
+      starts.back() != members) {
+    bug("sample_start does not bracket the members");
+  }
+  for (size_t s = 0; s + 1 < starts.size(); ++s) {
+    if (starts[s] >= starts[s + 1]) bug("a sample with no members");
+  }
+  for (size_t m = 0; m < members; ++m) {
+    if (index.member_field[m] >= index.field_names.size()) bug("member field id out of range");
+    auto codec = static_cast<Codec>(index.member_codec[m]);
+    uint64_t offset = index.member_offset[m], length = index.member_length[m];
+    uint64_t out = index.member_out_length[m];
+    if (codec == Codec::kStored) {
+      if (out != length) bug("stored member whose decoded length differs from its length");
+    } else if (codec == Codec::kDeflate) {
+      if (format != "zip") bug("a deflated member outside a zip");
+    } else {
+      bug("member codec " + std::to_string(index.member_codec[m]));
+    }
+    if (located && (offset > size || length > size - offset)) {
+      bug("member " + std::to_string(m) + " (" + std::to_string(length) + " bytes at " +
+          std::to_string(offset) + ") lies outside the file of " + std::to_string(size) +
+          " bytes");
+    }
+  }
+}
+
+bool same_members(const ShardIndex& a, const ShardIndex& b, bool compare_offsets) {
+  return a.keys == b.keys && a.sample_start == b.sample_start && a.field_names == b.field_names &&
+         a.member_field == b.member_field &&
+         (!compare_offsets || a.member_offset == b.member_offset) &&
+         a.member_length == b.member_length && a.member_out_length == b.member_out_length &&
+         a.member_codec == b.member_codec && a.member_crc == b.member_crc;
+}
+
+bool same_index(const ShardIndex& a, const ShardIndex& b) {
+  const auto &x = a.npy, &y = b.npy;
+  return same_members(a, b, true) && x.descr == y.descr && x.fortran_order == y.fortran_order &&
+         x.shape == y.shape && x.data_offset == y.data_offset && x.itemsize == y.itemsize &&
+         x.row_bytes == y.row_bytes;
+}
+
+// A memfd holding the shard: a real file for the parsers and the reader.
+class MemFile {
+ public:
+  MemFile(const uint8_t* data, size_t size) {
+    fd_ = memfd_create("stoker-fuzz", MFD_CLOEXEC);
+    if (fd_ < 0) bug(std::string("memfd_create: ") + std::strerror(errno));
+    for (size_t done = 0; done < size;) {
+      ssize_t n = write(fd_, data + done, size - done);
+      if (n <= 0) bug(std::string("write to memfd: ") + std::strerror(errno));
+      done += static_cast<size_t>(n);
+    }
+    path_ = "/proc/self/fd/" + std::to_string(fd_);
+  }
+  ~MemFile() { close(fd_); }
+  MemFile(const MemFile&) = delete;
+  MemFile& operator=(const MemFile&) = delete;
+  const std::string& path() const { return path_; }
+
+ private:
+  int fd_ = -1;
+  std::string path_;
+};
+
+stoker::io::ShardReader& reader() {
+  static stoker::io::ShardReader instance(/*num_threads=*/2, /*max_open_files=*/4);
+  return instance;
+}
+
+// The requests that read the index's members (the rows of a .npy), as the
+// Dataset makes them: each at the next aligned offset of one buffer.
+std::vector<ReadRequest> member_requests(const ShardIndex& index) {
+  std::vector<ReadRequest> requests;
+  uint64_t decoded = 0;
+  auto add = [&](uint64_t offset, uint64_t length, uint64_t out, Codec codec, uint32_t crc) {
+    if (requests.size() >= kMaxMembers || out > kMaxDecodedBytes - decoded) return false;
+    decoded += out;
+    ReadRequest r;
+    r.offset = offset;
+    r.length = length;
+    r.out_length = out;
+    r.codec = codec;
+    r.check_crc = codec != Codec::kStored;  // as the bindings do by default
+    r.crc32 = crc;
+    requests.push_back(r);
+    return true;
+  };
+  if (index.format == "npy") {
+    const auto& h = index.npy;
+    for (uint64_t row = 0; row < h.shape[0]; ++row) {
+      if (!add(h.data_offset + row * h.row_bytes, h.row_bytes, h.row_bytes, Codec::kStored, 0)) {
+        break;
+      }
+    }
+  } else {
+    for (size_t m = 0; m < index.member_offset.size(); ++m) {
+      if (!add(index.member_offset[m], index.member_length[m], index.member_out_length[m],
+               static_cast<Codec>(index.member_codec[m]), index.member_crc[m])) {
+        break;
+      }
+    }
+  }
+  return requests;
+}
+
+// Reads `requests` in one batch; stored bytes must equal the input's.
+void read_batch(const std::shared_ptr<const stoker::io::FileTable>& files,
+                std::vector<ReadRequest> requests, const uint8_t* shard) {
+  uint64_t size = 0;
+  for (auto& r : requests) {
+    r.dest_offset = size;
+    size += (r.out_length + kAlign - 1) / kAlign * kAlign;
+  }
+  // Exactly the batch's size, so that AddressSanitizer sees any write past it.
+  std::unique_ptr<uint8_t[]> buffer(new uint8_t[size == 0 ? 1 : size]);
+  try {
+    reader().submit(files, requests, buffer.get(), size)->wait(-1);
+  } catch (const stoker::FormatError&) {
+    return;
+  } catch (const stoker::ReadError&) {
+    return;
+  } catch (const std::exception& e) {
+    bug(std::string("ShardReader threw ") + typeid(e).name() + ": " + e.what());
+  }
+  for (const auto& r : requests) {
+    if (r.codec == Codec::kStored &&
+        std::memcmp(buffer.get() + r.dest_offset, shard + r.offset, r.length) != 0) {
+      bug("stored member at offset " + std::to_string(r.offset) +
+          " read back with other bytes than the file holds");
+    }
+  }
+}
+
+// ASCII integers (WebDataset .cls, the Loader's Int()): the same members
+// decoded by the reader's integer parser.
+void read_as_ints(const std::shared_ptr<const stoker::io::FileTable>& files,
+                  const ShardIndex& index) {
+  std::vector<ReadRequest> requests;
+  for (size_t m = 0; m < index.member_offset.size() && requests.size() < kBatchMembers; ++m) {
+    if (static_cast<Codec>(index.member_codec[m]) != Codec::kStored) continue;
+    ReadRequest r;
+    r.offset = index.member_offset[m];
+    r.length = index.member_length[m];
+    r.out_length = sizeof(int64_t);
+    r.codec = Codec::kAsciiInt;
+    r.dest_offset = requests.size() * sizeof(int64_t);
+    requests.push_back(r);
+  }
+  if (requests.empty()) return;
+  std::vector<uint8_t> buffer(requests.size() * sizeof(int64_t));
+  try {
+    reader().submit(files, std::move(requests), buffer.data(), buffer.size())->wait(-1);
+  } catch (const stoker::FormatError&) {
+  } catch (const stoker::ReadError&) {
+  } catch (const std::exception& e) {
+    bug(std::string("ShardReader (ASCII integers) threw ") + typeid(e).name() + ": " + e.what());
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  if (size < 1) return 0;
+  const std::string format = kFormats[data[0] % 3];
+  const uint8_t* shard = data + 1;
+  const uint64_t shard_size = size - 1;
+
+  // 1a. From memory, through a small window.
+  auto read_memory = [shard, shard_size](uint8_t* dest, uint64_t length, uint64_t offset) {
+    if (offset > shard_size || length > shard_size - offset) {
+      bug("WindowReader asked its source for " + std::to_string(length) + " bytes at " +
+          std::to_string(offset) + " of " + std::to_string(shard_size));
+    }
+    if (length > 0) std::memcpy(dest, shard + offset, length);
+  };
+  Outcome memory = attempt("index_shard (memory)", [&] {
+    stoker::format::WindowReader in("memory." + format, shard_size, read_memory, 512);
+    return stoker::format::index_shard(in, format);
+  });
+  if (memory.ok) check_index(memory.index, format, shard_size, true);
+
+  if (format == "zip") {  // a remote shard's index: the central directory only
+    Outcome directory = attempt("index_zip (central directory only)", [&] {
+      stoker::format::WindowReader in("memory.zip", shard_size, read_memory, 4096);
+      return stoker::format::index_zip(in, /*locate_members=*/false);
+    });
+    if (directory.ok) check_index(directory.index, format, shard_size, false);
+    if (memory.ok && (!directory.ok || !same_members(memory.index, directory.index, false))) {
+      bug("zip indexed with its members located disagrees with the central directory alone");
+    }
+  }
+
+  // 1b. From a real file, as a Dataset opens a shard.
+  MemFile file(shard, shard_size);
+  Outcome disk = attempt("index_shard (file)",
+                         [&] { return stoker::format::index_shard(file.path(), format); });
+  if (disk.ok != memory.ok) {
+    bug("index from memory " + std::string(memory.ok ? "succeeded" : "failed: " + memory.message) +
+        " but from a file " + (disk.ok ? "succeeded" : "failed: " + disk.message));
+  }
+  if (!disk.ok) {
+    if (disk.offset != memory.offset || disk.message != memory.message) {
+      bug("memory and file parses fail differently: '" + memory.message + "' vs '" +
+          disk.message + "'");
+    }
+    return 0;
+  }
+  check_index(disk.index, format, shard_size, true);
+  if (disk.index.identity.size != shard_size) bug("file identity has the wrong size");
+  if (!same_index(memory.index, disk.index)) bug("memory and file indexes differ");
+
+  // 2. Read every member back, in batches, as a Dataset would.
+  auto files = std::make_shared<stoker::io::FileTable>();
+  files->paths = {file.path()};
+  files->identities = {disk.index.identity};
+  std::shared_ptr<const stoker::io::FileTable> table = files;
+  std::vector<ReadRequest> requests = member_requests(disk.index);
+  for (size_t first = 0; first < requests.size(); first += kBatchMembers) {
+    size_t last = std::min(requests.size(), first + kBatchMembers);
+    read_batch(table, std::vector<ReadRequest>(requests.begin() + first, requests.begin() + last),
+               shard);
+  }
+  if (format != "npy") read_as_ints(table, disk.index);
+  // The fd number (and so the path) comes back for the next input's memfd.
+  reader().forget(file.path());
+  return 0;
+}
