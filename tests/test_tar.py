@@ -198,3 +198,14 @@ def test_duplicate_field_in_sample(tmp_path):
 def test_errors_are_value_errors(tmp_path):
     with pytest.raises(ValueError):
         stoker.Dataset(_corrupt(tmp_path, lambda r: r[:700]))
+
+
+def test_member_names_that_are_not_utf8_open_as_tarfile_reads_them(tmp_path):
+    path = tmp_path / "latin1.tar"
+    with tarfile.open(path, "w", format=tarfile.GNU_FORMAT, errors="surrogateescape") as tar:
+        info = tarfile.TarInfo("k\udcff.cls")  # the byte 0xff in the archive
+        info.size = 1
+        tar.addfile(info, io.BytesIO(b"7"))
+    ds = stoker.Dataset(path)
+    assert ds.keys([0]) == ["k\udcff"]
+    assert bytes(ds[0]["cls"]) == b"7"

@@ -2,6 +2,7 @@
 // Python's own bases (ValueError, OSError), so C++ errors arrive as them.
 #include "stoker/errors.hpp"
 
+#include <cstring>
 #include <string>
 
 #include "bindings.hpp"
@@ -31,9 +32,26 @@ PyObject* make_type(py::module_& m, const char* name, std::initializer_list<PyOb
   return type;
 }
 
+// Messages quote bytes from shards (member names, header text) that need not
+// be UTF-8: undecodable bytes are shown escaped, never turned into a
+// UnicodeDecodeError that would hide the real error.
+py::str message_of(const char* text) {
+  PyObject* s =
+      PyUnicode_DecodeUTF8(text, static_cast<Py_ssize_t>(std::strlen(text)), "backslashreplace");
+  if (s == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(s);
+}
+
 // Raises `instance` (of `type`) with `.path` and `.offset` set from the error.
 void raise_located(PyObject* type, const Error& e, py::object instance) {
-  instance.attr("path") = e.path().empty() ? py::none() : py::object(py::str(e.path()));
+  if (e.path().empty()) {
+    instance.attr("path") = py::none();
+  } else {  // as os.fsdecode gives it: a path that is not UTF-8 round-trips
+    PyObject* path =
+        PyUnicode_DecodeFSDefaultAndSize(e.path().data(), static_cast<Py_ssize_t>(e.path().size()));
+    if (path == nullptr) throw py::error_already_set();
+    instance.attr("path") = py::reinterpret_steal<py::object>(path);
+  }
   instance.attr("offset") = e.offset();
   PyErr_SetObject(type, instance.ptr());
 }
@@ -59,12 +77,12 @@ void register_errors(py::module_& m) {
     } catch (const ReadError& e) {
       // Not OSError's three-argument form: its filename would repeat the path
       // the message already starts with.
-      py::object instance = py::handle(read_error)(e.error_number(), e.what());
+      py::object instance = py::handle(read_error)(e.error_number(), message_of(e.what()));
       raise_located(read_error, e, instance);
     } catch (const FormatError& e) {
-      raise_located(shard_format_error, e, py::handle(shard_format_error)(e.what()));
+      raise_located(shard_format_error, e, py::handle(shard_format_error)(message_of(e.what())));
     } catch (const Error& e) {
-      raise_located(stoker_error, e, py::handle(stoker_error)(e.what()));
+      raise_located(stoker_error, e, py::handle(stoker_error)(message_of(e.what())));
     }
   });
 }

@@ -17,6 +17,19 @@ namespace stoker::bindings {
 
 namespace {
 
+// Member names are bytes in the archive: not UTF-8 ones decode as Python's
+// tarfile does, with surrogateescape, so every shard tarfile reads opens here.
+py::list names_to_python(const std::vector<std::string>& names) {
+  py::list out(names.size());
+  for (size_t i = 0; i < names.size(); ++i) {
+    PyObject* s = PyUnicode_DecodeUTF8(names[i].data(), static_cast<Py_ssize_t>(names[i].size()),
+                                       "surrogateescape");
+    if (s == nullptr) throw py::error_already_set();
+    PyList_SET_ITEM(out.ptr(), static_cast<Py_ssize_t>(i), s);
+  }
+  return out;
+}
+
 py::dict index_to_dict(format::ShardIndex&& index) {
   py::dict out;
   out["format"] = index.format;
@@ -33,8 +46,8 @@ py::dict index_to_dict(format::ShardIndex&& index) {
     out["row_bytes"] = npy.row_bytes;
     return out;
   }
-  out["keys"] = py::cast(index.keys);
-  out["field_names"] = py::cast(index.field_names);
+  out["keys"] = names_to_python(index.keys);
+  out["field_names"] = names_to_python(index.field_names);
   out["sample_start"] = vector_to_numpy(std::move(index.sample_start));
   out["member_field"] = vector_to_numpy(std::move(index.member_field));
   out["member_offset"] = vector_to_numpy(std::move(index.member_offset));

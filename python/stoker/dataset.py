@@ -330,8 +330,18 @@ class Dataset:
                 row_shape = tuple(int(d) for d in index["shape"][1:])
                 key = (index["descr"], row_shape)
                 if key not in self._decoder_ids:
+                    try:
+                        dtype = np.dtype(index["descr"])
+                    except (TypeError, ValueError) as e:
+                        raise located(
+                            ShardFormatError,
+                            self.shards[shard],
+                            0,
+                            f"the .npy header's dtype {index['descr']!r} is not one numpy "
+                            f"knows ({e})",
+                        ) from e
                     self._decoder_ids[key] = len(self._decoders)
-                    self._decoders.append((np.dtype(index["descr"]), row_shape))
+                    self._decoders.append((dtype, row_shape))
                 row = np.uint64(index["row_bytes"])
                 cols = {
                     "offset": np.uint64(index["data_offset"]) + np.arange(n, dtype=np.uint64) * row,

@@ -7,7 +7,8 @@ seeds/      small valid shards, written by the standard writers (tarfile, zipfil
             tests/test_malformed.py.
 malformed/  shards that are wrong in one way each, named for what is wrong: every one must
             be refused with stoker.ShardFormatError, when the Dataset opens it or when its
-            samples are read (tests/test_malformed.py).
+            samples are read (tests/test_malformed.py). Inputs the fuzzer found are saved
+            here by hand, named the same way; this script leaves them alone.
 
 The output is deterministic (fixed times and contents), so running this again rewrites the
 same bytes; the files are committed.
@@ -16,7 +17,6 @@ same bytes; the files are committed.
 from __future__ import annotations
 
 import io
-import shutil
 import struct
 import tarfile
 import warnings
@@ -201,6 +201,11 @@ def tar_malformed() -> dict[str, bytes]:
     # Not a tar at all: a gzip stream.
     out["tar-gzipped.tar"] = b"\x1f\x8b\x08\x00" + bytes(600)
 
+    # A member name that is not UTF-8, in a member that runs past the end (the error
+    # quotes the name).
+    name = tar_header(b"\xff\xfe-not-utf8.raw", b"%011o\0" % 5000)
+    out["tar-non-utf8-name-past-end.tar"] = bytes(name) + padded(b"x" * 100)
+
     out["empty.tar"] = b""
     return out
 
@@ -363,6 +368,11 @@ def zip_malformed() -> dict[str, bytes]:
     out["zip-zip64-locator-past-end.zip"] = z[:end] + locator + z[end:]
 
     out["zip-duplicate-field.zip"] = zip_bytes([("a.cls", b"1"), ("a.cls", b"2")])
+    # An encrypted member whose name is not UTF-8: the error quotes the name.
+    named = zip_bytes([("n\u00e9.raw", b"abc")])  # zipfile writes it as UTF-8, flag 11 set
+    named = named.replace("n\u00e9".encode(), b"n\xe9\xff")
+    named = zip_patch(named, 8, "<H", 1, local_field=6)
+    out["zip-non-utf8-name-encrypted.zip"] = named
     out["zip-not-a-zip.zip"] = b"this is not a zip file at all\n" * 10
     return out
 
@@ -437,13 +447,24 @@ def npy_malformed() -> dict[str, bytes]:
     out["npy-0d.npy"] = npy_bytes(np.array(3.5))
     out["npy-fortran-2d.npy"] = npy_bytes(np.asfortranarray(np.ones((3, 4), np.float32)))
     out["npy-v2-truncated-length.npy"] = b"\x93NUMPY\x02\x00\x10\x00"
+    # dtype strings of a known kind that numpy has no type for.
+    out["npy-datetime-bad-unit.npy"] = npy_raw(
+        "{'descr': '<M8[os]', 'fortran_order': False, 'shape': (2,), }", bytes(16)
+    )
+    out["npy-impossible-itemsize.npy"] = npy_raw(
+        "{'descr': '<i3', 'fortran_order': False, 'shape': (2,), }", bytes(6)
+    )
+    # A header key that is not UTF-8 (the error quotes it).
+    out["npy-non-utf8-header-key.npy"] = npy_raw(
+        "{'\x80descr': '|b1', 'fortran_order': False, 'shape': (3,), }", b"\x01\x00\x01"
+    )
     return out
 
 
 def write(folder: Path, files: dict[str, bytes]) -> None:
-    if folder.exists():
-        shutil.rmtree(folder)
-    folder.mkdir(parents=True)
+    """Writes `files`; other files in `folder` (a fuzzer's reproducer saved there by
+    hand) are left alone."""
+    folder.mkdir(parents=True, exist_ok=True)
     for name, data in sorted(files.items()):
         if len(data) >= LIMIT:
             raise SystemExit(f"{name}: {len(data)} bytes, over the {LIMIT}-byte limit")

@@ -52,8 +52,9 @@ constexpr uint64_t kAlign = 64;  // as the Python Dataset lays out a batch
   std::abort();
 }
 
-// A rejection of bad input, with the file's name taken out so that the same
-// rejection from memory and from the memfd compare equal.
+// How indexing one input ended: an index, or a rejection (its offset and its
+// message without the leading file name, so that the same rejection from
+// memory and from the memfd compare equal).
 struct Outcome {
   bool ok = false;
   uint64_t offset = 0;
@@ -65,10 +66,6 @@ std::string without_path(const stoker::Error& e) {
   std::string what = e.what();
   if (!e.path().empty() && what.compare(0, e.path().size(), e.path()) == 0) {
     what.erase(0, e.path().size());
-  }
-  // The path may also appear inside the text ("...: /proc/self/fd/3: ...").
-  for (size_t at; !e.path().empty() && (at = what.find(e.path())) != std::string::npos;) {
-    what.replace(at, e.path().size(), "<shard>");
   }
   return what;
 }
@@ -95,8 +92,7 @@ Outcome attempt(const char* stage, Parse parse) {
 }
 
 // What a Dataset assumes of any index the parsers return.
-void check_index(const ShardIndex& index, const std::string& format, uint64_t size,
-                 bool located) {
+void check_index(const ShardIndex& index, const std::string& format, uint64_t size, bool located) {
   if (index.format != format) bug("index format '" + index.format + "' for a " + format);
   if (format == "npy") {
     const auto& h = index.npy;
@@ -117,8 +113,7 @@ void check_index(const ShardIndex& index, const std::string& format, uint64_t si
     bug("member columns differ in length");
   }
   const auto& starts = index.sample_start;
-  if (starts.size() != index.keys.size() + 1 || starts.front() != 0 ||
-      starts.back() != members) {
+  if (starts.size() != index.keys.size() + 1 || starts.front() != 0 || starts.back() != members) {
     bug("sample_start does not bracket the members");
   }
   for (size_t s = 0; s + 1 < starts.size(); ++s) {
@@ -138,8 +133,7 @@ void check_index(const ShardIndex& index, const std::string& format, uint64_t si
     }
     if (located && (offset > size || length > size - offset)) {
       bug("member " + std::to_string(m) + " (" + std::to_string(length) + " bytes at " +
-          std::to_string(offset) + ") lies outside the file of " + std::to_string(size) +
-          " bytes");
+          std::to_string(offset) + ") lies outside the file of " + std::to_string(size) + " bytes");
     }
   }
 }
@@ -320,8 +314,8 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (!disk.ok) {
     if (disk.offset != memory.offset || disk.message != memory.message) {
-      bug("memory and file parses fail differently: '" + memory.message + "' vs '" +
-          disk.message + "'");
+      bug("memory and file parses fail differently: '" + memory.message + "' vs '" + disk.message +
+          "'");
     }
     return 0;
   }

@@ -135,10 +135,47 @@ uint64_t itemsize_of(const std::string& descr) {
     n = n * 10 + (descr[i++] - '0');
   }
   if (digits == 0) return 0;
+  // Only the sizes numpy has for each kind: "<i3" or "<f5" is no array numpy could load.
+  auto one_of = [n](std::initializer_list<uint64_t> sizes) {
+    for (uint64_t s : sizes) {
+      if (n == s) return true;
+    }
+    return false;
+  };
+  switch (kind) {
+    case 'b':
+      if (n != 1) return 0;
+      break;
+    case 'i':
+    case 'u':
+      if (!one_of({1, 2, 4, 8})) return 0;
+      break;
+    case 'f':
+      if (!one_of({2, 4, 8, 16})) return 0;
+      break;
+    case 'c':
+      if (!one_of({8, 16, 32})) return 0;
+      break;
+    case 'm':
+    case 'M':
+      if (n != 8) return 0;
+      break;
+    default:
+      break;
+  }
   if ((kind == 'm' || kind == 'M') && i < descr.size() && descr[i] == '[') {
-    i = descr.find(']', i);
-    if (i == std::string::npos) return 0;
-    ++i;
+    size_t close = descr.find(']', i);
+    if (close == std::string::npos) return 0;
+    static const char* const kUnits[] = {"Y",  "M",  "W",  "D",  "h",  "m",  "s",
+                                         "ms", "us", "ns", "ps", "fs", "as", "generic"};
+    std::string unit = descr.substr(i + 1, close - i - 1);
+    // An optional count before the unit ("10ms") is allowed, as numpy allows it.
+    size_t start = 0;
+    while (start < unit.size() && unit[start] >= '0' && unit[start] <= '9') ++start;
+    bool known = false;
+    for (const char* u : kUnits) known = known || unit.substr(start) == u;
+    if (!known) return 0;
+    i = close + 1;
   }
   if (i != descr.size()) return 0;
   return kind == 'U' ? n * 4 : n;

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer target (tests/fuzz, clang with AddressSanitizer and
+# UndefinedBehaviorSanitizer) and fuzzes the tar, zip and npy parsers, and the
+# reader on what they index, for SECONDS each (default 60).
+#
+#   scripts/fuzz.sh [SECONDS]
+#
+# Each format has its own corpus, build-fuzz/corpus-<format>, kept between runs
+# and seeded from tests/data/seeds and tests/data/malformed (each file with the
+# format byte the target expects in front). Crashes, leaks, timeouts and
+# out-of-memory inputs land in build-fuzz/artifacts; the script exits non-zero
+# when a run found one and prints how to reproduce it.
+set -euo pipefail
+
+seconds=${1:-60}
+if ! [[ $seconds =~ ^[0-9]+$ ]] || ((seconds < 1)); then
+  echo "usage: $0 [SECONDS]  (seconds of fuzzing per format, default 60)" >&2
+  exit 2
+fi
+
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+build="$root/build-fuzz"
+cd "$root"
+
+# Another build may share this machine: builds take turns on one lock.
+lock=/tmp/stoker-build.lock
+CC=clang CXX=clang++ flock "$lock" cmake -S . -B "$build" -DSTOKER_PYTHON=OFF -DSTOKER_FUZZ=ON \
+  -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
+flock "$lock" cmake --build "$build" --target fuzz_shard -j 2
+fuzzer="$build/tests/fuzz/fuzz_shard"
+
+# Tokens the formats are made of, so that mutations can put them in whole.
+dict="$build/stoker.dict"
+cat >"$dict" <<'EOF'
+"ustar\x00"
+"ustar  \x00"
+"00"
+"0000644\x00"
+"././@LongLink"
+"PaxHeaders"
+" path="
+" size="
+" linkpath="
+"\x0a"
+"PK\x03\x04"
+"PK\x01\x02"
+"PK\x05\x06"
+"PK\x06\x06"
+"PK\x06\x07"
+"\x01\x00"
+"\xff\xff\xff\xff"
+"\x08\x00"
+"\x93NUMPY"
+"\x01\x00"
+"\x02\x00"
+"\x03\x00"
+"'descr'"
+"'fortran_order'"
+"'shape'"
+"True"
+"False"
+"'<f4'"
+"'<M8[ns]'"
+"'|O'"
+"'<U10'"
+"(1,)"
+"()"
+".cls"
+".json"
+EOF
+
+artifacts="$build/artifacts"
+mkdir -p "$artifacts"
+status=0
+found=()
+for format in tar zip npy; do
+  case $format in
+    tar) byte='\x00' ;;
+    zip) byte='\x01' ;;
+    npy) byte='\x02' ;;
+  esac
+  corpus="$build/corpus-$format"
+  mkdir -p "$corpus"
+  for file in tests/data/seeds/*."$format" tests/data/malformed/*."$format"; do
+    [[ -e $file ]] || continue
+    name="seed-$(basename "$(dirname "$file")")-$(basename "$file")"
+    { printf "$byte"; cat "$file"; } >"$corpus/$name"
+  done
+  before=$(find "$artifacts" -type f | sort)
+  log="$build/fuzz-$format.log"
+  echo "== fuzzing $format for ${seconds}s (corpus $corpus, log $log)"
+  rc=0
+  # libFuzzer's own limits: a 2 GiB RSS (and allocation) ceiling, 10 s per input.
+  ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
+    UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
+    "$fuzzer" "$corpus" -dict="$dict" -max_total_time="$seconds" -rss_limit_mb=2048 \
+    -timeout=10 -max_len=65536 -artifact_prefix="$artifacts/$format-" -print_final_stats=1 \
+    >"$log" 2>&1 || rc=$?
+  grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true
+  grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' \
+    "$log" || true
+  echo "corpus: $(find "$corpus" -type f | wc -l) inputs"
+  new=$(comm -13 <(echo "$before") <(find "$artifacts" -type f | sort) | grep -v '/[a-z]*-slow-unit-' || true)
+  if ((rc != 0)) || [[ -n $new ]]; then
+    status=1
+    echo "!! the $format run failed (exit $rc); the end of its log:"
+    grep -E 'ERROR|BUG|SUMMARY|==stoker-fuzz==|Test unit written' "$log" | head -20 || tail -20 "$log"
+    while IFS= read -r artifact; do
+      [[ -n $artifact ]] && found+=("$artifact")
+    done <<<"$new"
+  fi
+done
+
+if ((status != 0)); then
+  echo
+  echo "fuzzing found a problem. Reproduce with:"
+  for artifact in "${found[@]}"; do
+    echo "  $fuzzer $artifact"
+  done
+  exit 1
+fi
+echo "no crash, leak or timeout"

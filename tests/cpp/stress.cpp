@@ -1,0 +1,934 @@
+// A stress program for the reader's concurrency, built for ThreadSanitizer by
+// scripts/sanitize.sh (tests/cpp is added with -DSTOKER_STRESS=ON).
+//
+//   stoker_stress [SECONDS [DIR]]
+//
+// SECONDS defaults to 10; the shards go to DIR (kept, rewritten each run) or to a
+// fresh temporary folder that is removed at the end.
+//
+// It writes a few tar shards by hand (ustar headers with their checksums),
+// indexes them with format::index_shards and checks the index, then for
+// SECONDS runs at once:
+//   - client threads that submit random batches (stored ranges, ASCII integers,
+//     raw deflate with and without CRC checks) to one shared ShardReader and
+//     some to a second one, into ring buffers or into their own buffers, and
+//     wait (blocking, polling with timeouts, spinning on done()), cancel in
+//     flight, drop handles unwaited, hand batches to another thread that
+//     waits (or cancels) too, read through short-lived readers destroyed
+//     before the wait, and submit batches that must fail (short read, a file
+//     changed since it was indexed); every byte read is compared with the file;
+//   - a thread that makes the readers forget descriptors while reads use them
+//     (both readers keep 1 or 2 descriptors open, so eviction is constant);
+//   - threads that read through one small FileCache directly, holding
+//     descriptors across evictions;
+//   - threads that acquire PinnedRing slots, fill them, pass them to each
+//     other and release them on other threads, and drop private rings while
+//     their slots are still out, checking a slot is never handed out twice.
+// Exit status 0 when every check passed; a summary goes to stdout.
+#include <sys/stat.h>
+#include <unistd.h>
+#include <zlib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <mutex>
+#include <numeric>
+#include <random>
+#include <string>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "stoker/errors.hpp"
+#include "stoker/format/shard_index.hpp"
+#include "stoker/io/file_cache.hpp"
+#include "stoker/io/pinned_ring.hpp"
+#include "stoker/io/posix_file.hpp"
+#include "stoker/io/shard_reader.hpp"
+
+namespace {
+
+using namespace stoker;
+using Clock = std::chrono::steady_clock;
+using Rng = std::mt19937_64;
+
+// ---------------------------------------------------------------- reporting
+
+std::atomic<bool> g_stop{false};
+std::atomic<uint64_t> g_failures{0};
+std::mutex g_print;
+
+void failure(const std::string& what) {
+  if (g_failures.fetch_add(1) < 20) {
+    std::lock_guard<std::mutex> lock(g_print);
+    std::fprintf(stderr, "FAIL: %s\n", what.c_str());
+  }
+}
+
+#define CHECK(cond, what)                                                                  \
+  do {                                                                                     \
+    if (!(cond))                                                                           \
+      failure(std::string(__FILE__ ":") + std::to_string(__LINE__) + ": " + #cond + ": " + \
+              (what));                                                                     \
+  } while (0)
+
+struct Counters {
+  std::atomic<uint64_t> batches{0}, bytes{0}, pieces{0};
+  std::atomic<uint64_t> cancels{0}, late_cancels{0}, dropped{0}, expected_errors{0};
+  std::atomic<uint64_t> handoffs{0}, ephemeral{0}, polls{0}, spins{0};
+  std::atomic<uint64_t> forgets{0}, cache_reads{0}, ring_slots{0}, ring_passes{0}, dead_rings{0};
+} g;
+
+uint64_t pick(Rng& rng, uint64_t lo, uint64_t hi) {  // inclusive
+  return std::uniform_int_distribution<uint64_t>(lo, hi)(rng);
+}
+
+// ---------------------------------------------------------------- shards
+
+struct Sample {
+  std::string key;
+  uint64_t bin_offset = 0, bin_length = 0;
+  uint64_t cls_offset = 0, cls_length = 0;
+  int64_t cls_value = 0;
+  uint64_t z_offset = 0, z_length = 0;  // raw deflate on disk
+  std::vector<uint8_t> z_plain;         // what it inflates to
+  uint32_t z_crc = 0;
+};
+
+struct Shard {
+  std::string path;
+  std::vector<uint8_t> bytes;  // the whole file, to check reads against
+  std::vector<Sample> samples;
+};
+
+void octal(uint8_t* field, size_t width, uint64_t value) {
+  // width - 1 zero-padded octal digits, then a NUL.
+  for (size_t i = width - 1; i-- > 0; value >>= 3)
+    field[i] = static_cast<uint8_t>('0' + (value & 7));
+  field[width - 1] = 0;
+}
+
+// Appends one ustar member; returns the offset of its data.
+uint64_t append_member(std::vector<uint8_t>& out, const std::string& name, const uint8_t* data,
+                       size_t size) {
+  uint8_t h[512] = {};
+  std::memcpy(h, name.data(), std::min<size_t>(name.size(), 99));
+  octal(h + 100, 8, 0644);           // mode
+  octal(h + 108, 8, 0);              // uid
+  octal(h + 116, 8, 0);              // gid
+  octal(h + 124, 12, size);          // size
+  octal(h + 136, 12, 1700000000);    // mtime
+  h[156] = '0';                      // a regular file
+  std::memcpy(h + 257, "ustar", 6);  // magic with its NUL
+  std::memcpy(h + 263, "00", 2);     // version
+  std::memcpy(h + 265, "stoker", 6);
+  std::memcpy(h + 297, "stoker", 6);
+  std::memset(h + 148, ' ', 8);  // the checksum sums its own field as spaces
+  unsigned sum = 0;
+  for (uint8_t b : h) sum += b;
+  std::snprintf(reinterpret_cast<char*>(h + 148), 8, "%06o", sum);  // 6 digits, NUL; h[155] ' '
+  out.insert(out.end(), h, h + 512);
+  uint64_t at = out.size();
+  out.insert(out.end(), data, data + size);
+  out.resize((out.size() + 511) / 512 * 512, 0);
+  return at;
+}
+
+std::vector<uint8_t> raw_deflate(const std::vector<uint8_t>& plain, int level) {
+  z_stream zs{};
+  if (deflateInit2(&zs, level, Z_DEFLATED, -15, 8, Z_DEFAULT_STRATEGY) != Z_OK) std::abort();
+  std::vector<uint8_t> out(deflateBound(&zs, plain.size()) + 16);
+  zs.next_in = const_cast<uint8_t*>(plain.data());
+  zs.avail_in = static_cast<uInt>(plain.size());
+  zs.next_out = out.data();
+  zs.avail_out = static_cast<uInt>(out.size());
+  if (deflate(&zs, Z_FINISH) != Z_STREAM_END) std::abort();
+  out.resize(zs.total_out);
+  deflateEnd(&zs);
+  return out;
+}
+
+Shard make_shard(const std::string& path, size_t index, size_t count) {
+  Rng rng(7919 * (index + 1));
+  Shard shard;
+  shard.path = path;
+  static const char* kWords[] = {"stoker ", "keeps ", "GPUs ", "fed ", "tar ", "zip ", "npy "};
+  for (size_t i = 0; i < count; ++i) {
+    Sample s;
+    char key[32];
+    std::snprintf(key, sizeof key, "s%02zu_%06zu", index, i);
+    s.key = key;
+
+    // Mostly small members; a few bigger than one merged read (256 KiB).
+    size_t n = pick(rng, 0, 9) == 0 ? pick(rng, 100000, 400000) : pick(rng, 1, 20000);
+    std::vector<uint8_t> bin(n);
+    for (auto& b : bin) b = static_cast<uint8_t>(rng());
+    s.bin_length = n;
+    s.bin_offset = append_member(shard.bytes, s.key + ".bin", bin.data(), bin.size());
+
+    s.cls_value = static_cast<int64_t>(pick(rng, 0, 2000000000000000ull)) - 1000000000000000ll;
+    std::string text = std::to_string(s.cls_value);
+    switch (pick(rng, 0, 2)) {
+      case 0:
+        text = " " + text + "\n";
+        break;
+      case 1:
+        if (s.cls_value >= 0) text = "+" + text;
+        break;
+      default:
+        break;
+    }
+    s.cls_length = text.size();
+    s.cls_offset = append_member(shard.bytes, s.key + ".cls",
+                                 reinterpret_cast<const uint8_t*>(text.data()), text.size());
+
+    size_t plain = pick(rng, 1, 30000);
+    while (s.z_plain.size() < plain) {
+      if (pick(rng, 0, 3) == 0) {
+        s.z_plain.push_back(static_cast<uint8_t>(rng()));
+      } else {
+        const char* w = kWords[pick(rng, 0, 6)];
+        s.z_plain.insert(s.z_plain.end(), w, w + std::strlen(w));
+      }
+    }
+    s.z_plain.resize(plain);
+    s.z_crc = static_cast<uint32_t>(crc32(0, s.z_plain.data(), static_cast<uInt>(plain)));
+    std::vector<uint8_t> z = raw_deflate(s.z_plain, static_cast<int>(pick(rng, 1, 9)));
+    s.z_length = z.size();
+    s.z_offset = append_member(shard.bytes, s.key + ".z", z.data(), z.size());
+    shard.samples.push_back(std::move(s));
+  }
+  shard.bytes.resize(shard.bytes.size() + 1024, 0);  // the end-of-archive blocks
+
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(shard.bytes.data()),
+            static_cast<std::streamsize>(shard.bytes.size()));
+  out.close();
+  if (!out) {
+    std::fprintf(stderr, "cannot write %s\n", path.c_str());
+    std::exit(2);
+  }
+  return shard;
+}
+
+void check_index(const Shard& shard, const format::ShardIndex& ix) {
+  const std::string& p = shard.path;
+  CHECK(ix.format == "tar", p);
+  CHECK(ix.file_size == shard.bytes.size(), p);
+  CHECK(ix.identity.size == shard.bytes.size(), p);
+  CHECK(ix.keys.size() == shard.samples.size(), p);
+  CHECK(ix.sample_start.size() == ix.keys.size() + 1, p);
+  if (ix.keys.size() != shard.samples.size() || ix.sample_start.size() != ix.keys.size() + 1)
+    return;
+  for (size_t j = 0; j < ix.keys.size(); ++j) {
+    const Sample& s = shard.samples[j];
+    CHECK(ix.keys[j] == s.key, p + " sample " + std::to_string(j));
+    CHECK(ix.sample_start[j + 1] - ix.sample_start[j] == 3, s.key);
+    for (uint32_t m = ix.sample_start[j]; m < ix.sample_start[j + 1]; ++m) {
+      const std::string& field = ix.field_names.at(ix.member_field[m]);
+      uint64_t offset = field == "bin" ? s.bin_offset : field == "cls" ? s.cls_offset : s.z_offset;
+      uint64_t length = field == "bin" ? s.bin_length : field == "cls" ? s.cls_length : s.z_length;
+      CHECK(field == "bin" || field == "cls" || field == "z", s.key + " field " + field);
+      CHECK(ix.member_offset[m] == offset, s.key + "." + field);
+      CHECK(ix.member_length[m] == length, s.key + "." + field);
+      CHECK(ix.member_codec[m] == static_cast<uint8_t>(io::Codec::kStored), s.key + "." + field);
+    }
+  }
+}
+
+// ---------------------------------------------------------------- batches
+
+enum class Kind { kBytes, kInt };
+
+struct Piece {
+  Kind kind = Kind::kBytes;
+  const uint8_t* expect = nullptr;  // kBytes: the decoded bytes
+  int64_t value = 0;                // kInt
+};
+
+enum class Expect { kOk, kShortRead, kChanged };
+
+struct Batch {
+  std::shared_ptr<const io::FileTable> table;
+  std::vector<io::ReadRequest> requests;
+  std::vector<Piece> pieces;  // one per request
+  uint64_t dest_size = 0;
+  uint64_t payload = 0;
+  Expect expect = Expect::kOk;
+};
+
+struct Outcome {
+  bool ok = false;
+  std::string what;  // the error, prefixed by its kind
+};
+
+Outcome wait_for(io::PendingRead& pending) {
+  Outcome o;
+  try {
+    o.ok = pending.wait(-1);
+    if (!o.ok) o.what = "wait(-1) returned false";
+  } catch (const FormatError& e) {
+    o.what = std::string("FormatError: ") + e.what();
+  } catch (const ReadError& e) {
+    o.what = std::string("ReadError: ") + e.what();
+  } catch (const Error& e) {
+    o.what = std::string("Error: ") + e.what();
+  } catch (const std::exception& e) {
+    o.what = std::string("unexpected exception: ") + e.what();
+  }
+  return o;
+}
+
+bool is_cancelled(const Outcome& o) {
+  return !o.ok && o.what.rfind("Error: ", 0) == 0 && o.what.find("cancelled") != std::string::npos;
+}
+
+struct World {
+  std::vector<Shard> shards;
+  std::vector<std::string> paths;
+  std::shared_ptr<const io::FileTable> checked;    // identities as indexed
+  std::shared_ptr<const io::FileTable> unchecked;  // paths only
+  std::shared_ptr<const io::FileTable> stale;      // identities that no longer match
+  std::unique_ptr<io::ShardReader> first, second;
+
+  struct Handoff {
+    Batch batch;
+    std::shared_ptr<io::PendingRead> pending;
+    std::unique_ptr<std::vector<uint8_t>> own;  // the destination, for a dest-pointer read
+    bool cancel = false;
+    Outcome helper;
+    std::atomic<bool> helper_done{false};
+  };
+  std::mutex handoff_mutex;
+  std::condition_variable handoff_cv;
+  std::deque<std::shared_ptr<Handoff>> handoffs;
+  std::atomic<bool> helper_stop{false};
+
+  struct Grave {  // a dest-pointer batch dropped unwaited: its buffer outlives the readers
+    std::weak_ptr<io::PendingRead> pending;
+    std::unique_ptr<std::vector<uint8_t>> own;
+  };
+  std::mutex graves_mutex;
+  std::vector<Grave> graves;
+
+  std::shared_ptr<io::PinnedRing> ring = std::make_shared<io::PinnedRing>(4, 1 << 20);
+  struct Slot {
+    std::shared_ptr<io::AlignedBuffer> buffer;
+    uint8_t tag = 0;
+    size_t size = 0;
+  };
+  std::mutex exchange_mutex;
+  std::vector<Slot> exchange;
+  std::mutex live_mutex;
+  std::unordered_set<const void*> live;  // data of every slot handed out and not yet released
+
+  io::FileCache cache{2};
+};
+
+Batch make_batch(Rng& rng, const World& w, bool big) {
+  Batch b;
+  b.table = pick(rng, 0, 1) ? w.checked : w.unchecked;
+  size_t n = big ? pick(rng, 100, 300) : pick(rng, 1, 48);
+  size_t home = pick(rng, 0, w.shards.size() - 1);
+  // Runs of neighbouring samples merge into one read; some pieces overlap or
+  // repeat, which sends a run down the scratch path.
+  size_t cursor = pick(rng, 0, w.shards[home].samples.size() - 1);
+  uint64_t at = 0;
+  for (size_t i = 0; i < n; ++i) {
+    size_t s = pick(rng, 0, 3) == 0 ? pick(rng, 0, w.shards.size() - 1) : home;
+    const Shard& shard = w.shards[s];
+    size_t j = s == home && pick(rng, 0, 2) ? (cursor++ % shard.samples.size())
+                                            : pick(rng, 0, shard.samples.size() - 1);
+    const Sample& sample = shard.samples[j];
+    io::ReadRequest r;
+    r.file = static_cast<uint32_t>(s);
+    Piece p;
+    uint64_t kind = big ? 0 : pick(rng, 0, 99);
+    if (kind < 60) {  // a member's bytes, whole or a part
+      uint64_t a = 0, len = sample.bin_length;
+      if (!big && pick(rng, 0, 9) < 7) {
+        a = pick(rng, 0, sample.bin_length - 1);
+        len = pick(rng, 1, sample.bin_length - a);
+      }
+      r.offset = sample.bin_offset + a;
+      r.length = r.out_length = len;
+      p.expect = shard.bytes.data() + r.offset;
+      if (pick(rng, 0, 19) == 0) {  // a stored piece may be CRC-checked too
+        r.check_crc = true;
+        r.crc32 = static_cast<uint32_t>(crc32(0, p.expect, static_cast<uInt>(len)));
+      }
+    } else if (kind < 70) {  // any range of the file, headers included
+      r.offset = pick(rng, 0, shard.bytes.size() - 1);
+      r.length = r.out_length =
+          pick(rng, 1, std::min<uint64_t>(16384, shard.bytes.size() - r.offset));
+      p.expect = shard.bytes.data() + r.offset;
+    } else if (kind < 85) {  // WebDataset's .cls: ASCII integer text
+      r.offset = sample.cls_offset;
+      r.length = sample.cls_length;
+      r.out_length = sizeof(int64_t);
+      r.codec = io::Codec::kAsciiInt;
+      p.kind = Kind::kInt;
+      p.value = sample.cls_value;
+    } else {  // raw deflate, as in a zip
+      r.offset = sample.z_offset;
+      r.length = sample.z_length;
+      r.out_length = sample.z_plain.size();
+      r.codec = io::Codec::kDeflate;
+      if (pick(rng, 0, 1)) {
+        r.check_crc = true;
+        r.crc32 = sample.z_crc;
+      }
+      p.expect = sample.z_plain.data();
+    }
+    at = (at + 7) / 8 * 8 + (pick(rng, 0, 3) == 0 ? pick(rng, 0, 100) : 0);
+    r.dest_offset = at;
+    at += r.out_length;
+    b.payload += r.out_length;
+    b.requests.push_back(r);
+    b.pieces.push_back(p);
+  }
+  // Submission order is not file order: the reader sorts.
+  std::vector<size_t> order(n);
+  std::iota(order.begin(), order.end(), 0);
+  std::shuffle(order.begin(), order.end(), rng);
+  Batch shuffled = b;
+  for (size_t i = 0; i < n; ++i) {
+    shuffled.requests[i] = b.requests[order[i]];
+    shuffled.pieces[i] = b.pieces[order[i]];
+  }
+  shuffled.dest_size = at + (pick(rng, 0, 1) ? pick(rng, 0, 4096) : 0);
+  return shuffled;
+}
+
+// Appends a piece that ends past the end of its file, or reads through a
+// table whose identities no longer match: the batch must fail, naming it.
+void spoil(Rng& rng, const World& w, Batch& b) {
+  if (pick(rng, 0, 1)) {
+    b.expect = Expect::kChanged;
+    b.table = w.stale;
+    return;
+  }
+  b.expect = Expect::kShortRead;
+  size_t s = pick(rng, 0, w.shards.size() - 1);
+  io::ReadRequest r;
+  r.file = static_cast<uint32_t>(s);
+  r.offset = w.shards[s].bytes.size() - pick(rng, 1, 100);
+  r.length = r.out_length = 200;
+  r.dest_offset = b.dest_size;
+  b.dest_size += r.out_length;
+  b.requests.push_back(r);
+  b.pieces.push_back(Piece{});
+}
+
+// Compares what a batch read with the files; `canary`: bytes outside every
+// piece must still hold 0xA5 (a read into the caller's own buffer).
+void verify(const Batch& b, const uint8_t* data, bool canary, const char* how) {
+  bool good = true;
+  for (size_t i = 0; i < b.requests.size(); ++i) {
+    const io::ReadRequest& r = b.requests[i];
+    const Piece& p = b.pieces[i];
+    if (p.kind == Kind::kInt) {
+      int64_t got;
+      std::memcpy(&got, data + r.dest_offset, sizeof got);
+      if (got != p.value) {
+        failure(std::string(how) + ": file " + std::to_string(r.file) + " offset " +
+                std::to_string(r.offset) + ": integer " + std::to_string(got) + ", expected " +
+                std::to_string(p.value));
+        good = false;
+      }
+    } else if (std::memcmp(data + r.dest_offset, p.expect, r.out_length) != 0) {
+      failure(std::string(how) + ": file " + std::to_string(r.file) + " offset " +
+              std::to_string(r.offset) + " length " + std::to_string(r.length) + " codec " +
+              std::to_string(int(r.codec)) + ": bytes differ from the file");
+      good = false;
+    }
+  }
+  if (canary) {
+    std::vector<std::pair<uint64_t, uint64_t>> spans;
+    for (const auto& r : b.requests)
+      spans.emplace_back(r.dest_offset, r.dest_offset + r.out_length);
+    std::sort(spans.begin(), spans.end());
+    uint64_t at = 0;
+    spans.emplace_back(b.dest_size, b.dest_size);
+    for (const auto& [start, end] : spans) {
+      for (uint64_t k = at; k < start; ++k) {
+        if (data[k] != 0xA5) {
+          failure(std::string(how) + ": byte " + std::to_string(k) +
+                  " outside every piece was written");
+          good = false;
+          break;
+        }
+      }
+      at = std::max(at, end);
+    }
+  }
+  if (good) {
+    g.batches.fetch_add(1, std::memory_order_relaxed);
+    g.pieces.fetch_add(b.requests.size(), std::memory_order_relaxed);
+    g.bytes.fetch_add(b.payload, std::memory_order_relaxed);
+  }
+}
+
+void check_failure(const Batch& b, const Outcome& o, const char* how) {
+  const char* want = b.expect == Expect::kShortRead ? "short read" : "changed after it was indexed";
+  if (o.ok || o.what.rfind("FormatError: ", 0) != 0 || o.what.find(want) == std::string::npos) {
+    failure(std::string(how) + ": expected a FormatError with '" + want + "', got " +
+            (o.ok ? std::string("success") : o.what));
+  } else {
+    g.expected_errors.fetch_add(1, std::memory_order_relaxed);
+  }
+}
+
+struct Submitted {
+  std::shared_ptr<io::PendingRead> pending;
+  std::unique_ptr<std::vector<uint8_t>> own;  // for a dest-pointer read
+  const uint8_t* data = nullptr;
+};
+
+Submitted submit(io::ShardReader& reader, const Batch& b, bool into_own) {
+  Submitted s;
+  if (into_own) {
+    s.own = std::make_unique<std::vector<uint8_t>>(b.dest_size + 1, 0xA5);
+    s.pending = reader.submit(b.table, b.requests, s.own->data(), b.dest_size);
+    s.data = s.own->data();
+  } else {
+    s.pending = reader.submit(b.table, b.requests, b.dest_size);
+    const auto& buffer = s.pending->buffer();
+    CHECK(buffer && buffer->size() == b.dest_size, "ring buffer of the wrong size");
+    CHECK(reinterpret_cast<uintptr_t>(buffer->data()) % io::AlignedBuffer::kAlignment == 0,
+          "ring buffer not page-aligned");
+    s.data = buffer->data();
+  }
+  return s;
+}
+
+// ---------------------------------------------------------------- threads
+
+void client(int id, World& w) {
+  Rng rng(1000 + id);
+  std::vector<World::Grave> graves;  // freed once the readers are gone (main)
+  uint64_t grave_bytes = 0;
+  while (!g_stop.load(std::memory_order_relaxed)) {
+    io::ShardReader& reader = pick(rng, 0, 3) == 0 ? *w.second : *w.first;
+    bool own = pick(rng, 0, 1);
+    uint64_t op = pick(rng, 0, 99);
+    if (op < 30) {  // submit and wait
+      Batch b = make_batch(rng, w, false);
+      Submitted s = submit(reader, b, own);
+      Outcome o = wait_for(*s.pending);
+      if (!o.ok)
+        failure("wait: " + o.what);
+      else
+        verify(b, s.data, own, "wait");
+    } else if (op < 37) {  // poll with short timeouts, or spin on done() with nobody helping
+      Batch b = make_batch(rng, w, false);
+      Submitted s = submit(reader, b, own);
+      bool spin = pick(rng, 0, 1);
+      try {
+        if (spin) {
+          while (!s.pending->done()) std::this_thread::yield();
+          g.spins.fetch_add(1, std::memory_order_relaxed);
+          CHECK(s.pending->wait(0), "wait(0) after done() must be true");
+        } else {
+          int64_t timeout = 0;  // the first look does not help: the pool is still at it
+          while (!s.pending->wait(timeout)) {
+            g.polls.fetch_add(1, std::memory_order_relaxed);
+            timeout = static_cast<int64_t>(pick(rng, 0, 2));
+          }
+        }
+        verify(b, s.data, own, spin ? "spin" : "poll");
+      } catch (const std::exception& e) {
+        failure(std::string("poll/spin: ") + e.what());
+        (void)wait_for(*s.pending);
+      }
+    } else if (op < 52) {  // cancel a big batch in flight
+      Batch b = make_batch(rng, w, true);
+      Submitted s = submit(reader, b, own);
+      uint64_t delay = pick(rng, 0, 3);
+      if (delay) std::this_thread::sleep_for(std::chrono::microseconds(pick(rng, 0, 200 * delay)));
+      s.pending->cancel();
+      if (pick(rng, 0, 3) == 0) s.pending->cancel();  // twice is harmless
+      Outcome o = wait_for(*s.pending);
+      CHECK(s.pending->done(), "done() after wait");
+      if (o.ok) {
+        g.late_cancels.fetch_add(1, std::memory_order_relaxed);
+        verify(b, s.data, own, "late cancel");
+      } else if (is_cancelled(o)) {
+        g.cancels.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        failure("cancel: " + o.what);
+      }
+    } else if (op < 62) {  // drop the handle without waiting
+      Batch b = make_batch(rng, w, pick(rng, 0, 1));
+      // Only done() or wait() says a dest-pointer read is over (an expired
+      // weak_ptr is no synchronisation), so without a handle its buffer must
+      // outlive the reader: keep a few MB of those, the rest go to the ring.
+      own = own && grave_bytes + b.dest_size < (16u << 20);
+      Submitted s = submit(reader, b, own);
+      if (pick(rng, 0, 1)) s.pending->cancel();
+      if (s.own) {
+        grave_bytes += s.own->size();
+        graves.push_back(World::Grave{s.pending, std::move(s.own)});
+      }
+      s.pending.reset();
+      g.dropped.fetch_add(1, std::memory_order_relaxed);
+    } else if (op < 72) {  // another thread waits (or cancels) too
+      auto h = std::make_shared<World::Handoff>();
+      h->batch = make_batch(rng, w, pick(rng, 0, 3) == 0);
+      h->cancel = pick(rng, 0, 2) == 0;
+      Submitted s = submit(reader, h->batch, own);
+      h->pending = s.pending;
+      h->own = std::move(s.own);
+      {
+        std::lock_guard<std::mutex> lock(w.handoff_mutex);
+        w.handoffs.push_back(h);
+      }
+      w.handoff_cv.notify_one();
+      if (pick(rng, 0, 1)) std::this_thread::yield();
+      Outcome mine = wait_for(*h->pending);
+      while (!h->helper_done.load(std::memory_order_acquire)) std::this_thread::yield();
+      const Outcome& theirs = h->helper;
+      if (h->cancel) {
+        CHECK(mine.ok || is_cancelled(mine), mine.what);
+        CHECK(theirs.ok || is_cancelled(theirs), theirs.what);
+        if (mine.ok && theirs.ok) verify(h->batch, s.data, own, "handoff, cancel too late");
+        if (!mine.ok || !theirs.ok) g.cancels.fetch_add(1, std::memory_order_relaxed);
+      } else {
+        CHECK(mine.ok, "handoff, this thread: " + mine.what);
+        CHECK(theirs.ok, "handoff, the helper: " + theirs.what);
+        if (mine.ok && theirs.ok) verify(h->batch, s.data, own, "handoff");
+      }
+      g.handoffs.fetch_add(1, std::memory_order_relaxed);
+    } else if (op < 82) {  // a short-lived reader, often destroyed before the wait
+      Batch b = make_batch(rng, w, pick(rng, 0, 3) == 0);
+      auto ephemeral = std::make_unique<io::ShardReader>(pick(rng, 1, 3), pick(rng, 1, 2));
+      Submitted s = submit(*ephemeral, b, own);
+      if (pick(rng, 0, 3)) ephemeral.reset();  // the waiter finishes what the pool did not
+      Outcome o = wait_for(*s.pending);
+      if (!o.ok)
+        failure("ephemeral reader: " + o.what);
+      else
+        verify(b, s.data, own, "ephemeral reader");
+      ephemeral.reset();
+      g.ephemeral.fetch_add(1, std::memory_order_relaxed);
+    } else {  // a batch that must fail
+      Batch b = make_batch(rng, w, false);
+      spoil(rng, w, b);
+      Submitted s = submit(reader, b, own);
+      check_failure(b, wait_for(*s.pending), "spoiled batch");
+    }
+  }
+  std::lock_guard<std::mutex> lock(w.graves_mutex);
+  for (auto& grave : graves) w.graves.push_back(std::move(grave));
+}
+
+void helper(World& w) {
+  Rng rng(77);
+  for (;;) {
+    std::shared_ptr<World::Handoff> h;
+    {
+      std::unique_lock<std::mutex> lock(w.handoff_mutex);
+      w.handoff_cv.wait_for(lock, std::chrono::milliseconds(10),
+                            [&] { return !w.handoffs.empty() || w.helper_stop.load(); });
+      if (w.handoffs.empty()) {
+        if (w.helper_stop.load()) return;
+        continue;
+      }
+      h = w.handoffs.front();
+      w.handoffs.pop_front();
+    }
+    if (h->cancel) {
+      if (pick(rng, 0, 1))
+        std::this_thread::sleep_for(std::chrono::microseconds(pick(rng, 0, 300)));
+      h->pending->cancel();
+    }
+    h->helper = wait_for(*h->pending);
+    h->helper_done.store(true, std::memory_order_release);
+  }
+}
+
+void forgetter(World& w) {
+  Rng rng(99);
+  while (!g_stop.load(std::memory_order_relaxed)) {
+    const std::string& path = w.paths[pick(rng, 0, w.paths.size() - 1)];
+    (pick(rng, 0, 1) ? w.first : w.second)->forget(path);
+    CHECK(w.first->open_files() <= w.first->max_open_files(), "too many open files");
+    CHECK(w.second->open_files() <= w.second->max_open_files(), "too many open files");
+    g.forgets.fetch_add(1, std::memory_order_relaxed);
+    std::this_thread::sleep_for(std::chrono::microseconds(pick(rng, 20, 300)));
+  }
+}
+
+void cache_worker(int id, World& w) {
+  Rng rng(500 + id);
+  std::vector<std::pair<size_t, std::shared_ptr<const io::FileDescriptor>>> held;
+  while (!g_stop.load(std::memory_order_relaxed)) {
+    size_t s = pick(rng, 0, w.shards.size() - 1);
+    const Shard& shard = w.shards[s];
+    try {
+      auto fd =
+          w.cache.get(shard.path, pick(rng, 0, 1) ? w.checked->identities[s] : io::FileIdentity{});
+      held.emplace_back(s, fd);
+      // Read through a descriptor that may have been evicted since.
+      auto& [hs, hfd] = held[pick(rng, 0, held.size() - 1)];
+      const Shard& hshard = w.shards[hs];
+      uint8_t tmp[256];
+      uint64_t offset = pick(rng, 0, hshard.bytes.size() - 1);
+      uint64_t length = std::min<uint64_t>(sizeof tmp, hshard.bytes.size() - offset);
+      io::pread_exact(hfd->get(), hshard.path, tmp, length, offset);
+      CHECK(std::memcmp(tmp, hshard.bytes.data() + offset, length) == 0,
+            "FileCache: bytes differ from " + hshard.path);
+      CHECK(w.cache.size() <= w.cache.capacity(), "FileCache over capacity");
+      if (held.size() > 3)
+        held.erase(held.begin() + static_cast<long>(pick(rng, 0, held.size() - 1)));
+      if (pick(rng, 0, 4) == 0) w.cache.forget(w.paths[pick(rng, 0, w.paths.size() - 1)]);
+      g.cache_reads.fetch_add(1, std::memory_order_relaxed);
+      std::this_thread::sleep_for(std::chrono::microseconds(pick(rng, 0, 100)));
+    } catch (const std::exception& e) {
+      failure(std::string("FileCache: ") + e.what());
+    }
+  }
+}
+
+// Samples a slot's bytes: one per 512 and both ends.
+bool slot_intact(const World::Slot& slot) {
+  const uint8_t* d = slot.buffer->data();
+  for (size_t k = 0; k < slot.size; k += 512)
+    if (d[k] != slot.tag) return false;
+  return d[slot.size - 1] == slot.tag;
+}
+
+void release(World& w, World::Slot& slot, const char* how) {
+  CHECK(slot_intact(slot), std::string(how) + ": a slot in use was overwritten");
+  {
+    std::lock_guard<std::mutex> lock(w.live_mutex);
+    w.live.erase(slot.buffer->data());
+  }
+  slot.buffer.reset();  // back to its ring, on whichever thread lets it go
+}
+
+World::Slot take(World& w, io::PinnedRing& ring, Rng& rng, uint8_t tag) {
+  size_t size;
+  switch (pick(rng, 0, 3)) {
+    case 0:
+      size = pick(rng, 1, 100);
+      break;
+    case 1:
+      size = 4096 * pick(rng, 1, 16);
+      break;
+    default:
+      size = pick(rng, 1, 1 << 19);
+      break;
+  }
+  World::Slot slot{ring.acquire(size), tag, size};
+  const io::AlignedBuffer& b = *slot.buffer;
+  CHECK(b.size() == size && b.capacity() >= size && b.capacity() % 4096 == 0, "slot size");
+  CHECK(reinterpret_cast<uintptr_t>(b.data()) % 4096 == 0, "slot not page-aligned");
+  {
+    std::lock_guard<std::mutex> lock(w.live_mutex);
+    CHECK(w.live.insert(b.data()).second, "a slot in use was handed out again");
+  }
+  std::memset(slot.buffer->data(), tag, size);
+  g.ring_slots.fetch_add(1, std::memory_order_relaxed);
+  return slot;
+}
+
+void ring_worker(int id, World& w) {
+  Rng rng(300 + id);
+  std::vector<World::Slot> held;
+  uint8_t counter = 0;
+  while (!g_stop.load(std::memory_order_relaxed)) {
+    uint64_t op = pick(rng, 0, 99);
+    if (op < 45) {
+      held.push_back(take(w, *w.ring, rng, static_cast<uint8_t>(id * 64 + ++counter)));
+    } else if (op < 70) {
+      if (!held.empty()) {
+        size_t k = pick(rng, 0, held.size() - 1);
+        release(w, held[k], "release");
+        held.erase(held.begin() + static_cast<long>(k));
+      }
+    } else if (op < 85) {  // pass a slot to whoever takes one from the exchange next
+      if (!held.empty()) {
+        std::lock_guard<std::mutex> lock(w.exchange_mutex);
+        w.exchange.push_back(std::move(held.back()));
+        held.pop_back();
+        g.ring_passes.fetch_add(1, std::memory_order_relaxed);
+      }
+    } else if (op < 97) {  // take one some thread passed and release it here
+      World::Slot slot;
+      {
+        std::lock_guard<std::mutex> lock(w.exchange_mutex);
+        if (!w.exchange.empty()) {
+          size_t k = pick(rng, 0, w.exchange.size() - 1);
+          slot = std::move(w.exchange[k]);
+          w.exchange.erase(w.exchange.begin() + static_cast<long>(k));
+        }
+      }
+      if (slot.buffer) release(w, slot, "passed slot");
+    } else {  // a private ring that dies while its slots are out
+      auto ring = std::make_shared<io::PinnedRing>(2, 1 << 20);
+      for (int k = 0; k < 3; ++k) {
+        World::Slot slot = take(w, *ring, rng, static_cast<uint8_t>(id * 64 + ++counter));
+        release(w, slot, "private ring");  // idle in the ring until it dies
+      }
+      World::Slot out = take(w, *ring, rng, static_cast<uint8_t>(id * 64 + ++counter));
+      ring.reset();
+      {
+        std::lock_guard<std::mutex> lock(w.exchange_mutex);
+        w.exchange.push_back(std::move(out));
+      }
+      g.dead_rings.fetch_add(1, std::memory_order_relaxed);
+    }
+    if (held.size() > 6) {
+      release(w, held.front(), "release");
+      held.erase(held.begin());
+    }
+  }
+  for (auto& slot : held) release(w, slot, "release at the end");
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
+    std::printf("usage: %s [SECONDS [DIR]]\n", argv[0]);
+    return 0;
+  }
+  double seconds = argc > 1 ? std::atof(argv[1]) : 10.0;
+  if (!(seconds > 0)) {
+    std::fprintf(stderr, "seconds must be positive, got '%s'\n", argv[1]);
+    return 2;
+  }
+  std::string dir;
+  bool remove_dir = false;
+  if (argc > 2) {
+    dir = argv[2];
+    std::filesystem::create_directories(dir);
+  } else {
+    const char* tmp = std::getenv("TMPDIR");
+    std::string templ = std::string(tmp && *tmp ? tmp : "/tmp") + "/stoker-stress-XXXXXX";
+    if (mkdtemp(templ.data()) == nullptr) {
+      std::perror("mkdtemp");
+      return 2;
+    }
+    dir = templ;
+    remove_dir = true;
+  }
+
+  auto started = Clock::now();
+  World w;
+  const size_t kShards = 6;
+  for (size_t s = 0; s < kShards; ++s) {
+    char name[64];
+    std::snprintf(name, sizeof name, "/shard-%06zu.tar", s);
+    w.shards.push_back(make_shard(dir + name, s, 30 + 6 * s));
+    w.paths.push_back(w.shards.back().path);
+  }
+  uint64_t total_bytes = 0;
+  for (const auto& shard : w.shards) total_bytes += shard.bytes.size();
+
+  std::vector<format::ShardIndex> indexes;
+  try {
+    indexes = format::index_shards(w.paths, std::vector<std::string>(kShards, "tar"), 3);
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "FAIL: indexing: %s\n", e.what());
+    if (remove_dir) std::filesystem::remove_all(dir);
+    return 1;
+  }
+  for (size_t s = 0; s < kShards; ++s) check_index(w.shards[s], indexes[s]);
+  if (g_failures.load() != 0) {
+    if (remove_dir) std::filesystem::remove_all(dir);
+    return 1;
+  }
+
+  auto checked = std::make_shared<io::FileTable>();
+  auto unchecked = std::make_shared<io::FileTable>();
+  auto stale = std::make_shared<io::FileTable>();
+  checked->paths = unchecked->paths = stale->paths = w.paths;
+  for (const auto& ix : indexes) {
+    checked->identities.push_back(ix.identity);
+    io::FileIdentity changed = ix.identity;
+    changed.mtime_ns += 1;
+    stale->identities.push_back(changed);
+  }
+  w.checked = checked;
+  w.unchecked = unchecked;
+  w.stale = stale;
+  // Few descriptors, so they are evicted (and forgotten) while reads use them.
+  w.first = std::make_unique<io::ShardReader>(3, 2);
+  w.second = std::make_unique<io::ShardReader>(2, 1);
+
+  std::printf(
+      "stoker_stress: %zu shards (%.1f MB) in %s, %.1f s of 4 clients, 1 helper, "
+      "1 forgetter, 2 FileCache and 3 PinnedRing threads\n",
+      kShards, total_bytes / 1e6, dir.c_str(), seconds);
+  std::fflush(stdout);
+
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) threads.emplace_back(client, i, std::ref(w));
+  threads.emplace_back(forgetter, std::ref(w));
+  for (int i = 0; i < 2; ++i) threads.emplace_back(cache_worker, i, std::ref(w));
+  for (int i = 0; i < 3; ++i) threads.emplace_back(ring_worker, i, std::ref(w));
+  std::thread helper_thread(helper, std::ref(w));
+
+  auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
+                                     std::chrono::duration<double>(seconds));
+  while (Clock::now() < deadline && g_failures.load() == 0)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  g_stop = true;
+  for (auto& t : threads) t.join();
+  w.helper_stop = true;
+  w.handoff_cv.notify_all();
+  helper_thread.join();
+
+  for (auto& slot : w.exchange) release(w, slot, "exchange at the end");
+  w.exchange.clear();
+  CHECK(w.live.empty(), std::to_string(w.live.size()) + " slots never released");
+  CHECK(w.ring->idle_slots() <= 4, "the ring keeps more idle slots than asked");
+  // Destroying a reader joins its threads and drops queued work: no batch is
+  // left holding a dropped buffer after that.
+  w.first.reset();
+  w.second.reset();
+  size_t alive = 0;
+  for (const auto& grave : w.graves) alive += !grave.pending.expired();
+  CHECK(alive == 0, std::to_string(alive) + " dropped batches outlived their readers");
+  w.graves.clear();
+
+  double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
+  std::printf(
+      "stoker_stress: %llu batches checked (%llu pieces, %.1f MB), %llu cancelled in flight "
+      "(%llu too late to cancel), %llu dropped unwaited, %llu handed to another waiter, %llu "
+      "through short-lived readers, %llu expected errors, %llu polls, %llu spins; %llu forgets, "
+      "%llu FileCache reads; %llu ring slots (%llu passed between threads, %llu dead rings); "
+      "%.1f s\n",
+      (unsigned long long)g.batches, (unsigned long long)g.pieces, g.bytes / 1e6,
+      (unsigned long long)g.cancels, (unsigned long long)g.late_cancels,
+      (unsigned long long)g.dropped, (unsigned long long)g.handoffs,
+      (unsigned long long)g.ephemeral, (unsigned long long)g.expected_errors,
+      (unsigned long long)g.polls, (unsigned long long)g.spins, (unsigned long long)g.forgets,
+      (unsigned long long)g.cache_reads, (unsigned long long)g.ring_slots,
+      (unsigned long long)g.ring_passes, (unsigned long long)g.dead_rings, elapsed);
+
+  if (remove_dir) std::filesystem::remove_all(dir);
+  uint64_t failures = g_failures.load();
+  if (failures == 0 && (g.batches == 0 || g.cancels + g.late_cancels == 0)) {
+    std::fprintf(stderr, "FAIL: the run was too short to exercise anything\n");
+    return 1;
+  }
+  if (failures != 0) {
+    std::fprintf(stderr, "stoker_stress: %llu check(s) FAILED\n", (unsigned long long)failures);
+    return 1;
+  }
+  std::printf("stoker_stress: all checks passed\n");
+  return 0;
+}
