@@ -143,7 +143,8 @@ void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
   const FileTable& table = *plan.files;
   const std::string& path = table.paths[run.file];
   auto fd = cache.get(path, table.identities.empty() ? FileIdentity{} : table.identities[run.file]);
-  static uint8_t discard[kMaxGap];  // gap bytes land here and are never read
+  // Gap bytes land here and are never read; one per thread, as threads write it at once.
+  thread_local uint8_t discard[kMaxGap];
   thread_local std::vector<struct iovec> iov;
   if (scatter_list(plan, run, discard, iov)) {
     preadv_exact(fd->get(), path, iov.data(), static_cast<int>(iov.size()), run.start);
