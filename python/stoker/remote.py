@@ -608,7 +608,10 @@ class ShardCache:
         self.root = os.path.abspath(root)
         marker = os.path.join(self.root, _MARKER)
         if not os.path.exists(marker):
-            if os.path.isdir(self.root) and os.listdir(self.root):
+            # One listing decides: another process may be making this cache right now,
+            # and it writes the marker before anything else.
+            entries = os.listdir(self.root) if os.path.isdir(self.root) else []
+            if entries and _MARKER not in entries:
                 raise StokerError(
                     f"{self.root}: not a stoker cache (no {_MARKER} in it) and not empty; "
                     "stoker evicts files from its cache folder, so give it one of its own"
