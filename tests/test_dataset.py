@@ -184,7 +184,10 @@ def test_from_csv_bad_labels(tmp_path):
     lines[3] = lines[3].split(",")[0] + ",cat"
     lines[5] = lines[5].split(",")[0] + ",1.5"
     csv.write_text("\n".join(lines) + "\n")
-    with pytest.raises(stoker.ShardFormatError, match=r"2 row\(s\).*line 4: 'cat', line 6: '1.5'"):
+    with pytest.raises(
+        stoker.ShardFormatError,
+        match=r"2 row\(s\).*line 4: 'img002.png','cat', line 6: 'img004.png','1.5'",
+    ):
         stoker.Dataset.from_csv(csv, root)
 
 

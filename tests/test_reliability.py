@@ -127,8 +127,11 @@ def test_the_loader_carries_on_when_the_server_dies_and_comes_back(tmp_path):
             fetch=stoker.FetchOptions(retries=10, connections=2, **FAST),
         )
 
-        def outage() -> None:
-            time.sleep(0.4)
+        def outage() -> None:  # while a shard is on its way: the download must recover
+            deadline = time.monotonic() + 30
+            while server.active == 0 and time.monotonic() < deadline:
+                time.sleep(0.005)
+            time.sleep(0.1)
             server.restart(down_for=1.0)
 
         thread = threading.Thread(target=outage)
@@ -136,10 +139,8 @@ def test_the_loader_carries_on_when_the_server_dies_and_comes_back(tmp_path):
         keys = [k for b in stoker.Loader(ds, batch_size=16, seed=1) for k in b["__key__"]]
         thread.join()
         assert len(keys) == len(set(keys)) == 240
-        # It really broke: some request failed and was retried or resumed.
-        assert sum(1 for r in server.requests if r.range and r.path.endswith(".tar")) >= 1 or (
-            len([r for r in server.requests if r.path.endswith(".tar")]) > 6
-        )
+        # It really broke a download, which was retried (resumed where the server allowed).
+        assert len([r for r in server.requests if r.path.endswith(".tar")]) > 6
 
 
 _LOAD_ALL = """
@@ -274,15 +275,36 @@ def test_redirects_are_bounded_and_stay_on_http(tmp_path):
             assert not any(p.endswith(".tar") for p in cache_files(tmp_path / refused))
 
 
+_LOAD_FROM_WATCHED = """
+import sys, stoker
+ds = stoker.Dataset(sys.argv[1], cache_dir=sys.argv[2])
+for _ in stoker.Loader(ds, batch_size=4):
+    pass
+"""
+
+
 def test_nothing_is_written_outside_the_cache(tmp_path):
     make_shards(tmp_path / "data", 2, 10)
     watched = tmp_path / "watched"
     watched.mkdir()
+    # Everywhere a process might write by default (home, caches, temp, its folder) is in
+    # the watched tree; only the cache may get files.
+    env = {
+        **os.environ,
+        "HOME": str(watched),
+        "XDG_CACHE_HOME": str(watched / "xdg"),
+        "TMPDIR": str(watched),
+        "PYTHONDONTWRITEBYTECODE": "1",
+    }
     with ShardServer(tmp_path / "data") as server:
         cache = watched / "cache"
-        ds = stoker.Dataset(server.url_for("stoker.json"), cache_dir=cache)
-        for _ in stoker.Loader(ds, batch_size=4):
-            pass
+        subprocess.run(
+            [sys.executable, "-c", _LOAD_FROM_WATCHED, server.url_for("stoker.json"), str(cache)],
+            cwd=watched,
+            env=env,
+            check=True,
+            timeout=60,
+        )
     written = []
     for folder, _, files in os.walk(watched):
         written += [os.path.join(folder, f) for f in files]

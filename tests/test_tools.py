@@ -85,8 +85,9 @@ def test_pack_csv_round_trips_through_stoker_and_webdataset(tmp_path):
 def test_pack_is_deterministic(tmp_path):
     csv, root = seed_layout(tmp_path)
     outs = [tmp_path / "a", tmp_path / "b"]
-    for out in outs:
-        assert pack_csv(csv, root, out, "--shard-size", "3K", "--shuffle", "--seed", "7") == 0
+    for out, threads in zip(outs, ("1", "3")):  # scheduling must not matter
+        options = ("--shard-size", "3K", "--shuffle", "--seed", "7", "--threads", threads)
+        assert pack_csv(csv, root, out, *options) == 0
     assert tar_bytes(outs[0]) == tar_bytes(outs[1])
     assert len(os.listdir(outs[0])) > 3
     other = tmp_path / "c"
@@ -150,12 +151,12 @@ def test_bad_csv_rows_stop_the_run_with_one_line(tmp_path):
     result = run_cli("pack", "--csv", str(csv), "--root", str(root), str(out))
     assert result.returncode == 1
     assert result.stderr.count("\n") == 1 and "Traceback" not in result.stderr
-    assert "line 4: 'three'" in result.stderr and "1 row(s)" in result.stderr
+    assert "line 4: 'img0002.png','three'" in result.stderr and "1 row(s)" in result.stderr
     assert not out.exists()
     (root / "img0002.png").unlink()
     csv.write_text("filename,label\nimg0002.png,1\nimg0001.png,2\nimg0009.png,x\n")
     result = run_cli("pack", "--csv", str(csv), "--root", str(root), str(out))
-    assert result.returncode == 1 and "not an integer" in result.stderr
+    assert result.returncode == 1 and "integer label" in result.stderr
     csv.write_text("filename,label\nimg0002.png,1\nimg0001.png,2\nmissing.png,0\n")
     result = run_cli("pack", "--csv", str(csv), "--root", str(root), str(out))
     assert result.returncode == 1
@@ -268,3 +269,47 @@ def test_a_manifest_opens_without_a_scan(tmp_path):
     rescanned = stoker.Dataset(sorted(str(p) for p in tmp_path.glob("*.tar")))
     reference = stoker.Loader(rescanned, batch_size=7, seed=1, fields=fields)
     assert [b["cls"].tolist() for b in loader] == [b["cls"].tolist() for b in reference]
+
+
+def test_csv_rows_of_the_wrong_shape_are_one_line(tmp_path):
+    csv, root = seed_layout(tmp_path, n=4)
+    for text, expected in (
+        ("filename,label\nimg0000.png,1\nimg0001.png,1,extra\n", "not a filename,label CSV"),
+        ("filename,label\nimg0000.png,1\n,4\n", "line 3: '','4'"),
+        ("filename,label\nimg0000.png,1\n\nimg0001.png,²\n", "line 4: 'img0001.png','²'"),
+    ):
+        csv.write_text(text)
+        result = run_cli("pack", "--csv", str(csv), "--root", str(root), str(tmp_path / "o"))
+        assert result.returncode == 1 and expected in result.stderr, result.stderr
+        assert result.stderr.count("\n") == 1
+
+
+def test_repack_of_packed_shards_and_npy_uint8_rows(tmp_path):
+    csv, root = seed_layout(tmp_path, n=20)
+    assert pack_csv(csv, root, tmp_path / "a", "--samples-per-shard", "7") == 0
+    assert main(["pack", str(tmp_path / "a"), str(tmp_path / "b"), "--quiet"]) == 0  # lazy
+    assert len(stoker.Dataset(tmp_path / "b")) == 20
+    np.save(tmp_path / "u8.npy", np.arange(12, dtype=np.uint8).reshape(3, 4))
+    assert main(["pack", str(tmp_path / "u8.npy"), str(tmp_path / "c"), "--quiet"]) == 0
+    row = np.load(__import__("io").BytesIO(bytes(stoker.Dataset(tmp_path / "c")[1]["npy"])))
+    assert row.tolist() == [4, 5, 6, 7]
+
+
+def test_pack_refuses_repeated_keys(tmp_path):
+    tree = tmp_path / "tree" / "c"
+    tree.mkdir(parents=True)
+    (tree / "x.png").write_bytes(b"1")
+    (tree / "x.jpg").write_bytes(b"2")
+    result = run_cli("pack", str(tmp_path / "tree"), str(tmp_path / "out"))
+    assert result.returncode == 1 and "appear more than once" in result.stderr
+    assert not (tmp_path / "out").exists()
+
+
+def test_index_of_a_folder_lists_what_is_there_now(tmp_path):
+    write_tar(tmp_path / "a.tar", make_samples(4))
+    assert run_cli("index", str(tmp_path)).returncode == 0
+    write_tar(tmp_path / "b.tar", make_samples(3, seed=1))
+    assert run_cli("index", str(tmp_path)).returncode == 0
+    manifest = json.loads((tmp_path / "stoker.json").read_text())
+    assert [e["path"] for e in manifest["shards"]] == ["a.tar", "b.tar"]
+    assert (tmp_path / "stoker.json").stat().st_mode & 0o044 == 0o044  # readable by others

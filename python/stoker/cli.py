@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import re
 import sys
@@ -22,6 +23,17 @@ def parse_size(text: str) -> int:
     if match is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size like 500M or 20G")
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+def _count(text: str) -> int:
+    """A thread count: 0 (one per core) or more."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text!r} is not 0 (one per core) or a positive count")
+    return value
 
 
 def _quiet(args: argparse.Namespace) -> bool:
@@ -196,7 +208,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument(
         "--stratify", action="store_true", help="spread each label evenly over the shards"
     )
-    pack.add_argument("--threads", type=int, default=0, help="shards written at once")
+    pack.add_argument("--threads", type=_count, default=0, help="shards written at once")
     pack.add_argument("--quiet", action="store_true", help="no progress bar")
     pack.set_defaults(run=_pack)
 
@@ -208,7 +220,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     index.add_argument("source", help="local shards: a folder, glob, brace pattern or file")
     index.add_argument("--out", help="where to write it (default: the shards' folder)")
-    index.add_argument("--threads", type=int, default=0, help="shards read at once")
+    index.add_argument("--threads", type=_count, default=0, help="shards read at once")
     index.set_defaults(run=_index)
 
     inspect = _command(
@@ -218,7 +230,7 @@ def build_parser() -> argparse.ArgumentParser:
         "stoker inspect data/",
     )
     inspect.add_argument("source", help="a folder, glob, brace pattern, shard or stoker.json")
-    inspect.add_argument("--threads", type=int, default=0, help="shards read at once")
+    inspect.add_argument("--threads", type=_count, default=0, help="shards read at once")
     inspect.set_defaults(run=_inspect)
 
     fetch = _command(
@@ -254,6 +266,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.command is None:
         parser.print_help()
         return 0
+    for stream in (sys.stdout, sys.stderr):  # names from shards need not be UTF-8
+        with contextlib.suppress(AttributeError, ValueError):
+            stream.reconfigure(errors="backslashreplace")
     logging.basicConfig(
         format="%(name)s: %(message)s",
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,

@@ -179,24 +179,33 @@ class Dataset:
         import pandas as pd
 
         csv, root = os.fspath(csv), os.fspath(root)
-        table = pd.read_csv(csv, header=None, dtype=str, keep_default_na=False)
-        if table.shape[1] < 2:
+        try:
+            table = pd.read_csv(
+                csv, header=None, dtype=str, keep_default_na=False, skip_blank_lines=False
+            )
+        except (pd.errors.ParserError, UnicodeDecodeError) as e:
+            raise located(
+                ShardFormatError, csv, 0, f"not a filename,label CSV: {str(e).strip()}"
+            ) from e
+        if table.shape[1] != 2:
             raise located(ShardFormatError, csv, 0, "expected two columns: filename,label")
-        names = table.iloc[:, 0].str.strip()
-        label_text = table.iloc[:, 1].str.strip()
-        first_line = 1
-        if len(table) and not _is_integer(label_text.iloc[0]):  # a header row
-            names, label_text, first_line = names.iloc[1:], label_text.iloc[1:], 2
-        bad = np.flatnonzero(~label_text.map(_is_integer).to_numpy(bool))
+        names = table.iloc[:, 0].str.strip().to_numpy(object)
+        label_text = table.iloc[:, 1].str.strip().to_numpy(object)
+        lines = np.arange(1, len(table) + 1)  # blank lines kept, so these are the file's
+        if len(table) and not _is_integer(label_text[0]):  # a header row
+            names, label_text, lines = names[1:], label_text[1:], lines[1:]
+        blank = (names == "") & (label_text == "")
+        names, label_text, lines = names[~blank], label_text[~blank], lines[~blank]
+        bad = np.flatnonzero(~np.array([_is_integer(t) for t in label_text], bool) | (names == ""))
         if len(bad):
-            shown = ", ".join(f"line {i + first_line}: {label_text.iloc[i]!r}" for i in bad[:5])
+            shown = ", ".join(f"line {lines[i]}: {names[i]!r},{label_text[i]!r}" for i in bad[:5])
             raise located(
                 ShardFormatError,
                 csv,
                 0,
-                f"{len(bad)} row(s) have a label that is not an integer ({shown})",
+                f"{len(bad)} row(s) without a file name or an integer label ({shown})",
             )
-        labels = label_text.astype(np.int64).to_numpy()
+        labels = np.array([int(t) for t in label_text], np.int64)
         return cls.from_files(root, names.tolist(), labels, source=csv, num_threads=num_threads)
 
     @classmethod
@@ -274,7 +283,7 @@ class Dataset:
             else [""] * len(paths)
         )
         self._identities = identities
-        self._index_lock = threading.RLock()
+        self._index_lock_of: tuple[int, threading.RLock] = (os.getpid(), threading.RLock())
         # Reads check that each file is still the one indexed.
         self._files = _core.FileTable(paths, identities)
         self._field_names: list[str] = []
@@ -394,7 +403,7 @@ class Dataset:
         for first, n, sample_first, per_sample in pointers:
             self._sample_first[first : first + n] = sample_first
             self._sample_count[first : first + n] = per_sample
-        for name, table in self._field_tables.items():  # keep built tables current
+        for name, table in list(self._field_tables.items()):  # keep built tables current
             self._fill_field_table(name, table, self._rows - added, self._rows)
         if self._key_array is not None:
             for shard in shards:
@@ -454,9 +463,12 @@ class Dataset:
                     return self.keys(idx)
             self._ensure_local(idx)
         if self._key_array is None:  # built on first use: one array lookup per batch after
-            self._key_array = np.empty(len(self), dtype=object)
-            for shard in np.flatnonzero(self._indexed).tolist():
-                self._fill_keys(shard)
+            with self._index_lock:
+                if self._key_array is None:
+                    keys = np.empty(len(self), dtype=object)
+                    self._key_array = keys
+                    for shard in np.flatnonzero(self._indexed).tolist():
+                        self._fill_keys(shard)
         return self._key_array[idx].tolist()
 
     def _fill_keys(self, shard: int) -> None:
@@ -495,8 +507,12 @@ class Dataset:
         self._ensure_local(idx)
         table = self._field_tables.get(name)
         if table is None:
-            table = self._field_tables[name] = np.full(len(self), -1, np.int64)
-            self._fill_field_table(name, table, 0, self._rows)
+            with self._index_lock:
+                table = self._field_tables.get(name)
+                if table is None:
+                    table = np.full(len(self), -1, np.int64)
+                    self._fill_field_table(name, table, 0, self._rows)
+                    self._field_tables[name] = table
         return table[idx]
 
     def _fill_field_table(self, name: str, table: np.ndarray, lo: int, hi: int) -> None:
@@ -703,14 +719,24 @@ class Dataset:
             samples.append(sample)
         return samples
 
+    @property
+    def _index_lock(self) -> threading.RLock:
+        """Guards index growth. A forked child gets its own: another thread of the parent
+        may have held this one at the fork."""
+        pid, lock = self._index_lock_of
+        if pid != os.getpid():
+            lock = threading.RLock()
+            self._index_lock_of = (os.getpid(), lock)
+        return lock
+
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        del state["_index_lock"]
+        del state["_index_lock_of"]
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._index_lock = threading.RLock()
+        self._index_lock_of = (os.getpid(), threading.RLock())
 
     def __repr__(self) -> str:
         return f"Dataset({len(self)} samples in {len(self._paths)} files, fields {self.fields})"
@@ -720,7 +746,7 @@ def _is_integer(text: str) -> bool:
     text = text.strip()
     if text and text[0] in "+-":
         text = text[1:]
-    return text.isdigit()
+    return text.isascii() and text.isdigit()
 
 
 def _split_name(name: str) -> tuple[str, str]:

@@ -70,6 +70,9 @@ def write_manifest(
         entries = list(pool.map(lambda p: shard_entry(p, base), paths))
     text = json.dumps({"version": MANIFEST_VERSION, **(extra or {}), "shards": entries}, indent=1)
     fd, tmp = tempfile.mkstemp(prefix=".stoker-", suffix=".json", dir=base)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.fchmod(fd, 0o666 & ~umask)  # readable as the shards are (mkstemp makes it 0600)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text + "\n")

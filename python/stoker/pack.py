@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import os
 import shutil
 import sys
@@ -25,7 +26,14 @@ from stoker import _core
 from stoker.dataset import Dataset
 from stoker.errors import StokerError
 from stoker.manifest import write_manifest
-from stoker.sources import MANIFEST_NAME, SHARD_FORMATS, format_of, is_url, resolve
+from stoker.sources import (
+    MANIFEST_NAME,
+    SHARD_FORMATS,
+    _shards_in_folder,
+    format_of,
+    is_url,
+    resolve,
+)
 
 #: Header block size and the fixed fields every packed member gets.
 _BLOCK = 512
@@ -53,7 +61,7 @@ def class_folder(folder: str) -> tuple[Dataset, list[str]]:
     names, labels = [], []
     for label, name in enumerate(classes):
         for root, dirs, files in os.walk(os.path.join(folder, name)):
-            dirs.sort()
+            dirs[:] = sorted(d for d in dirs if not d.startswith("."))
             for file in sorted(files):
                 if not file.startswith("."):
                     names.append(os.path.relpath(os.path.join(root, file), folder))
@@ -64,13 +72,16 @@ def class_folder(folder: str) -> tuple[Dataset, list[str]]:
 
 
 def _is_class_folder(path: str) -> bool:
-    """A folder of sub-folders and no shards (or manifest) of its own."""
+    """A folder of sub-folders with no shards (or manifest) anywhere under it."""
     if not os.path.isdir(path) or os.path.exists(os.path.join(path, MANIFEST_NAME)):
         return False
-    entries = os.listdir(path)
-    has_dirs = any(os.path.isdir(os.path.join(path, e)) for e in entries)
-    has_shards = any(os.path.splitext(e.lower())[1] in SHARD_FORMATS for e in entries)
-    return has_dirs and not has_shards
+    if not any(os.path.isdir(os.path.join(path, e)) for e in os.listdir(path)):
+        return False
+    for _, dirs, files in os.walk(path):
+        dirs[:] = [d for d in dirs if not d.startswith(".")]
+        if any(os.path.splitext(f.lower())[1] in SHARD_FORMATS for f in files):
+            return False
+    return True
 
 
 def open_input(
@@ -100,6 +111,14 @@ def sample_sizes(ds: Dataset) -> np.ndarray:
     """Each sample's bytes once packed (an estimate where members are not indexed yet)."""
     n = len(ds)
     sizes = np.zeros(n, np.int64)
+    starts = ds._shard_start
+    lazy = [
+        s
+        for s in np.flatnonzero(~ds._indexed).tolist()
+        if s not in ds._remote_of and starts[s + 1] > starts[s]
+    ]
+    if lazy:  # shards a manifest described are indexed now: their member sizes count
+        ds._ensure_local(np.asarray(starts[lazy], np.int64))
     known = ds._sample_first >= 0
     if known.any():
         idx = np.flatnonzero(known)
@@ -110,9 +129,8 @@ def sample_sizes(ds: Dataset) -> np.ndarray:
         sizes[idx] = sums
     if "label" in ds._extras:
         sizes += 2 * _BLOCK  # a .cls member of a few digits
-    if not known.all():  # remote shards not fetched: their average
-        remote = ds._remote
-        assert remote is not None
+    remote = ds._remote
+    if not known.all() and remote is not None:  # remote shards not fetched: their average
         for shard, r in ds._remote_of.items():
             first, end = int(ds._shard_start[shard]), int(ds._shard_start[shard + 1])
             info = remote.shards[r]
@@ -132,7 +150,8 @@ def labels_of(ds: Dataset) -> np.ndarray | None:
 
     out = np.zeros(len(ds), np.int64)
     at = 0
-    for batch in Loader(ds, batch_size=8192, shuffle=False, fields={"cls": Int()}):
+    every = Loader(ds, 8192, shuffle=False, rank=0, world_size=1, fields={"cls": Int()})
+    for batch in every:
         values = batch["cls"].numpy()
         out[at : at + len(values)] = values
         at += len(values)
@@ -165,6 +184,7 @@ def assign(
             if samples_per_shard
             else max(1, -(-total // int(shard_size or total or 1)))
         )
+        count = min(count, n)  # never an empty shard
         by_label = order[np.argsort(labels[order], kind="stable")]
         shard_of = np.empty(n, np.int64)
         shard_of[by_label] = np.arange(n) % count
@@ -201,15 +221,29 @@ def _member(name: str, data: bytes | memoryview) -> tuple[tarfile.TarInfo, io.By
     return info, io.BytesIO(data)
 
 
+class _Stopped(Exception):
+    """Another shard failed (or Ctrl-C): this one stops where it is."""
+
+
 def write_shard(
-    ds: Dataset, samples: np.ndarray, path: str, progress: Callable[[int], None]
+    ds: Dataset,
+    samples: np.ndarray,
+    path: str,
+    progress: Callable[[int], None],
+    stop: threading.Event,
 ) -> None:
     """Tar shard `path` of `samples`: each field a member ``KEY.FIELD``, a label ``KEY.cls``."""
     chunk = 256
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         for at in range(0, len(samples), chunk):
             idx = samples[at : at + chunk]
-            for sample in ds.get_batch(idx):
+            batch = ds.get_batch(idx)  # (fetches remote shards: their rows are known after)
+            npy_rows = ds._m_decoder[ds._member_rows(idx)[0]] != 0  # rows of .npy shards
+            labels = ds._extras.get("label")
+            at_member = 0
+            for s, sample in enumerate(batch):
+                if stop.is_set():
+                    raise _Stopped()
                 key = sample.pop("__key__")
                 if key.startswith("/") or ".." in key.split("/"):
                     # Nothing in stoker extracts members, but other tools do: a packed
@@ -218,19 +252,38 @@ def write_shard(
                         f"sample key {key!r} (from {ds.source}) is not a safe relative name: "
                         "refusing to pack it"
                     )
-                label = sample.pop("label", None)
+                if labels is not None:  # a column, not a member: written as KEY.cls
+                    sample.pop("label", None)
+                is_row = bool(npy_rows[at_member]) if len(npy_rows) > at_member else False
+                at_member += len(sample)
                 for field in sorted(sample):
                     value = sample[field]
-                    if value.dtype == np.uint8 and value.ndim == 1:
-                        data: bytes | memoryview = memoryview(value)
-                    else:  # a row of a .npy shard: a .npy file of its own
+                    if is_row:  # a row of a .npy shard: a .npy file of its own
                         buffer = io.BytesIO()
                         np.save(buffer, value, allow_pickle=False)
-                        data = buffer.getvalue()
+                        data: bytes | memoryview = buffer.getvalue()
+                    else:
+                        data = memoryview(value)
                     tar.addfile(*_member(f"{key}.{field}", data))
-                if label is not None:
-                    tar.addfile(*_member(f"{key}.cls", str(int(label)).encode()))
+                if labels is not None:
+                    label = int(labels[int(idx[s])])
+                    tar.addfile(*_member(f"{key}.cls", str(label).encode()))
             progress(len(idx))
+
+
+def _check_unique_keys(ds: Dataset) -> None:
+    """Two samples with one key would be merged (or refused) by readers of the shards."""
+    if ds._remote is not None:
+        return  # known once fetched; the manifest writer refuses a shard that repeats one
+    keys = np.array(ds.keys(np.arange(len(ds))), dtype=object)
+    unique, counts = np.unique(keys.astype(str), return_counts=True)
+    repeated = unique[counts > 1]
+    if len(repeated):
+        shown = ", ".join(repr(k) for k in repeated[:5])
+        raise StokerError(
+            f"{len(repeated)} sample key(s) appear more than once ({shown}); keys are file "
+            "names up to their first dot, so x.png and x.jpg collide: rename them"
+        )
 
 
 @dataclass
@@ -285,11 +338,17 @@ def pack(
         seed=seed,
         labels=labels,
     )
+    _check_unique_keys(ds)
     width = max(6, len(str(len(plan) - 1)))
     names = [f"{prefix}-{i:0{width}d}.tar" for i in range(len(plan))]
-    os.makedirs(out, exist_ok=True)
-    work = os.path.join(out, f".stoker-pack-{os.getpid()}")
-    os.mkdir(work)
+    # A new folder is written beside its place and renamed into it whole; an empty one
+    # gets a hidden work folder whose files are moved in at the end, manifest last.
+    parent = os.path.dirname(out)
+    work = os.path.join(out if not made else parent, f".stoker-pack-{os.getpid()}")
+    os.makedirs(work)
+    moved: list[str] = []
+    stop = threading.Event()
+    pool = ThreadPoolExecutor(max(1, num_threads or os.cpu_count() or 1))
     try:
         lock = threading.Lock()
         with _progress(len(ds), quiet, "samples", "pack") as bar:
@@ -298,24 +357,31 @@ def pack(
                 with lock:
                     bar.update(n)
 
-            with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
-                futures = [
-                    pool.submit(write_shard, ds, members, os.path.join(work, name), progress)
-                    for members, name in zip(plan, names)
-                ]
-                for future in futures:
-                    future.result()
+            futures = [
+                pool.submit(write_shard, ds, members, os.path.join(work, name), progress, stop)
+                for members, name in zip(plan, names)
+            ]
+            for future in futures:
+                future.result()
         extra = {"classes": list(classes)} if classes is not None else None
         write_manifest([os.path.join(work, n) for n in names], work, extra=extra)
-        for name in [*names, MANIFEST_NAME]:  # the manifest last: it says the rest is there
-            os.rename(os.path.join(work, name), os.path.join(out, name))
-        os.rmdir(work)
-    except BaseException:
-        shutil.rmtree(work, ignore_errors=True)
         if made:
+            os.rename(work, out)
+        else:
+            for name in [*names, MANIFEST_NAME]:  # the manifest last: it says the rest is there
+                os.rename(os.path.join(work, name), os.path.join(out, name))
+                moved.append(os.path.join(out, name))
+            os.rmdir(work)
+    except BaseException:
+        stop.set()
+        pool.shutdown(wait=True, cancel_futures=True)  # no writer left before cleaning up
+        shutil.rmtree(work, ignore_errors=True)
+        for path in moved:
             with contextlib.suppress(OSError):
-                os.rmdir(out)
+                os.unlink(path)
         raise
+    finally:
+        pool.shutdown(wait=False)
     paths = [os.path.join(out, n) for n in names]
     return PackResult(out, paths, len(ds), sum(os.path.getsize(p) for p in paths))
 
@@ -340,7 +406,15 @@ def local_shards(source: str) -> list[str]:
 
 def index(source: str, out: str | None = None, num_threads: int = 0) -> tuple[str, list[dict]]:
     """Write ``stoker.json`` for the shards of `source` (beside them unless `out`)."""
-    paths = local_shards(source)
+    extra = None
+    if os.path.isdir(source):  # every shard there now, whatever an old manifest says
+        paths = _shards_in_folder(source)
+        old = os.path.join(source, MANIFEST_NAME)
+        if os.path.isfile(old):  # keep what else it says (class names)
+            with open(old, encoding="utf-8") as f, contextlib.suppress(ValueError):
+                extra = {k: v for k, v in json.load(f).items() if k not in ("version", "shards")}
+    else:
+        paths = local_shards(source)
     if not paths:
         raise StokerError(f"{source}: no shards")
     if out is None:
@@ -348,7 +422,7 @@ def index(source: str, out: str | None = None, num_threads: int = 0) -> tuple[st
             out = source
         else:
             out = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
-    written = write_manifest(paths, out, num_threads=num_threads)
+    written = write_manifest(paths, out, num_threads=num_threads, extra=extra or None)
     from stoker.sources import read_manifest
 
     return written, [entry for _, entry in read_manifest(written)]
@@ -408,6 +482,8 @@ def format_inspection(source: str, reports: list[ShardReport]) -> str:
         f"{sum(r.samples for r in good):,} samples, {human(sum(r.bytes for r in good))}",
         "",
     ]
+    if not reports:
+        return lines[0]
     base = os.path.commonpath([os.path.dirname(os.path.abspath(r.path)) for r in reports])
     shown = [os.path.relpath(os.path.abspath(r.path), base) for r in reports]
     width = max([5, *(len(s) for s in shown)])
