@@ -67,6 +67,21 @@ mark_build_dir() {
 }
 
 # ---------------------------------------------------------------- ASan + UBSan
+# Fails on any ASan/UBSan report in `log` (a report in a child process may not fail
+# the test that started it, so the log is searched), then on a non-zero `status`.
+asan_verdict() {
+  local log=$1 status=$2 what=$3
+  if grep -nE 'ERROR: AddressSanitizer|AddressSanitizer: CHECK|runtime error:|ERROR: LeakSanitizer' \
+    "$log" >&2; then
+    echo "sanitize.sh: ASan/UBSan reported the above (full log: $log)" >&2
+    exit 1
+  fi
+  if [[ $status -ne 0 ]]; then
+    echo "sanitize.sh: $what failed under ASan/UBSan (exit $status; log: $log)" >&2
+    exit "$status"
+  fi
+}
+
 asan() {
   local start=$SECONDS
   section "ASan + UBSan: build the extension into $ASAN_DIR"
@@ -186,16 +201,7 @@ if not all(os.path.realpath(p).startswith(want) for p in (stoker.__file__, stoke
     -p stoker_sanitized_check --rootdir "$ROOT" -c "$ROOT/pyproject.toml" "${tests[@]}" \
     2>&1 | tee "$log" || status=$?
   cd "$ROOT"
-  # A report in a child process may not fail the test that started it: look for any.
-  if grep -nE 'ERROR: AddressSanitizer|AddressSanitizer: CHECK|runtime error:|ERROR: LeakSanitizer' \
-    "$log" >&2; then
-    echo "sanitize.sh: ASan/UBSan reported the above (full log: $log)" >&2
-    exit 1
-  fi
-  if [[ $status -ne 0 ]]; then
-    echo "sanitize.sh: the tests failed under ASan/UBSan (exit $status; log: $log)" >&2
-    exit "$status"
-  fi
+  asan_verdict "$log" "$status" "the tests"
   local tested=$SECONDS
 
   section "ASan + UBSan: the C++ stress program for $seconds s"
@@ -210,15 +216,7 @@ if not all(os.path.realpath(p).startswith(want) for p in (stoker.__file__, stoke
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
     "$ASAN_DIR/stress/tests/cpp/stoker_stress" "$seconds" "$ASAN_DIR/shards" 2>&1 |
     tee "$log" || status=$?
-  if grep -nE 'ERROR: AddressSanitizer|AddressSanitizer: CHECK|runtime error:|ERROR: LeakSanitizer' \
-    "$log" >&2; then
-    echo "sanitize.sh: ASan/UBSan reported the above (full log: $log)" >&2
-    exit 1
-  fi
-  if [[ $status -ne 0 ]]; then
-    echo "sanitize.sh: the stress program failed under ASan/UBSan (exit $status; log: $log)" >&2
-    exit "$status"
-  fi
+  asan_verdict "$log" "$status" "the stress program"
   printf 'sanitize.sh: ASan + UBSan clean (extension build %ds, tests %ds, stress %ds)\n' \
     $((built - start)) $((tested - built)) $((SECONDS - tested)) >&2
 }

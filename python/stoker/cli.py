@@ -88,7 +88,7 @@ def _index(args: argparse.Namespace) -> int:
 def _inspect(args: argparse.Namespace) -> int:
     from stoker import pack
 
-    if any(stoker.sources.is_url(s) for s in [args.source]):
+    if stoker.sources.is_url(args.source):
         ds = stoker.Dataset(args.source)
         print(f"{len(ds.shards)} remote shard(s), {len(ds):,} samples, fields: {ds.fields}")
         return 0
@@ -154,7 +154,7 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _command(
-    commands: argparse._SubParsersAction, name: str, help: str, example: str
+    commands: argparse._SubParsersAction, name: str, help: str, example: str, quiet: bool = False
 ) -> argparse.ArgumentParser:
     parser = commands.add_parser(
         name,
@@ -164,6 +164,8 @@ def _command(
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log what happens")
+    if quiet:  # commands that show a progress bar
+        parser.add_argument("--quiet", action="store_true", help="no progress bar")
     return parser
 
 
@@ -183,10 +185,10 @@ def build_parser() -> argparse.ArgumentParser:
         "demo",
         "make a small dataset, serve it over HTTP on 127.0.0.1 and load it, next to a DataLoader",
         "stoker demo --samples 5000",
+        quiet=True,
     )
     demo.add_argument("--samples", type=int, default=10_000, help="dataset size")
     demo.add_argument("--keep", metavar="DIR", help="work in DIR (new) and keep it")
-    demo.add_argument("--quiet", action="store_true", help="no progress bars")
     demo.set_defaults(run=_demo)
 
     pack = _command(
@@ -195,6 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
         "write tar shards (WebDataset convention) and a stoker.json from a CSV + folder, "
         "a class-per-folder tree, or any stoker source",
         "stoker pack --csv labels_train.csv --root labels_train/ shards/ --shuffle --stratify",
+        quiet=True,
     )
     pack.add_argument("source", nargs="?", help="a class-per-folder tree or a stoker source")
     pack.add_argument("out", help="the output folder (new or empty)")
@@ -209,7 +212,6 @@ def build_parser() -> argparse.ArgumentParser:
         "--stratify", action="store_true", help="spread each label evenly over the shards"
     )
     pack.add_argument("--threads", type=_count, default=0, help="shards written at once")
-    pack.add_argument("--quiet", action="store_true", help="no progress bar")
     pack.set_defaults(run=_pack)
 
     index = _command(
@@ -238,12 +240,12 @@ def build_parser() -> argparse.ArgumentParser:
         "fetch",
         "download a remote source's shards into a cache ahead of training",
         "stoker fetch http://host/data/stoker.json --cache-dir /local/cache --cache-limit 200G",
+        quiet=True,
     )
     fetch.add_argument("source", help="http(s) URLs: a stoker.json, a brace pattern or a shard")
     fetch.add_argument("--cache-dir", help="the cache (default: $STOKER_CACHE or ~/.cache/stoker)")
     fetch.add_argument("--cache-limit", type=parse_size, help="bytes the cache may hold, e.g. 200G")
     fetch.add_argument("--connections", type=int, default=16, help="downloads at once")
-    fetch.add_argument("--quiet", action="store_true", help="no progress bar")
     fetch.set_defaults(run=_fetch)
 
     bench = _command(

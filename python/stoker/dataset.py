@@ -128,7 +128,8 @@ class Dataset:
             entry = shards[i][1]
             indexes[i] = {"format": formats[i], "samples": entry["samples"]}
             indexes[i]["fields"] = entry.get("fields")
-        scan = [i for i in local_ids if i not in set(lazy)]
+        described = set(lazy)
+        scan = [i for i in local_ids if i not in described]
         found = _core.index_shards(
             [paths[i] for i in scan], [formats[i] for i in scan], num_threads or 0
         )
@@ -277,11 +278,7 @@ class Dataset:
         placeholder ``{"format", "samples", "fields"}``: its samples count, its members
         are added by _add_index once it is."""
         self._paths = paths
-        self._formats = (
-            [index.get("format") if index.get("format") != "files" else "" for index in indexes]
-            if member_files is None
-            else [""] * len(paths)
-        )
+        self._formats = [str(index.get("format", "")) for index in indexes]  # per shard
         self._identities = identities
         self._index_lock_of: tuple[int, threading.RLock] = (os.getpid(), threading.RLock())
         # Reads check that each file is still the one indexed.
@@ -344,7 +341,7 @@ class Dataset:
                     except (TypeError, ValueError) as e:
                         raise located(
                             ShardFormatError,
-                            self.shards[shard],
+                            self._shard_name(shard),
                             0,
                             f"the .npy header's dtype {index['descr']!r} is not one numpy "
                             f"knows ({e})",
@@ -380,7 +377,7 @@ class Dataset:
             if n != expected:
                 raise located(
                     ShardFormatError,
-                    self.shards[shard],
+                    self._shard_name(shard),
                     0,
                     f"holds {n} samples but {expected} were expected (manifest or first look): "
                     "the shard changed",
@@ -445,11 +442,12 @@ class Dataset:
     @property
     def shards(self) -> list[str]:
         """The shard files or URLs (for a CSV dataset: the sample files)."""
-        out = list(self._paths)
-        if self._remote is not None:
-            for shard, r in self._remote_of.items():
-                out[shard] = self._remote.shards[r].url
-        return out
+        return [self._shard_name(s) for s in range(len(self._paths))]
+
+    def _shard_name(self, shard: int) -> str:
+        """Shard `shard` as the user named it: its URL if remote, else its path."""
+        r = self._remote_of.get(shard)
+        return self._paths[shard] if r is None else self._remote.shards[r].url  # type: ignore[union-attr]
 
     def key(self, i: int) -> str:
         return self.keys([self._check_index(i)])[0]
@@ -476,7 +474,7 @@ class Dataset:
         first, end = int(self._shard_start[shard]), int(self._shard_start[shard + 1])
         keys = self._shard_keys[shard]
         if keys is None:  # rows of a .npy shard
-            name = self.shards[shard].rsplit("/", 1)[-1]
+            name = self._shard_name(shard).rsplit("/", 1)[-1]
             stem = os.path.splitext(name)[0]
             keys = [f"{stem}/{row}" for row in range(end - first)]
         self._key_array[first:end] = keys
@@ -558,7 +556,7 @@ class Dataset:
         remote = [s for s in missing if s in self._remote_of]
         if remote:
             raise StokerError(
-                f"internal: shard {self.shards[remote[0]]} is read before it is local"
+                f"internal: shard {self._shard_name(remote[0])} is read before it is local"
             )
 
     @contextlib.contextmanager
@@ -619,7 +617,7 @@ class Dataset:
                 elif not self._same_index(shard, index):
                     raise located(
                         FetchError,
-                        self.shards[shard],
+                        self._shard_name(shard),
                         0,
                         "fetched again, the shard's members differ from the first time: it "
                         "changed on the server (a manifest with sha256 pins it)",
