@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import csv as csv_module
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
@@ -177,37 +178,8 @@ class Dataset:
         Each sample holds the file's bytes under its extension (``"png"``, ...) and the
         integer label under ``"label"``. A header row is detected and skipped.
         """
-        import pandas as pd
-
-        csv, root = os.fspath(csv), os.fspath(root)
-        try:
-            table = pd.read_csv(
-                csv, header=None, dtype=str, keep_default_na=False, skip_blank_lines=False
-            )
-        except (pd.errors.ParserError, UnicodeDecodeError) as e:
-            raise located(
-                ShardFormatError, csv, 0, f"not a filename,label CSV: {str(e).strip()}"
-            ) from e
-        if table.shape[1] != 2:
-            raise located(ShardFormatError, csv, 0, "expected two columns: filename,label")
-        names = table.iloc[:, 0].str.strip().to_numpy(object)
-        label_text = table.iloc[:, 1].str.strip().to_numpy(object)
-        lines = np.arange(1, len(table) + 1)  # blank lines kept, so these are the file's
-        if len(table) and not _is_integer(label_text[0]):  # a header row
-            names, label_text, lines = names[1:], label_text[1:], lines[1:]
-        blank = (names == "") & (label_text == "")
-        names, label_text, lines = names[~blank], label_text[~blank], lines[~blank]
-        bad = np.flatnonzero(~np.array([_is_integer(t) for t in label_text], bool) | (names == ""))
-        if len(bad):
-            shown = ", ".join(f"line {lines[i]}: {names[i]!r},{label_text[i]!r}" for i in bad[:5])
-            raise located(
-                ShardFormatError,
-                csv,
-                0,
-                f"{len(bad)} row(s) without a file name or an integer label ({shown})",
-            )
-        labels = np.array([int(t) for t in label_text], np.int64)
-        return cls.from_files(root, names.tolist(), labels, source=csv, num_threads=num_threads)
+        names, labels = read_labels_csv(csv)
+        return cls.from_files(root, names, labels, source=os.fspath(csv), num_threads=num_threads)
 
     @classmethod
     def from_files(
@@ -738,6 +710,46 @@ class Dataset:
 
     def __repr__(self) -> str:
         return f"Dataset({len(self)} samples in {len(self._paths)} files, fields {self.fields})"
+
+
+def read_labels_csv(path: str | os.PathLike[str]) -> tuple[list[str], np.ndarray]:
+    """The file names and integer labels of a ``filename,label`` CSV (a header row is
+    detected and skipped, blank lines ignored). Every bad row is found in one pass and
+    reported with its line number: the first few and the count."""
+    path = os.fspath(path)
+    rows: list[tuple[int, list[str]]] = []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv_module.reader(f)
+            for row in reader:
+                if any(cell.strip() for cell in row):
+                    rows.append((reader.line_num, [cell.strip() for cell in row]))
+    except (UnicodeDecodeError, csv_module.Error) as e:
+        raise located(ShardFormatError, path, 0, f"not a filename,label CSV: {e}") from e
+    wrong = [(line, row) for line, row in rows if len(row) != 2]
+    if wrong:
+        line, row = wrong[0]
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            f"not a filename,label CSV: line {line} has {len(row)} fields "
+            f"({len(wrong)} such row(s))",
+        )
+    if rows and not _is_integer(rows[0][1][1]):  # a header row
+        rows = rows[1:]
+    bad = [
+        (line, name, label) for line, (name, label) in rows if not name or not _is_integer(label)
+    ]
+    if bad:
+        shown = ", ".join(f"line {line}: {name!r},{label!r}" for line, name, label in bad[:5])
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            f"{len(bad)} row(s) without a file name or an integer label ({shown})",
+        )
+    return [name for _, (name, _) in rows], np.array([int(row[1]) for _, row in rows], np.int64)
 
 
 def _is_integer(text: str) -> bool:

@@ -43,11 +43,10 @@ class _SeedsDataset:
     """The seeds' pattern: a map-style dataset that opens one file per sample."""
 
     def __init__(self, csv: str, root: str) -> None:
-        import pandas as pd
+        from stoker.dataset import read_labels_csv
 
-        table = pd.read_csv(csv)
-        self.paths = [os.path.join(root, n) for n in table.iloc[:, 0]]
-        self.labels = table.iloc[:, 1].to_numpy()
+        names, self.labels = read_labels_csv(csv)
+        self.paths = [os.path.join(root, n) for n in names]
 
     def __len__(self) -> int:
         return len(self.paths)
