@@ -43,7 +43,7 @@ import struct
 import threading
 import time
 import urllib.parse
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -780,7 +780,8 @@ class ShardCache:
             try:  # held before it has its name, so no one can evict it in between
                 if not _try_lock(held, False):  # pragma: no cover - no one else knows it
                     raise StokerError(f"{part}: locked while being downloaded")
-                os.rename(part, path)
+                with self._cache_locked(time.monotonic() + fetcher.options.cache_wait):
+                    os.rename(part, path)
             except BaseException:
                 _close_locked_fd(held)
                 raise
@@ -799,6 +800,17 @@ class ShardCache:
                 with contextlib.suppress(OSError):
                     os.unlink(part)
 
+    @contextlib.contextmanager
+    def _cache_locked(self, deadline: float) -> Iterator[None]:
+        """The node-wide lock over the cache's accounting: reservations, evictions, and
+        renames (a directory scan racing a rename can miss the file under both names)."""
+        lock = _open_locked_fd(os.path.join(self.root, _LOCKS, "cache"), os.O_RDWR | os.O_CREAT)
+        try:
+            _lock_polling(lock, True, deadline, self.root)
+            yield
+        finally:
+            _close_locked_fd(lock)
+
     def _reserve(
         self, part: str, size: int, limit: int, url: str, wait: float, wait_for_room: bool
     ) -> int:
@@ -809,9 +821,7 @@ class ShardCache:
         started = time.monotonic()
         waited = False
         while True:
-            lock = _open_locked_fd(os.path.join(self.root, _LOCKS, "cache"), os.O_RDWR | os.O_CREAT)
-            try:
-                _lock_polling(lock, True, started + wait, self.root)
+            with self._cache_locked(started + wait):
                 used = self._evict_for(size, limit)
                 if used + size <= limit:
                     _private_dirs(os.path.dirname(part))
@@ -828,8 +838,6 @@ class ShardCache:
                             f"no room for {size} bytes in the cache {self.root}: {e.strerror or e}",
                         ) from e
                     return fd
-            finally:
-                _close_locked_fd(lock)
             if not wait_for_room:
                 raise NoRoom(f"{url}: no room in the cache now")
             if time.monotonic() - started > wait:
