@@ -333,10 +333,16 @@ def test_breaking_out_cancels_reads_ahead(data):
     assert loader.state_dict()["batches_done"] == 3
 
 
-def test_cuda_device_is_a_clear_error(data):
+def test_cuda_device_without_cuda_is_a_clear_error(data):
     ds, _ = data
-    with pytest.raises(stoker.StokerError, match="device='cuda'"):
+    if stoker.cuda_status()["cuda"]:
+        pytest.skip("this machine has CUDA")
+    with pytest.raises(stoker.CudaError, match="'cuda:0' needs CUDA"):
         stoker.Loader(ds, 8, device="cuda")
+    with pytest.raises(stoker.StokerError, match="not a CUDA device"):
+        stoker.Loader(ds, 8, device="cuda:x")
+    with pytest.raises(stoker.StokerError, match="'cpu', 'cuda' or 'cuda:N'"):
+        stoker.Loader(ds, 8, device="mps")
 
 
 def test_stats(data):

@@ -17,6 +17,8 @@ namespace {
 PyObject* stoker_error = nullptr;
 PyObject* shard_format_error = nullptr;
 PyObject* read_error = nullptr;
+PyObject* cuda_error = nullptr;
+PyObject* cufile_error = nullptr;
 
 PyObject* make_type(py::module_& m, const char* name, std::initializer_list<PyObject*> bases,
                     const char* doc) {
@@ -70,6 +72,12 @@ void register_errors(py::module_& m) {
                                     "A remote shard could not be fetched after retries.");
   make_type(m, "ChecksumError", {fetch_error},
             "Fetched bytes do not match the length or sha256 the manifest gives.");
+  cuda_error = make_type(m, "CudaError", {stoker_error, PyExc_RuntimeError},
+                         "CUDA is not usable here (no driver or device, a forked child of a "
+                         "CUDA process), or a driver call failed.");
+  cufile_error = make_type(m, "CuFileError", {cuda_error},
+                           "A cuFile (GPUDirect Storage) call failed; stoker falls back to its "
+                           "bounce path where it can.");
 
   py::register_exception_translator([](std::exception_ptr p) {
     try {
@@ -79,6 +87,10 @@ void register_errors(py::module_& m) {
       // the message already starts with.
       py::object instance = py::handle(read_error)(e.error_number(), message_of(e.what()));
       raise_located(read_error, e, instance);
+    } catch (const CuFileError& e) {
+      raise_located(cufile_error, e, py::handle(cufile_error)(message_of(e.what())));
+    } catch (const CudaError& e) {
+      raise_located(cuda_error, e, py::handle(cuda_error)(message_of(e.what())));
     } catch (const FormatError& e) {
       raise_located(shard_format_error, e, py::handle(shard_format_error)(message_of(e.what())));
     } catch (const Error& e) {

@@ -1,10 +1,11 @@
 #include "bindings.hpp"
 
 PYBIND11_MODULE(_core, m) {
-  m.doc() = "stoker's C++ core: the shard reader and the index parsers";
+  m.doc() = "stoker's C++ core: the shard reader, the index parsers and the CUDA shim";
   m.attr("__version__") = STOKER_VERSION;
   stoker::bindings::register_errors(m);
   stoker::bindings::register_reader(m);
   stoker::bindings::register_ring(m);
   stoker::bindings::register_formats(m);
+  stoker::bindings::register_cuda(m);
 }

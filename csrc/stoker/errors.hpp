@@ -1,5 +1,5 @@
 // The error kinds the core raises. The bindings map each onto a Python type
-// (StokerError, ShardFormatError, ReadError); every one carries the file and
+// (StokerError, ShardFormatError, ReadError, CudaError, CuFileError); every one carries the file and
 // the byte offset it is about, so a user can find the bad bytes.
 #pragma once
 
@@ -41,6 +41,19 @@ class ReadError : public Error {
 
  private:
   int errno_;
+};
+
+// CUDA is unusable here (no driver, no device, a forked child of a CUDA
+// parent) or a driver call failed.
+class CudaError : public Error {
+ public:
+  using Error::Error;
+};
+
+// A cuFile call failed; callers fall back to the bounce path.
+class CuFileError : public CudaError {
+ public:
+  using CudaError::CudaError;
 };
 
 }  // namespace stoker

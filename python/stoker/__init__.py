@@ -2,6 +2,8 @@
 
 from stoker._core import (
     ChecksumError,
+    CudaError,
+    CuFileError,
     FetchError,
     FileTable,
     PendingRead,
@@ -12,15 +14,21 @@ from stoker._core import (
     StokerError,
 )
 from stoker._core import __version__ as __version__
+from stoker.cuda import FallbackWarning, cuda_status
 from stoker.dataset import Dataset
 from stoker.fields import Bytes, Int, Npy, Raw
+from stoker.gds import GDSCache, load_npy, read_into
 from stoker.loader import Loader
 from stoker.remote import FetchOptions
 
 __all__ = [
     "ChecksumError",
     "Bytes",
+    "CudaError",
+    "CuFileError",
     "Dataset",
+    "FallbackWarning",
+    "GDSCache",
     "Int",
     "Loader",
     "Npy",
@@ -34,4 +42,7 @@ __all__ = [
     "ShardFormatError",
     "ShardReader",
     "StokerError",
+    "cuda_status",
+    "load_npy",
+    "read_into",
 ]

@@ -640,10 +640,12 @@ class Dataset:
         offsets: np.ndarray | None = None,
         lengths: np.ndarray | None = None,
         reader: _core.ShardReader | None = None,
+        into: np.ndarray | None = None,
     ) -> _core.PendingRead:
         """Start reading member `rows`; by default each lands, as stored, at the next aligned
-        offset. `codecs` and `out` (decoded lengths) override how members are decoded,
-        `offsets` and `lengths` which bytes of them are read."""
+        offset of a new buffer (of `into`, a buffer of at least `size` bytes, when given).
+        `codecs` and `out` (decoded lengths) override how members are decoded, `offsets` and
+        `lengths` which bytes of them are read."""
         if out is None:
             out = self._m_out[rows]
         if dest is None:
@@ -651,17 +653,22 @@ class Dataset:
         if codecs is None:
             codecs = self._m_codec[rows]
         compressed = bool((codecs != _CODEC_STORED).any())
-        return (reader or shared_reader(self.num_threads)).read(
+        reader = reader or shared_reader(self.num_threads)
+        pieces = (
             self._files,
             self._m_file[rows],
             self._m_offset[rows] if offsets is None else offsets,
             self._m_length[rows] if lengths is None else lengths,
             dest,
-            size,
-            out_lengths=out,
-            codecs=codecs if compressed else None,
-            crcs=self._m_crc[rows] if compressed else None,
         )
+        decoding = {
+            "out_lengths": out,
+            "codecs": codecs if compressed else None,
+            "crcs": self._m_crc[rows] if compressed else None,
+        }
+        if into is not None:
+            return reader.read_into(into, *pieces, **decoding)
+        return reader.read(*pieces, size, **decoding)
 
     def _samples_from(
         self, buffer: np.ndarray, idx: np.ndarray, rows: np.ndarray, bounds: np.ndarray

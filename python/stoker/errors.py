@@ -8,6 +8,8 @@ from typing import TypeVar
 
 from stoker._core import (
     ChecksumError,
+    CudaError,
+    CuFileError,
     FetchError,
     ReadError,
     ShardFormatError,
@@ -16,6 +18,8 @@ from stoker._core import (
 
 __all__ = [
     "ChecksumError",
+    "CudaError",
+    "CuFileError",
     "FetchError",
     "ReadError",
     "ShardFormatError",

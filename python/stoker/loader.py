@@ -24,9 +24,11 @@ from typing import Any
 
 import numpy as np
 
+from stoker import cuda
 from stoker.dataset import ALIGN, Dataset, _release_when_done, aligned_offsets, shared_reader
 from stoker.errors import ReadError, ShardFormatError, StokerError, located
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
+from stoker.gds import read_npy_header
 from stoker.remote import wait_result
 from stoker.sampler import (
     DEFAULT_SHUFFLE_WINDOW,
@@ -42,6 +44,7 @@ _STATE_VERSION = 1
 _EXTRA_SHARDS = 2  # remote shards fetched ahead beyond one per connection
 _INT_WIDTH = 64  # bytes of text an Int() member may have, whitespace included
 _CODEC_ASCII_INT = 2  # the reader parses the text into an int64 (io::Codec::kAsciiInt)
+_DEFAULT_PINNED_BYTES = 1 << 30  # page-locked host memory a GPU loader may hold
 
 
 def _torch() -> Any:
@@ -90,11 +93,15 @@ class _Layout:
 
     indices: np.ndarray
     fixed: list[tuple[str, int, np.dtype, tuple[int, ...]]] = field(default_factory=list)
-    ints: list[tuple[str, int, np.ndarray, np.ndarray]] = field(default_factory=list)
+    ints: list[tuple[str, int, np.ndarray, np.ndarray, int]] = field(default_factory=list)
     blobs: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
-    extras: list[str] = field(default_factory=list)
+    extras: list[tuple[str, int]] = field(default_factory=list)
     headers: list[tuple[str, int, bytes, np.ndarray]] = field(default_factory=list)
     nbytes: int = 0
+
+
+class _RingFull(Exception):
+    """No pinned slot is free for the next batch without waiting on the consumer."""
 
 
 class _FailedRead:
@@ -234,16 +241,17 @@ class Loader:
         prefetch: int = 4,
         shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
         log_every: int | None = None,
+        pinned_bytes: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, not {batch_size}")
         if prefetch < 1:
             raise ValueError(f"prefetch must be at least 1, not {prefetch}")
-        if str(device) != "cpu":
-            raise StokerError(
-                f"device={device!r}: batches on the GPU come with stoker's CUDA path, which "
-                "this build does not have yet; use device='cpu' and move the batch"
-            )
+        self._device = cuda.device_index(device)
+        if self._device is not None:
+            cuda.require_cuda(self._device)
+        if pinned_bytes is not None and pinned_bytes < 1:
+            raise ValueError(f"pinned_bytes must be positive, not {pinned_bytes}")
         if fields is not None and (map is not None or collate is not None):
             raise StokerError("fields= is the declarative fast path; it takes no map= or collate=")
         self._torch = _torch()
@@ -277,11 +285,18 @@ class Loader:
         self._elastic: tuple[int, tuple[int, int, int]] | None = None
         self._stats = _Stats()
         self._check_cache()
+        self.pinned_bytes = pinned_bytes or _DEFAULT_PINNED_BYTES
+        # Slots for the reads in flight, one being copied and one being filled.
+        self._stage = (
+            cuda.DeviceStage(self._device, self.pinned_bytes, prefetch + 2)
+            if self._device is not None
+            else None
+        )
 
     def __getstate__(self) -> dict[str, Any]:
         # What cannot cross a process boundary is rebuilt on the other side.
         state = self.__dict__.copy()
-        for name in ("_torch", "_reader", "_executor"):
+        for name in ("_torch", "_reader", "_executor", "_stage"):
             state[name] = None
         state["_plans"] = {}
         return state
@@ -290,6 +305,9 @@ class Loader:
         self.__dict__.update(state)
         self._torch = _torch()
         self._reader = shared_reader(self._num_threads)
+        if self._device is not None:  # a GPU loader sent to another process starts afresh
+            cuda.require_cuda(self._device)
+            self._stage = cuda.DeviceStage(self._device, self.pinned_bytes, self.prefetch + 2)
 
     # -- order, epochs, resume ------------------------------------------------
 
@@ -479,7 +497,9 @@ class Loader:
                     try:
                         if fetch is not None:
                             fetch.arrive(next_batch)
-                        in_flight.append(self._submit(plan.batch(next_batch)))
+                        in_flight.append(self._submit(plan.batch(next_batch), not in_flight))
+                    except _RingFull:
+                        break  # every pinned slot holds a batch read ahead: hand one out
                     except StokerError as error:  # raised when its batch's turn comes
                         in_flight.append((_FailedRead(error), None))
                     next_batch += 1
@@ -506,9 +526,12 @@ class Loader:
             self._epoch, self._position = epoch + 1, 0
             self._elastic = None
 
-    def _submit(self, indices: np.ndarray) -> tuple[Any, Any]:
+    def _submit(self, indices: np.ndarray, can_wait: bool = True) -> tuple[Any, Any]:
+        """Start reading a batch. A device loader's fields= batch needs a pinned slot: when
+        none is free and `can_wait` is false (batches are in flight, whose hand-out frees
+        one), this raises _RingFull instead of waiting."""
         if self.fields is not None:
-            return self._submit_fields(indices)
+            return self._submit_fields(indices, can_wait)
         ds = self.dataset
         rows, bounds = ds._member_rows(indices)
         return ds._submit_members(rows, reader=self._reader), (indices, rows, bounds)
@@ -520,13 +543,14 @@ class Loader:
         if self.fields is not None:
             batch = self._assemble_fields(buffer, layout)
             self._stats.samples += len(layout.indices)
-            return batch
+            return self._stage.to_device(batch, buffer) if self._stage else batch
         indices, rows, bounds = layout
         samples = self.dataset._samples_from(buffer, indices, rows, bounds)
         if self.map is not None:
             samples = self._map_batch(samples)
         self._stats.samples += len(samples)
-        return self.collate(samples)
+        batch = self.collate(samples)
+        return self._stage.to_device(batch) if self._stage else batch
 
     def _map_batch(self, samples: list[dict[str, Any]]) -> list[Any]:
         """map= over a batch: one task per thread-sized chunk, not a future per sample
@@ -582,7 +606,7 @@ class Loader:
             ShardFormatError, ds._paths[int(ds._m_file[row])], int(ds._m_offset[row]), what
         )
 
-    def _submit_fields(self, indices: np.ndarray) -> tuple[Any, _Layout]:
+    def _submit_fields(self, indices: np.ndarray, can_wait: bool = True) -> tuple[Any, _Layout]:
         ds = self.dataset
         n = len(indices)
         layout = _Layout(indices)
@@ -662,17 +686,20 @@ class Loader:
                         int(member_rows[too_long[0]]),
                         f"field {name!r} is {int(out[too_long[0]])} bytes: too long for an integer",
                     )
-                # Compressed members (a deflated zip): inflated by the reader, parsed here.
+                # Compressed members (a deflated zip): inflated by the reader, parsed here
+                # into their own region of the buffer.
                 base = region(n * _INT_WIDTH)
                 offsets = base + np.arange(n, dtype=np.uint64) * np.uint64(_INT_WIDTH)
                 parts.append((member_rows, offsets, ds._m_codec[member_rows], out))
-                layout.ints.append((name, base, out.astype(np.int64), member_rows))
+                layout.ints.append((name, base, out.astype(np.int64), member_rows, region(n * 8)))
             else:  # Bytes
                 starts, size = aligned_offsets(out)
                 base = region(size)
                 parts.append((member_rows, np.uint64(base) + starts, ds._m_codec[member_rows], out))
                 layout.blobs.append((name, base + starts.astype(np.int64), out.astype(np.int64)))
-        layout.extras = [name for name in self.fields if name in ds._extras]
+        # Integer columns of the dataset are written into the buffer too: a batch for a
+        # device then goes over in one copy of one buffer.
+        layout.extras = [(name, region(n * 8)) for name in self.fields if name in ds._extras]
         layout.nbytes = at
         # Pieces read as whole members take their file range from the index.
         parts = [p if len(p) == 6 else (*p, ds._m_offset[p[0]], ds._m_length[p[0]]) for p in parts]
@@ -682,6 +709,12 @@ class Loader:
             if parts
             else [np.zeros(0, t) for t in kinds]
         )
+        slot = None
+        if self._stage is not None:
+            # Read straight into a pinned slot: the batch then goes over in one copy.
+            slot = self._stage.acquire(at, wait=can_wait)
+            if slot is None:
+                raise _RingFull
         pending = ds._submit_members(
             rows,
             dest=dest,
@@ -691,6 +724,7 @@ class Loader:
             offsets=offsets,
             lengths=sizes,
             reader=self._reader,
+            into=slot,
         )
         return pending, layout
 
@@ -721,13 +755,7 @@ class Loader:
             raise located(ReadError, path, offset, f"cannot read a .npy header: {e}") from e
         try:
             stream = io.BytesIO(head)
-            version = np.lib.format.read_magic(stream)
-            read_header = (
-                np.lib.format.read_array_header_1_0
-                if version == (1, 0)
-                else np.lib.format.read_array_header_2_0  # 3.0 differs only in encoding
-            )
-            shape, fortran, dtype = read_header(stream)
+            dtype, shape, fortran = read_npy_header(stream)
         except (ValueError, OSError) as e:
             raise self._bad_member(row, f"field {name!r} is not a .npy file: {e}") from e
         long_axes = sum(d > 1 for d in shape)
@@ -763,7 +791,7 @@ class Loader:
                     f"field {name!r}: torch has no tensor type for {dtype} ({e}); read it "
                     "with stoker.Bytes() and convert it in your own code"
                 ) from e
-        for name, base, lengths, member_rows in layout.ints:
+        for name, base, lengths, member_rows, value_base in layout.ints:
             text = buffer[base : base + n * _INT_WIDTH].reshape(n, _INT_WIDTH)
             values, bad = parse_ascii_ints(text, lengths)
             if bad.any():
@@ -772,11 +800,17 @@ class Loader:
                 raise self._bad_member(
                     int(member_rows[i]), f"field {name!r} is not an integer: {shown!r}"
                 )
-            batch[name] = torch.from_numpy(values)
+            column = buffer[value_base : value_base + n * 8].view(np.int64)
+            column[:] = values
+            batch[name] = torch.from_numpy(column)
         for name, starts, lengths in layout.blobs:
-            batch[name] = [buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist())]
-        for name in layout.extras:
-            batch[name] = torch.from_numpy(ds._extras[name][layout.indices].astype(np.int64))
+            views = (buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist()))
+            # On a device loader the buffer is a pinned slot the ring needs back soon.
+            batch[name] = [v.copy() for v in views] if self._stage else list(views)
+        for name, value_base in layout.extras:
+            column = buffer[value_base : value_base + n * 8].view(np.int64)
+            column[:] = ds._extras[name][layout.indices]
+            batch[name] = torch.from_numpy(column)
         batch["__key__"] = ds.keys(layout.indices)
         return batch
 

@@ -1,13 +1,23 @@
-// Page-aligned host memory: batch buffers and (later) ring slots. Page
-// alignment lets any dtype be viewed in place and lets CUDA pin the pages.
+// Page-aligned host memory: batch buffers and ring slots. Page alignment
+// lets any dtype be viewed in place and lets CUDA pin the pages.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
+#include <memory>
 #include <new>
 
 namespace stoker::io {
+
+// Work that still reads a buffer after its last reference went: an
+// asynchronous copy to a device. The buffer is reused only once it is ready.
+class Fence {
+ public:
+  virtual ~Fence() = default;
+  virtual bool ready() = 0;
+  virtual void wait() = 0;
+};
 
 class AlignedBuffer {
  public:
@@ -32,6 +42,11 @@ class AlignedBuffer {
   size_t capacity() const { return capacity_; }
   // Reuse for a batch of `size` bytes; size must not exceed capacity().
   void resize(size_t size) { size_ = size; }
+
+  // Page-locked for device copies (set by the ring that pinned it).
+  bool pinned = false;
+  // The copies still reading this buffer; set while a caller holds it.
+  std::shared_ptr<Fence> fence;
 
  private:
   uint8_t* data_;

@@ -2,11 +2,51 @@
 
 #include <unistd.h>
 
+#include <string>
+
+#include "stoker/errors.hpp"
+
 namespace stoker::io {
 
-std::shared_ptr<AlignedBuffer> PinnedRing::acquire(size_t size) {
+namespace {
+
+size_t page_rounded(size_t size) {
+  size_t pages = (size + AlignedBuffer::kAlignment - 1) / AlignedBuffer::kAlignment;
+  return (pages == 0 ? 1 : pages) * AlignedBuffer::kAlignment;
+}
+
+bool is_ready(const std::unique_ptr<AlignedBuffer>& buffer) {
+  return buffer->fence == nullptr || buffer->fence->ready();
+}
+
+// Memory a copy still reads must not be unpinned or freed under it.
+void unpin_when_done(AlignedBuffer& buffer, HostPinner& pinner) {
+  if (buffer.fence) {
+    try {
+      buffer.fence->wait();
+    } catch (...) {  // the driver failed: nothing left to wait for
+    }
+  }
+  pinner.unpin(buffer.data());
+}
+
+}  // namespace
+
+PinnedRing::PinnedRing(size_t max_buffers, size_t max_bytes, std::shared_ptr<HostPinner> pinner)
+    : max_buffers_(max_buffers), max_bytes_(max_bytes), pinner_(std::move(pinner)) {
+  if (pinner_ && max_buffers_ == 0) throw Error("a pinned ring needs at least one slot");
+}
+
+PinnedRing::~PinnedRing() {
+  for (auto& buffer : idle_) destroy(std::move(buffer));
+}
+
+std::shared_ptr<AlignedBuffer> PinnedRing::acquire(size_t size, Clock::time_point deadline) {
   std::unique_ptr<AlignedBuffer> buffer;
-  {
+  if (pinner_) {
+    buffer = take_pinned(size, deadline);
+    if (!buffer) return nullptr;
+  } else {
     std::lock_guard<std::mutex> lock(mutex_);
     // Take the smallest idle buffer that fits, unless it would waste more
     // than half of itself.
@@ -24,35 +64,130 @@ std::shared_ptr<AlignedBuffer> PinnedRing::acquire(size_t size) {
       idle_bytes_ -= buffer->capacity();
     }
   }
-  if (buffer) {
-    buffer->resize(size);
-  } else {
-    buffer = std::make_unique<AlignedBuffer>(size);
+  if (!buffer) buffer = std::make_unique<AlignedBuffer>(size);
+  return hand_out(std::move(buffer), size);
+}
+
+std::unique_ptr<AlignedBuffer> PinnedRing::take_pinned(size_t size, Clock::time_point deadline) {
+  size_t need = page_rounded(size);
+  if (need > max_bytes_ || size == SIZE_MAX) {
+    throw Error("a pinned slot of " + std::to_string(size) + " bytes is more than the ring's " +
+                std::to_string(max_bytes_) + " bytes of page-locked memory; raise its budget");
   }
-  std::weak_ptr<PinnedRing> pool = weak_from_this();
-  pid_t owner = getpid();
-  return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool, owner](AlignedBuffer* b) {
-    // In a forked child the pool's lock may be held by a parent thread that
-    // is not here: free the buffer instead of returning it.
-    if (auto alive = getpid() == owner ? pool.lock() : nullptr) {
-      alive->put(b);
-    } else {
-      delete b;
+  std::unique_lock<std::mutex> lock(mutex_);
+  auto take = [this](size_t i) {
+    std::unique_ptr<AlignedBuffer> b = std::move(idle_[i]);
+    idle_.erase(idle_.begin() + static_cast<std::ptrdiff_t>(i));
+    idle_bytes_ -= b->capacity();
+    return b;
+  };
+  for (;;) {
+    // 1. The smallest idle slot that fits and that no copy still reads.
+    size_t best = idle_.size();
+    for (size_t i = 0; i < idle_.size(); ++i) {
+      size_t capacity = idle_[i]->capacity();
+      if (capacity >= size && (best == idle_.size() || capacity < idle_[best]->capacity()) &&
+          is_ready(idle_[i])) {
+        best = i;
+      }
     }
+    if (best < idle_.size()) {
+      auto b = take(best);
+      b->fence.reset();
+      return b;
+    }
+    // 2. Room for a new slot: page-locking is slow, so it happens unlocked.
+    if (slots_ < max_buffers_ && slot_bytes_ + need <= max_bytes_) {
+      ++slots_;
+      slot_bytes_ += need;
+      lock.unlock();
+      try {
+        auto b = std::make_unique<AlignedBuffer>(size);
+        pinner_->pin(b->data(), b->capacity());
+        b->pinned = true;
+        return b;
+      } catch (...) {
+        lock.lock();
+        --slots_;
+        slot_bytes_ -= need;
+        throw;
+      }
+    }
+    // 3. Make room by letting go of an idle slot too small for this request.
+    size_t spare = idle_.size();
+    for (size_t i = 0; i < idle_.size() && spare == idle_.size(); ++i) {
+      if (is_ready(idle_[i])) spare = i;
+    }
+    if (spare < idle_.size()) {
+      auto b = take(spare);
+      --slots_;
+      slot_bytes_ -= b->capacity();
+      lock.unlock();
+      destroy(std::move(b));
+      lock.lock();
+      continue;
+    }
+    // 4. Every idle slot is still being copied from: wait for the oldest copy.
+    if (!idle_.empty()) {
+      std::shared_ptr<Fence> fence = idle_.front()->fence;
+      lock.unlock();
+      fence->wait();
+      lock.lock();
+      continue;
+    }
+    // 5. Every slot is handed out: wait for one to come back.
+    if (returned_.wait_until(lock, deadline) == std::cv_status::timeout) return nullptr;
+  }
+}
+
+std::shared_ptr<AlignedBuffer> PinnedRing::hand_out(std::unique_ptr<AlignedBuffer> buffer,
+                                                    size_t size) {
+  buffer->resize(size);
+  std::weak_ptr<PinnedRing> pool = weak_from_this();
+  std::shared_ptr<HostPinner> pinner = pinner_;
+  pid_t owner = getpid();
+  return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool, pinner, owner](AlignedBuffer* b) {
+    // In a forked child the pool's lock may be held by a parent thread that
+    // is not here, and the driver is gone: just free the memory.
+    if (getpid() == owner) {
+      if (auto alive = pool.lock()) {
+        alive->put(b);
+        return;
+      }
+      if (b->pinned) unpin_when_done(*b, *pinner);
+    }
+    delete b;
   });
 }
 
 void PinnedRing::put(AlignedBuffer* raw) {
   std::unique_ptr<AlignedBuffer> buffer(raw);
   std::lock_guard<std::mutex> lock(mutex_);
-  if (idle_.size() >= max_buffers_ || idle_bytes_ + buffer->capacity() > max_bytes_) return;
+  if (!pinner_ && (idle_.size() >= max_buffers_ || idle_bytes_ + buffer->capacity() > max_bytes_)) {
+    return;
+  }
   idle_bytes_ += buffer->capacity();
   idle_.push_back(std::move(buffer));
+  returned_.notify_one();
+}
+
+void PinnedRing::destroy(std::unique_ptr<AlignedBuffer> buffer) {
+  if (buffer->pinned) unpin_when_done(*buffer, *pinner_);
 }
 
 size_t PinnedRing::idle_slots() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return idle_.size();
+}
+
+size_t PinnedRing::slots() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return pinner_ ? slots_ : idle_.size();
+}
+
+size_t PinnedRing::pinned_bytes() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return slot_bytes_;
 }
 
 }  // namespace stoker::io

@@ -1,0 +1,138 @@
+// The CUDA shim's Python face: status queries, the copy stream and its events,
+// and cuFile handles. Nothing here runs at import: the driver is loaded by the
+// first call that needs it.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+
+#include "bindings.hpp"
+#include "numpy_util.hpp"
+#include "stoker/cuda/copy_stream.hpp"
+#include "stoker/cuda/cufile.hpp"
+#include "stoker/cuda/driver.hpp"
+#include "stoker/errors.hpp"
+
+namespace py = pybind11;
+
+namespace stoker::bindings {
+
+namespace {
+
+cuda::CUstream as_stream(uintptr_t handle) { return reinterpret_cast<cuda::CUstream>(handle); }
+
+}  // namespace
+
+void register_cuda(py::module_& m) {
+  m.def(
+      "cuda_driver_status",
+      [] {
+        cuda::DriverStatus s;
+        {
+          py::gil_scoped_release release;  // cuInit can take seconds
+          s = cuda::driver_status();
+        }
+        py::dict out;
+        out["available"] = s.available;
+        out["reason"] = s.reason;
+        out["library"] = s.library;
+        out["version"] = s.version;
+        out["devices"] = s.devices;
+        return out;
+      },
+      "Load the CUDA driver (once) and say whether it is usable, and why not.");
+  m.def(
+      "cufile_status",
+      [](const std::vector<std::string>& candidates) {
+        cuda::CuFileStatus s;
+        {
+          py::gil_scoped_release release;
+          s = cuda::cufile_status(candidates);
+        }
+        py::dict out;
+        out["available"] = s.available;
+        out["reason"] = s.reason;
+        out["library"] = s.library;
+        out["version"] = s.version;
+        out["nvfs"] = s.nvfs;
+        out["p2p"] = s.p2p;
+        out["filesystems"] = s.filesystems;
+        return out;
+      },
+      py::arg("candidates") = std::vector<std::string>{},
+      "Load cuFile (once: $STOKER_LIBCUFILE, else each candidate, else libcufile.so.0), open "
+      "its driver and report what its properties say GPUDirect can do.");
+
+  py::class_<cuda::Event, std::shared_ptr<cuda::Event>>(
+      m, "Event", "A CUDA event recorded after a copy: done once the copy is.")
+      .def("query", &cuda::Event::ready, "Whether the work before it has completed.")
+      .def("wait", &cuda::Event::wait, py::call_guard<py::gil_scoped_release>(),
+           "Block (GIL released) until the work before it has completed.");
+
+  py::class_<cuda::CopyStream, std::shared_ptr<cuda::CopyStream>>(
+      m, "CopyStream",
+      "A non-blocking CUDA stream for host-to-device copies out of pinned ring slots.")
+      .def(py::init<int>(), py::arg("device"))
+      .def_property_readonly("device", &cuda::CopyStream::device)
+      .def_property_readonly(
+          "handle", [](const cuda::CopyStream& s) { return reinterpret_cast<uintptr_t>(s.handle()); },
+          "The CUstream as an integer (torch.cuda.ExternalStream takes it).")
+      .def(
+          "copy",
+          [](cuda::CopyStream& stream, const py::array& src, uintptr_t dst, uintptr_t consumer) {
+            std::shared_ptr<io::AlignedBuffer> slot = slot_of(src);
+            if (!slot) {
+              throw Error("copy() takes a view of a slot of a pinned PinnedRing; pageable "
+                          "memory would make the copy synchronous");
+            }
+            if (!(src.flags() & py::array::c_style)) throw Error("copy() needs a contiguous view");
+            const auto* data = static_cast<const uint8_t*>(src.data());
+            auto size = static_cast<size_t>(src.nbytes());
+            py::gil_scoped_release release;
+            return stream.copy_to_device(slot, data, size, dst, as_stream(consumer));
+          },
+          py::arg("src"), py::arg("dst"), py::arg("consumer_stream"),
+          "Copy the bytes of `src` (a view of a pinned slot) to device address `dst` "
+          "asynchronously; the slot is not reused before the copy completes, and work queued on "
+          "`consumer_stream` afterwards sees the bytes. Returns the copy's Event.")
+      .def(
+          "copy_device",
+          [](cuda::CopyStream& stream, uintptr_t src, uintptr_t dst, size_t size,
+             uintptr_t consumer) {
+            return stream.copy_device(src, dst, size, as_stream(consumer));
+          },
+          py::arg("src"), py::arg("dst"), py::arg("nbytes"), py::arg("consumer_stream"),
+          py::call_guard<py::gil_scoped_release>(),
+          "Copy `nbytes` between device addresses asynchronously, ordered like copy().")
+      .def(
+          "record",
+          [](cuda::CopyStream& s, std::optional<uintptr_t> stream) {
+            if (!stream) return s.record();
+            return std::make_shared<cuda::Event>(s.device(), as_stream(*stream));
+          },
+          py::arg("stream") = py::none(),
+          "An Event recorded now on `stream` (a CUstream handle; this copy stream by default): "
+          "done once everything queued there so far is.");
+
+  py::class_<cuda::CuFile, std::shared_ptr<cuda::CuFile>>(
+      m, "CuFile", "A file registered with cuFile: reads go straight into device memory.")
+      .def(py::init<std::string, int>(), py::arg("path"), py::arg("device"),
+           py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("path", &cuda::CuFile::path)
+      .def_property_readonly("direct", &cuda::CuFile::direct,
+                             "Whether it was opened with O_DIRECT (tmpfs refuses it).")
+      .def(
+          "read",
+          [](cuda::CuFile& file, uintptr_t dst, size_t size, int64_t offset, size_t num_threads,
+             size_t chunk_bytes) {
+            if (offset < 0) throw Error(file.path(), 0, "negative offset");
+            file.read(dst, size, static_cast<off_t>(offset), num_threads, chunk_bytes);
+          },
+          py::arg("dst"), py::arg("size"), py::arg("file_offset"), py::arg("num_threads") = 0,
+          py::arg("chunk_bytes") = size_t{16} << 20, py::call_guard<py::gil_scoped_release>(),
+          "Read `size` bytes at `file_offset` into device address `dst`, in chunks read by "
+          "several threads at once. Blocks until the bytes are on the device.")
+      .def("close", &cuda::CuFile::close);
+}
+
+}  // namespace stoker::bindings

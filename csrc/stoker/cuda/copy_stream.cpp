@@ -1,0 +1,141 @@
+#include "stoker/cuda/copy_stream.hpp"
+
+#include <unistd.h>
+
+#include <string>
+#include <utility>
+
+#include "stoker/errors.hpp"
+
+namespace stoker::cuda {
+
+namespace {
+
+// A slot copied more than once (to two devices, or in pieces) is free when
+// every one of its copies is.
+class FencePair : public io::Fence {
+ public:
+  FencePair(std::shared_ptr<io::Fence> first, std::shared_ptr<io::Fence> second)
+      : first_(std::move(first)), second_(std::move(second)) {}
+  bool ready() override { return first_->ready() && second_->ready(); }
+  void wait() override {
+    first_->wait();
+    second_->wait();
+  }
+
+ private:
+  std::shared_ptr<io::Fence> first_;
+  std::shared_ptr<io::Fence> second_;
+};
+
+}  // namespace
+
+void HostRegistrar::pin(void* data, size_t size) {
+  const DriverApi& api = driver();
+  use_device(device_);
+  check(api.MemHostRegister(data, size, kHostRegisterPortable), "cuMemHostRegister");
+}
+
+void HostRegistrar::unpin(void* data) noexcept {
+  if (getpid() != driver_owner()) return;  // a forked child: the driver is not ours
+  try {
+    use_device(device_);
+    driver().MemHostUnregister(data);
+  } catch (...) {  // nothing to do about a driver that fails while freeing
+  }
+}
+
+Event::Event(int device, CUstream stream) : device_(device), owner_(getpid()) {
+  const DriverApi& api = driver();
+  use_device(device_);
+  check(api.EventCreate(&event_, kEventDisableTiming), "cuEventCreate");
+  CUresult recorded = api.EventRecord(event_, stream);
+  if (recorded != kSuccess) {
+    api.EventDestroy(event_);
+    check(recorded, "cuEventRecord");
+  }
+}
+
+Event::~Event() {
+  if (event_ != nullptr && getpid() == owner_) {
+    try {
+      use_device(device_);
+      driver().EventDestroy(event_);
+    } catch (...) {
+    }
+  }
+}
+
+bool Event::ready() {
+  const DriverApi& api = driver();
+  use_device(device_);
+  CUresult result = api.EventQuery(event_);
+  if (result == kNotReady) return false;
+  check(result, "cuEventQuery");
+  return true;
+}
+
+void Event::wait() {
+  const DriverApi& api = driver();
+  use_device(device_);
+  check(api.EventSynchronize(event_), "cuEventSynchronize");
+}
+
+CopyStream::CopyStream(int device) : device_(device), owner_(getpid()) {
+  const DriverApi& api = driver();
+  use_device(device_);
+  // Non-blocking: the copy stream must not serialise with the legacy default
+  // stream that other libraries may be using.
+  check(api.StreamCreate(&stream_, kStreamNonBlocking), "cuStreamCreate");
+}
+
+CopyStream::~CopyStream() {
+  if (stream_ != nullptr && getpid() == owner_) {
+    try {
+      use_device(device_);
+      driver().StreamDestroy(stream_);  // queued work still completes
+    } catch (...) {
+    }
+  }
+}
+
+std::shared_ptr<Event> CopyStream::record_for(CUstream consumer) {
+  auto event = std::make_shared<Event>(device_, stream_);
+  check(driver().StreamWaitEvent(consumer, event->handle(), 0), "cuStreamWaitEvent");
+  return event;
+}
+
+std::shared_ptr<Event> CopyStream::copy_to_device(const std::shared_ptr<io::AlignedBuffer>& slot,
+                                                  const uint8_t* src, size_t size, CUdeviceptr dst,
+                                                  CUstream consumer) {
+  if (!slot->pinned) {
+    throw Error("a device copy needs a slot of a pinned ring (pageable memory would make the "
+                "copy synchronous)");
+  }
+  if (src < slot->data() || size > slot->capacity() ||
+      static_cast<size_t>(src - slot->data()) > slot->capacity() - size) {
+    throw Error("the bytes to copy are not inside their slot");
+  }
+  const DriverApi& api = driver();
+  use_device(device_);
+  check(api.MemcpyHtoDAsync(dst, src, size, stream_), "cuMemcpyHtoDAsync");
+  auto event = record_for(consumer);
+  if (slot->fence && !slot->fence->ready()) {
+    slot->fence = std::make_shared<FencePair>(slot->fence, event);
+  } else {
+    slot->fence = event;
+  }
+  return event;
+}
+
+std::shared_ptr<Event> CopyStream::copy_device(CUdeviceptr src, CUdeviceptr dst, size_t size,
+                                               CUstream consumer) {
+  const DriverApi& api = driver();
+  use_device(device_);
+  check(api.MemcpyDtoDAsync(dst, src, size, stream_), "cuMemcpyDtoDAsync");
+  return record_for(consumer);
+}
+
+std::shared_ptr<Event> CopyStream::record() { return std::make_shared<Event>(device_, stream_); }
+
+}  // namespace stoker::cuda

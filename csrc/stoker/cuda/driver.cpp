@@ -1,0 +1,159 @@
+#include "stoker/cuda/driver.hpp"
+
+#include <dlfcn.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <mutex>
+#include <vector>
+
+#include "stoker/errors.hpp"
+
+namespace stoker::cuda {
+
+namespace {
+
+struct Loaded {
+  DriverApi api{};
+  DriverStatus status;
+  pid_t owner = 0;
+  std::mutex contexts_mutex;
+  std::vector<CUcontext> contexts;  // the retained primary context of each device
+};
+
+template <typename Fn>
+bool bind(void* library, const char* name, Fn*& slot, std::string& missing) {
+  slot = reinterpret_cast<Fn*>(dlsym(library, name));
+  if (slot == nullptr && missing.empty()) missing = name;
+  return slot != nullptr;
+}
+
+std::string error_text(const DriverApi& api, CUresult result) {
+  const char* text = nullptr;
+  if (api.GetErrorString == nullptr || api.GetErrorString(result, &text) != kSuccess ||
+      text == nullptr) {
+    return "CUDA error " + std::to_string(result);
+  }
+  return std::string(text) + " (CUDA error " + std::to_string(result) + ")";
+}
+
+Loaded& load() {
+  // Leaked on purpose: entry points must stay valid for threads and
+  // destructors that run during interpreter shutdown.
+  static Loaded* loaded = [] {
+    auto* l = new Loaded();
+    l->owner = getpid();
+    const char* env = std::getenv("STOKER_LIBCUDA");
+    l->status.library = env != nullptr && *env != '\0' ? env : "libcuda.so.1";
+    void* library = dlopen(l->status.library.c_str(), RTLD_NOW | RTLD_LOCAL);
+    if (library == nullptr) {
+      const char* why = dlerror();
+      l->status.reason = std::string("cannot load the CUDA driver: ") +
+                         (why != nullptr ? why : l->status.library.c_str()) +
+                         " (no NVIDIA driver here, or set STOKER_LIBCUDA to its path)";
+      return l;
+    }
+    DriverApi& a = l->api;
+    std::string missing;
+    bind(library, "cuInit", a.Init, missing);
+    bind(library, "cuDriverGetVersion", a.DriverGetVersion, missing);
+    bind(library, "cuDeviceGetCount", a.DeviceGetCount, missing);
+    bind(library, "cuDeviceGet", a.DeviceGet, missing);
+    bind(library, "cuDevicePrimaryCtxRetain", a.DevicePrimaryCtxRetain, missing);
+    bind(library, "cuCtxGetCurrent", a.CtxGetCurrent, missing);
+    bind(library, "cuCtxSetCurrent", a.CtxSetCurrent, missing);
+    bind(library, "cuGetErrorString", a.GetErrorString, missing);
+    bind(library, "cuMemHostRegister_v2", a.MemHostRegister, missing);
+    bind(library, "cuMemHostUnregister", a.MemHostUnregister, missing);
+    bind(library, "cuStreamCreate", a.StreamCreate, missing);
+    bind(library, "cuStreamDestroy_v2", a.StreamDestroy, missing);
+    bind(library, "cuEventCreate", a.EventCreate, missing);
+    bind(library, "cuEventDestroy_v2", a.EventDestroy, missing);
+    bind(library, "cuEventRecord", a.EventRecord, missing);
+    bind(library, "cuEventQuery", a.EventQuery, missing);
+    bind(library, "cuEventSynchronize", a.EventSynchronize, missing);
+    bind(library, "cuStreamWaitEvent", a.StreamWaitEvent, missing);
+    bind(library, "cuMemcpyHtoDAsync_v2", a.MemcpyHtoDAsync, missing);
+    bind(library, "cuMemcpyDtoDAsync_v2", a.MemcpyDtoDAsync, missing);
+    if (!missing.empty()) {
+      l->status.reason = l->status.library + " has no " + missing + ": the driver is too old";
+      return l;
+    }
+    CUresult result = a.Init(0);
+    if (result != kSuccess) {
+      l->status.reason = "cuInit failed: " + error_text(a, result);
+      return l;
+    }
+    a.DriverGetVersion(&l->status.version);
+    a.DeviceGetCount(&l->status.devices);
+    if (l->status.devices <= 0) {
+      l->status.reason = "the CUDA driver reports no device";
+      return l;
+    }
+    l->status.available = true;
+    l->status.reason = "CUDA driver " + std::to_string(l->status.version / 1000) + "." +
+                       std::to_string(l->status.version % 1000 / 10) + ", " +
+                       std::to_string(l->status.devices) + " device(s)";
+    l->contexts.assign(static_cast<size_t>(l->status.devices), nullptr);
+    return l;
+  }();
+  return *loaded;
+}
+
+}  // namespace
+
+DriverStatus driver_status() {
+  Loaded& l = load();
+  if (l.status.available && getpid() != l.owner) {
+    DriverStatus forked = l.status;
+    forked.available = false;
+    forked.reason = "this process was forked from process " + std::to_string(l.owner) +
+                    ", which had initialised CUDA; a forked child cannot use it";
+    return forked;
+  }
+  return l.status;
+}
+
+const DriverApi& driver() {
+  Loaded& l = load();
+  if (!l.status.available) throw CudaError("CUDA is not usable: " + l.status.reason);
+  if (getpid() != l.owner) {
+    throw CudaError("CUDA was initialised in process " + std::to_string(l.owner) +
+                    " and this process was forked from it; the CUDA driver does not survive a "
+                    "fork. Use the GPU path in the parent only, or start workers with the "
+                    "'spawn' method (torch DataLoader: multiprocessing_context='spawn')");
+  }
+  return l.api;
+}
+
+void check(CUresult result, const char* what) {
+  if (result == kSuccess) return;
+  throw CudaError(std::string(what) + " failed: " + error_text(load().api, result));
+}
+
+void use_device(int device) {
+  const DriverApi& api = driver();
+  Loaded& l = load();
+  if (device < 0 || device >= l.status.devices) {
+    throw CudaError("CUDA device " + std::to_string(device) + " does not exist (" +
+                    std::to_string(l.status.devices) + " device(s))");
+  }
+  CUcontext context;
+  {
+    std::lock_guard<std::mutex> lock(l.contexts_mutex);
+    context = l.contexts[static_cast<size_t>(device)];
+    if (context == nullptr) {
+      CUdevice handle = 0;
+      check(api.DeviceGet(&handle, device), "cuDeviceGet");
+      check(api.DevicePrimaryCtxRetain(&context, handle), "cuDevicePrimaryCtxRetain");
+      l.contexts[static_cast<size_t>(device)] = context;
+    }
+  }
+  CUcontext current = nullptr;
+  check(api.CtxGetCurrent(&current), "cuCtxGetCurrent");
+  if (current != context) check(api.CtxSetCurrent(context), "cuCtxSetCurrent");
+}
+
+pid_t driver_owner() { return load().owner; }
+
+}  // namespace stoker::cuda

@@ -1,0 +1,450 @@
+"""Large arrays straight into device memory: ``load_npy``, ``read_into`` and ``GDSCache``.
+
+With GPUDirect Storage (cuFile with nvidia-fs or PCI P2PDMA, on a file system it supports)
+the bytes go from disk to the GPU without a host copy. Anywhere else they take the bounce
+path: parallel ``pread``s into pinned ring slots, each slot copied to the device
+asynchronously while the next ones are read. Whatever the path, the bytes are exact; a
+fallback from the path asked for is reported once, with its reason, as a FallbackWarning.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import tempfile
+from collections import deque
+from typing import Any, BinaryIO
+
+import numpy as np
+
+from stoker import _core, cuda
+from stoker.dataset import shared_reader
+from stoker.errors import CuFileError, ReadError, ShardFormatError, StokerError, located
+
+PAGE = 4096  # GPUDirect reads whole 4 KiB pages at page-aligned device addresses
+_BOUNCE_CHUNK = 16 << 20  # bytes per pinned slot on the bounce path
+_BOUNCE_DEPTH = 4  # slots in flight: being read, and being copied
+_READ_PIECE = 4 << 20  # one pread's share of a chunk, so threads split it
+
+
+def read_npy_header(stream: BinaryIO) -> tuple[np.dtype, tuple[int, ...], bool]:
+    """(dtype, shape, fortran_order) of the .npy whose header starts `stream`; the stream
+    is left at the data. Raises ValueError when it is not a .npy header."""
+    version = np.lib.format.read_magic(stream)
+    read_header = (
+        np.lib.format.read_array_header_1_0
+        if version == (1, 0)
+        else np.lib.format.read_array_header_2_0  # 3.0 differs only in encoding
+    )
+    shape, fortran, dtype = read_header(stream)
+    return dtype, tuple(shape), fortran
+
+
+def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int]:
+    """dtype, shape and data offset of the .npy at `path`, checked against its size."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(1 << 17)
+            size = os.fstat(f.fileno()).st_size
+    except OSError as e:
+        raise located(ReadError, path, 0, f"cannot read: {e.strerror or e}") from e
+    stream = io.BytesIO(head)
+    try:
+        dtype, shape, fortran = read_npy_header(stream)
+    except (ValueError, OSError, SyntaxError) as e:
+        raise located(ShardFormatError, path, 0, f"not a .npy file: {e}") from e
+    if dtype.hasobject:
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            f"a .npy of Python objects ({dtype}) has no bytes to load; save a numeric array",
+        )
+    if fortran and sum(d > 1 for d in shape) > 1:
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            "a Fortran-ordered .npy cannot be loaded as it is; save np.ascontiguousarray(a)",
+        )
+    if not dtype.isnative and dtype.itemsize > 1:
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            f"a .npy of byte-swapped {dtype} has no torch "
+            "type; save a.astype(a.dtype.newbyteorder('='))",
+        )
+    offset = stream.tell()
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if offset + nbytes > size:
+        raise located(
+            ShardFormatError,
+            path,
+            size,
+            f"truncated: a {shape} {dtype} array needs "
+            f"{offset + nbytes} bytes but the file has {size}",
+        )
+    return dtype, shape, offset
+
+
+def _torch_dtype(dtype: np.dtype, path: str) -> Any:
+    torch = cuda._torch()
+    try:
+        return torch.from_numpy(np.empty(0, dtype)).dtype
+    except TypeError as e:
+        raise located(StokerError, path, 0, f"torch has no tensor type for {dtype}") from e
+
+
+def load_npy(path: str | os.PathLike[str], device: Any = "cuda") -> Any:
+    """The whole .npy at `path` as a tensor on `device` ("cpu", "cuda", "cuda:N")."""
+    path = os.fspath(path)
+    dtype, shape, offset = _array_layout(path)
+    torch = cuda._torch()
+    index = cuda.device_index(device)
+    tdtype = _torch_dtype(dtype, path)
+    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    if index is None:
+        out = torch.empty(shape, dtype=tdtype)
+        _read_host(out, path, offset)
+        return out
+    cuda.require_cuda(index)
+    mem = cuda.memory()
+    # One page more than needed, so the data can start where the file's page boundaries
+    # fall: the aligned middle then goes straight from disk.
+    buffer, address = mem.empty(nbytes + PAGE, index, cuda.copy_stream(index).handle)
+    mem.hand_over(buffer, index)
+    skew = (offset - address) % PAGE
+    _read_device(address + skew, nbytes, path, offset, index)
+    return mem.view(buffer, skew, nbytes, tdtype, shape)
+
+
+def read_into(tensor: Any, path: str | os.PathLike[str], offset: int = 0) -> Any:
+    """Fill `tensor` (contiguous, on the CPU or a CUDA device) with its size in bytes read
+    from `path` at `offset`; returns it."""
+    path = os.fspath(path)
+    if offset < 0:
+        raise StokerError(f"read_into: offset {offset} is negative")
+    if not tensor.is_contiguous():
+        raise StokerError("read_into needs a contiguous tensor (use .contiguous() first)")
+    nbytes = tensor.numel() * tensor.element_size()
+    try:
+        size = os.stat(path).st_size
+    except OSError as e:
+        raise located(ReadError, path, offset, f"cannot read: {e.strerror or e}") from e
+    if offset + nbytes > size:
+        raise located(
+            ReadError,
+            path,
+            offset,
+            f"asks for {nbytes} bytes but the file has "
+            f"{size}: it ends {offset + nbytes - size} bytes short",
+        )
+    if tensor.device.type == "cpu":
+        _read_host(tensor, path, offset)
+        return tensor
+    if tensor.device.type != "cuda":
+        raise StokerError(f"read_into: a tensor on {tensor.device} is neither CPU nor CUDA")
+    index = tensor.device.index if tensor.device.index is not None else 0
+    cuda.require_cuda(index)
+    if nbytes:
+        _read_device(tensor.data_ptr(), nbytes, path, offset, index)
+    return tensor
+
+
+def _pieces(offset: int, nbytes: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """File offsets, lengths and destination offsets that split a read among threads."""
+    starts = np.arange(0, nbytes, _READ_PIECE, dtype=np.uint64)
+    lengths = np.minimum(np.uint64(_READ_PIECE), np.uint64(nbytes) - starts)
+    return starts + np.uint64(offset), lengths, starts
+
+
+def _read_pieces(dest: np.ndarray, files: Any, offset: int) -> Any:
+    offsets, lengths, dests = _pieces(offset, dest.nbytes)
+    return shared_reader().read_into(
+        dest, files, np.zeros(len(offsets), np.uint32), offsets, lengths, dests
+    )
+
+
+def _read_host(tensor: Any, path: str, offset: int) -> None:
+    torch = cuda._torch()
+    raw = tensor.reshape(-1).view(torch.uint8).numpy()
+    if raw.nbytes:
+        _read_pieces(raw, _core.FileTable([path]), offset).wait()
+
+
+# -- the device paths -------------------------------------------------------
+
+
+_stages: dict[tuple[int, int], Any] = {}
+
+
+def _bounce_ring(device: int) -> Any:
+    key = (os.getpid(), device)
+    ring = _stages.get(key)
+    if ring is None:
+        ring = _core.PinnedRing(_BOUNCE_DEPTH, _BOUNCE_DEPTH * _BOUNCE_CHUNK, device=device)
+        _stages[key] = ring
+    return ring
+
+
+def _bounce(address: int, nbytes: int, path: str, offset: int, device: int) -> None:
+    """pread into pinned slots on the reader's threads, several slots in flight, each copied
+    to the device asynchronously as soon as it is read."""
+    ring = _bounce_ring(device)
+    stream = cuda.copy_stream(device)
+    consumer = cuda.memory().consumer_stream(device)
+    files = _core.FileTable([path])
+    reading: deque[tuple[int, Any]] = deque()
+    done = 0
+    try:
+        for start in range(0, nbytes, _BOUNCE_CHUNK):
+            size = min(_BOUNCE_CHUNK, nbytes - start)
+            if len(reading) >= _BOUNCE_DEPTH - 1:  # one slot stays free for copies in flight
+                at, pending = reading.popleft()
+                slot = pending.wait()
+                stream.copy(slot, address + at, consumer)
+                del slot
+            slot = ring.acquire(size)
+            reading.append((start, _read_pieces(slot, files, offset + start)))
+            del slot
+        while reading:
+            at, pending = reading.popleft()
+            stream.copy(pending.wait(), address + at, consumer)
+        done = nbytes
+    finally:
+        if done != nbytes:
+            for _, pending in reading:
+                pending.cancel()
+
+
+def _cufile(address: int, nbytes: int, path: str, offset: int, device: int) -> None:
+    """cuFile for the page-aligned middle of the range, when device and file pages line up;
+    the head and tail (under a page each) take the bounce path. cuFile writes outside any
+    stream, so work already queued on the consumer's stream (which may still use this
+    memory's previous tenant) is waited for first."""
+    stream = cuda.copy_stream(device)
+    stream.record().wait()  # the memory's last tenant may have been written on this stream
+    stream.record(cuda.memory().consumer_stream(device)).wait()
+    head = min(-offset % PAGE, nbytes)
+    middle = (nbytes - head) // PAGE * PAGE
+    if (address + head) % PAGE or middle == 0:
+        head, middle = 0, nbytes  # not lined up: cuFile handles unaligned ranges itself
+    tail = nbytes - head - middle
+    handle = _cufile_handle(path, device)
+    handle.read(address + head, middle, offset + head)
+    if head:
+        _bounce(address, head, path, offset, device)
+    if tail:
+        _bounce(address + head + middle, tail, path, offset + head + middle, device)
+
+
+_handles: dict[tuple[int, str, int], tuple[tuple[int, int, int], Any]] = {}
+
+
+def _cufile_handle(path: str, device: int) -> Any:
+    """A registered cuFile handle, made once per file (and again if the file changed)."""
+    st = os.stat(path)
+    identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+    key = (os.getpid(), os.path.realpath(path), device)
+    found = _handles.get(key)
+    if found is None or found[0] != identity:
+        if found is not None:
+            found[1].close()
+        found = (identity, _core.CuFile(path, device))
+        _handles[key] = found
+    return found[1]
+
+
+def _read_device(address: int, nbytes: int, path: str, offset: int, device: int) -> None:
+    if nbytes == 0:
+        return
+    mode, why = _file_mode(path)
+    if mode in ("gds", "compat"):
+        try:
+            _cufile(address, nbytes, path, offset, device)
+            return
+        except CuFileError as e:
+            if cuda.gds_setting() == "on":
+                raise
+            cuda.warn_once(
+                "cufile-failed",
+                f"stoker: cuFile failed ({e}); reading through the pinned bounce ring instead",
+            )
+    elif why and cuda.gds_setting() != "off":
+        cuda.warn_once(f"bounce:{why}", f"stoker: {why}; reading through the pinned bounce ring")
+    _bounce(address, nbytes, path, offset, device)
+
+
+# -- which path a file takes -------------------------------------------------
+
+# File systems GPUDirect can read, by the name cuFile's driver properties give them.
+_GDS_FILESYSTEMS = {
+    "ext4": "nvme",
+    "xfs": "nvme",
+    "nfs": "nfs",
+    "nfs4": "nfs",
+    "lustre": "lustre",
+    "gpfs": "gpfs",
+    "beegfs": "beegfs",
+    "wekafs": "wekafs",
+}
+
+
+def _mount_of(path: str) -> tuple[str, str]:
+    """(file system type, device "major:minor") of the mount holding `path`."""
+    st = os.stat(path)
+    device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
+    try:
+        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                fields = line.split()
+                if len(fields) > 2 and fields[2] == device and " - " in line:
+                    return line.split(" - ", 1)[1].split()[0], device
+    except OSError:
+        pass
+    return "unknown", device
+
+
+def _on_nvme(device: str) -> bool:
+    """Whether block device `device` (major:minor) is NVMe, or built only from NVMe (md,
+    dm): its sysfs path, or each of its slaves', runs through an nvme controller."""
+    base = f"/sys/dev/block/{device}"
+    real = os.path.realpath(base)
+    if "/nvme" in real:
+        return True
+    slaves = os.path.join(real, "slaves")
+    if not os.path.isdir(slaves):
+        return False
+    names = os.listdir(slaves)
+    return bool(names) and all(
+        "/nvme" in os.path.realpath(os.path.join(slaves, name)) for name in names
+    )
+
+
+_fs_verdicts: dict[str, tuple[str, str]] = {}
+
+
+def read_mode(path: str | os.PathLike[str]) -> str:
+    """The path ``load_npy`` takes for this file: gds, compat, bounce or cpu."""
+    return _file_mode(os.fspath(path))[0]
+
+
+def _file_mode(path: str) -> tuple[str, str]:
+    """(mode, why not GPUDirect) for a file, from cuda_status() and the file's mount."""
+    status = cuda.cuda_status()
+    mode = status["mode"]
+    if mode != "gds":
+        return mode, "" if mode == "compat" else status["reason"] if mode == "bounce" else ""
+    try:
+        fstype, device = _mount_of(path)
+    except OSError as e:
+        raise located(ReadError, path, 0, f"cannot read: {e.strerror or e}") from e
+    verdict = _fs_verdicts.get(device)
+    if verdict is None:
+        need = _GDS_FILESYSTEMS.get(fstype)
+        supported = status.get("filesystems", [])
+        if need is None:
+            verdict = ("bounce", f"GPUDirect cannot read files on {fstype} (such as {path})")
+        elif need == "nvme" and not _on_nvme(device):
+            verdict = (
+                "bounce",
+                f"GPUDirect reads {fstype} on NVMe only; {path} is on block device {device}",
+            )
+        elif need not in supported and not (need == "nvme" and "nvme-p2p" in supported):
+            verdict = (
+                "bounce",
+                f"cuFile's driver does not support {need} (it supports "
+                f"{', '.join(supported) or 'nothing'}), where {path} is",
+            )
+        else:
+            verdict = ("gds", "")
+        _fs_verdicts[device] = verdict
+    return verdict
+
+
+# -- the cache ---------------------------------------------------------------
+
+_KEY = re.compile(r"[A-Za-z0-9_.=+-][A-Za-z0-9_.=+ -]*")
+
+
+class GDSCache:
+    """Arrays kept between epochs as .npy files whose data starts on a 4 KiB boundary, so
+    that ``get`` reads them with GPUDirect where it can (``numpy.load`` reads them too).
+    For preprocessed volumes (CT, MRI) that are costly to make and large to move."""
+
+    def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
+        self.cache_dir = os.fspath(cache_dir)
+        os.makedirs(self.cache_dir, exist_ok=True)
+
+    def path(self, key: str) -> str:
+        if not isinstance(key, str) or not _KEY.fullmatch(key) or key in (".", ".."):
+            raise StokerError(
+                f"GDSCache key {key!r}: use letters, digits and _ . = + - (and inner spaces); "
+                "no path separators"
+            )
+        return os.path.join(self.cache_dir, key + ".npy")
+
+    def __contains__(self, key: str) -> bool:
+        return os.path.exists(self.path(key))
+
+    def put(self, key: str, tensor: Any) -> str:
+        """Store `tensor` (any device) under `key`, atomically: a reader sees the old file
+        or the whole new one. Returns the file's path."""
+        path = self.path(key)
+        array = _host_array(tensor)
+        header = _aligned_npy_header(array.dtype, array.shape)
+        fd, temp = tempfile.mkstemp(prefix=".put-", suffix=".tmp", dir=self.cache_dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(header)
+                f.write(memoryview(array.reshape(-1).view(np.uint8)))
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(temp, 0o644)
+            os.replace(temp, path)
+        except OSError as e:
+            os.unlink(temp)
+            raise located(ReadError, path, 0, f"cannot write the cache file: {e}") from e
+        except BaseException:
+            os.unlink(temp)
+            raise
+        return path
+
+    def get(self, key: str, device: Any = "cuda") -> Any:
+        """The tensor stored under `key`, on `device`; KeyError when there is none."""
+        path = self.path(key)
+        if not os.path.exists(path):
+            raise KeyError(key)
+        return load_npy(path, device)
+
+
+def _host_array(tensor: Any) -> np.ndarray:
+    if isinstance(tensor, np.ndarray):
+        return np.ascontiguousarray(tensor)
+    t = tensor.detach()
+    if t.device.type != "cpu":
+        t = t.cpu()
+    t = t.contiguous()
+    try:
+        return t.numpy()
+    except TypeError as e:  # bfloat16 and others numpy has no type for
+        raise StokerError(f"GDSCache: numpy has no type for {t.dtype} ({e})") from e
+
+
+def _aligned_npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+    """A version 1.0 .npy header padded with spaces so the data starts at a page boundary."""
+    text = repr(
+        {
+            "descr": np.lib.format.dtype_to_descr(dtype),
+            "fortran_order": False,
+            "shape": tuple(int(d) for d in shape),
+        }
+    )
+    preamble = 10  # magic, version, 2-byte header length
+    length = -(-(preamble + len(text) + 1) // PAGE) * PAGE - preamble
+    if length > 0xFFFF:
+        raise StokerError(f"GDSCache: a {len(shape)}-dimensional shape is too long for a header")
+    body = (text + " " * (length - len(text) - 1) + "\n").encode("latin1")
+    return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body
