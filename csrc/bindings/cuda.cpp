@@ -75,15 +75,17 @@ void register_cuda(py::module_& m) {
       .def(py::init<int>(), py::arg("device"))
       .def_property_readonly("device", &cuda::CopyStream::device)
       .def_property_readonly(
-          "handle", [](const cuda::CopyStream& s) { return reinterpret_cast<uintptr_t>(s.handle()); },
+          "handle",
+          [](const cuda::CopyStream& s) { return reinterpret_cast<uintptr_t>(s.handle()); },
           "The CUstream as an integer (torch.cuda.ExternalStream takes it).")
       .def(
           "copy",
           [](cuda::CopyStream& stream, const py::array& src, uintptr_t dst, uintptr_t consumer) {
             std::shared_ptr<io::AlignedBuffer> slot = slot_of(src);
             if (!slot) {
-              throw Error("copy() takes a view of a slot of a pinned PinnedRing; pageable "
-                          "memory would make the copy synchronous");
+              throw Error(
+                  "copy() takes a view of a slot of a pinned PinnedRing; pageable "
+                  "memory would make the copy synchronous");
             }
             if (!(src.flags() & py::array::c_style)) throw Error("copy() needs a contiguous view");
             const auto* data = static_cast<const uint8_t*>(src.data());

@@ -1,6 +1,6 @@
 // The error kinds the core raises. The bindings map each onto a Python type
-// (StokerError, ShardFormatError, ReadError, CudaError, CuFileError); every one carries the file and
-// the byte offset it is about, so a user can find the bad bytes.
+// (StokerError, ShardFormatError, ReadError, CudaError, CuFileError); every one carries the file
+// and the byte offset it is about, so a user can find the bad bytes.
 #pragma once
 
 #include <cstdint>

@@ -147,13 +147,13 @@ def require_cuda(device: int) -> None:
             "cannot use CUDA. Start workers with the 'spawn' method, or keep the GPU path in "
             "the parent"
         )
-    status = cuda_status()
-    if not status["cuda"]:
+    driver = _core.cuda_driver_status()  # the driver only: cuFile is not needed yet
+    if not driver["available"]:
         raise CudaError(
-            f"device 'cuda:{device}' needs CUDA, which is not usable here: {status['reason']}"
+            f"device 'cuda:{device}' needs CUDA, which is not usable here: {driver['reason']}"
         )
-    if device >= status["devices"]:
-        raise CudaError(f"device 'cuda:{device}' does not exist ({status['devices']} device(s))")
+    if device >= driver["devices"]:
+        raise CudaError(f"device 'cuda:{device}' does not exist ({driver['devices']} device(s))")
     memory().check(device)
 
 

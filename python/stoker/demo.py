@@ -71,6 +71,10 @@ def _epoch(batches, device: str) -> tuple[int, float, float]:  # noqa: ANN001
         samples += len(images)
         if first is None:
             first = time.perf_counter() - start
+    if device != "cpu":
+        import torch
+
+        torch.cuda.synchronize()  # the copies still queued belong to this epoch
     seconds = time.perf_counter() - start
     return samples, seconds, first if first is not None else seconds
 
@@ -82,7 +86,7 @@ def run(samples: int = 20_000, quiet: bool = False, keep: str | None = None) -> 
     from stoker.pack import pack
     from stoker.serve import ShardServer
 
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = "cuda" if torch.cuda.is_available() and stoker.cuda_status()["cuda"] else "cpu"
     say = print
     with tempfile.TemporaryDirectory(prefix="stoker-demo-") as folder:
         work = keep or folder
@@ -112,7 +116,7 @@ def run(samples: int = 20_000, quiet: bool = False, keep: str | None = None) -> 
             say(f"3. serving them at {url}")
             fields = {"rgb": stoker.Raw(SHAPE, "uint8"), "cls": stoker.Int()}
             ds = stoker.Dataset(url, cache_dir=os.path.join(work, "cache"))
-            loader = stoker.Loader(ds, batch_size=64, seed=0, fields=fields)
+            loader = stoker.Loader(ds, batch_size=64, seed=0, fields=fields, device=device)
             cold = _epoch(loader, device)
             warm = _epoch(loader, device)
         seeds = torch.utils.data.DataLoader(

@@ -224,14 +224,17 @@ def _cufile(address: int, nbytes: int, path: str, offset: int, device: int) -> N
     the head and tail (under a page each) take the bounce path. cuFile writes outside any
     stream, so work already queued on the consumer's stream (which may still use this
     memory's previous tenant) is waited for first."""
+    head = min(-offset % PAGE, nbytes)
+    middle = (nbytes - head) // PAGE * PAGE
+    if middle == 0:  # under a page or two: not worth a direct read
+        _bounce(address, nbytes, path, offset, device)
+        return
+    if (address + head) % PAGE:
+        head, middle = 0, nbytes  # not lined up: cuFile handles unaligned ranges itself
+    tail = nbytes - head - middle
     stream = cuda.copy_stream(device)
     stream.record().wait()  # the memory's last tenant may have been written on this stream
     stream.record(cuda.memory().consumer_stream(device)).wait()
-    head = min(-offset % PAGE, nbytes)
-    middle = (nbytes - head) // PAGE * PAGE
-    if (address + head) % PAGE or middle == 0:
-        head, middle = 0, nbytes  # not lined up: cuFile handles unaligned ranges itself
-    tail = nbytes - head - middle
     handle = _cufile_handle(path, device)
     handle.read(address + head, middle, offset + head)
     if head:
@@ -261,6 +264,8 @@ def _read_device(address: int, nbytes: int, path: str, offset: int, device: int)
     if nbytes == 0:
         return
     mode, why = _file_mode(path)
+    if mode == "gds" and cuda.gds_setting() != "on" and _mount_of(path)[1] in _cufile_failed:
+        mode, why = "bounce", ""  # said once already, when cuFile failed there
     if mode in ("gds", "compat"):
         try:
             _cufile(address, nbytes, path, offset, device)
@@ -268,12 +273,14 @@ def _read_device(address: int, nbytes: int, path: str, offset: int, device: int)
         except CuFileError as e:
             if cuda.gds_setting() == "on":
                 raise
+            # Not tried again on this file system: its next reads go straight to the ring.
+            _cufile_failed.add(_mount_of(path)[1])
             cuda.warn_once(
                 "cufile-failed",
                 f"stoker: cuFile failed ({e}); reading through the pinned bounce ring instead",
             )
     elif why and cuda.gds_setting() != "off":
-        cuda.warn_once(f"bounce:{why}", f"stoker: {why}; reading through the pinned bounce ring")
+        cuda.warn_once(f"bounce:{why}", f"stoker: {why}")
     _bounce(address, nbytes, path, offset, device)
 
 
@@ -323,7 +330,8 @@ def _on_nvme(device: str) -> bool:
     )
 
 
-_fs_verdicts: dict[str, tuple[str, str]] = {}
+_cufile_failed: set[str] = set()  # devices where a cuFile read failed
+_fs_verdicts: dict[str, str] = {}  # by device: why GPUDirect cannot read it ("" if it can)
 
 
 def read_mode(path: str | os.PathLike[str]) -> str:
@@ -332,36 +340,38 @@ def read_mode(path: str | os.PathLike[str]) -> str:
 
 
 def _file_mode(path: str) -> tuple[str, str]:
-    """(mode, why not GPUDirect) for a file, from cuda_status() and the file's mount."""
+    """(mode, why it is not GPUDirect) for a file, from cuda_status() and the file's mount.
+    With STOKER_GDS=on a file GPUDirect cannot read still goes through cuFile, which then
+    reads it in its compatibility mode."""
     status = cuda.cuda_status()
     mode = status["mode"]
     if mode != "gds":
-        return mode, "" if mode == "compat" else status["reason"] if mode == "bounce" else ""
+        return mode, status["reason"] if mode == "bounce" else ""
     try:
         fstype, device = _mount_of(path)
     except OSError as e:
         raise located(ReadError, path, 0, f"cannot read: {e.strerror or e}") from e
-    verdict = _fs_verdicts.get(device)
-    if verdict is None:
+    why = _fs_verdicts.get(device)
+    if why is None:
         need = _GDS_FILESYSTEMS.get(fstype)
         supported = status.get("filesystems", [])
         if need is None:
-            verdict = ("bounce", f"GPUDirect cannot read files on {fstype} (such as {path})")
+            why = f"GPUDirect cannot read files on {fstype} (such as {path})"
         elif need == "nvme" and not _on_nvme(device):
-            verdict = (
-                "bounce",
-                f"GPUDirect reads {fstype} on NVMe only; {path} is on block device {device}",
-            )
+            why = f"GPUDirect reads {fstype} on NVMe only; {path} is on block device {device}"
         elif need not in supported and not (need == "nvme" and "nvme-p2p" in supported):
-            verdict = (
-                "bounce",
+            why = (
                 f"cuFile's driver does not support {need} (it supports "
-                f"{', '.join(supported) or 'nothing'}), where {path} is",
+                f"{', '.join(supported) or 'nothing'}), where {path} is"
             )
         else:
-            verdict = ("gds", "")
-        _fs_verdicts[device] = verdict
-    return verdict
+            why = ""
+        _fs_verdicts[device] = why
+    if not why:
+        return "gds", ""
+    if cuda.gds_setting() == "on":
+        return "compat", ""
+    return "bounce", why + "; reads go through the pinned ring"
 
 
 # -- the cache ---------------------------------------------------------------

@@ -109,8 +109,9 @@ std::shared_ptr<Event> CopyStream::copy_to_device(const std::shared_ptr<io::Alig
                                                   const uint8_t* src, size_t size, CUdeviceptr dst,
                                                   CUstream consumer) {
   if (!slot->pinned) {
-    throw Error("a device copy needs a slot of a pinned ring (pageable memory would make the "
-                "copy synchronous)");
+    throw Error(
+        "a device copy needs a slot of a pinned ring (pageable memory would make the "
+        "copy synchronous)");
   }
   if (src < slot->data() || size > slot->capacity() ||
       static_cast<size_t>(src - slot->data()) > slot->capacity() - size) {

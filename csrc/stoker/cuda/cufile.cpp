@@ -94,8 +94,9 @@ std::string status_text(CUfileError e) {
   return cufile_error_text(e.err);
 }
 
-const char* filesystem_names[] = {"lustre", "wekafs", "nfs",     "gpfs",  "nvme", "nvmeof", "scsi",
-                                  "scaleflux", "nvmesh", "beegfs", nullptr, "nvme-p2p", "scatefs"};
+const char* filesystem_names[] = {"lustre", "wekafs",   "nfs",       "gpfs",   "nvme",
+                                  "nvmeof", "scsi",     "scaleflux", "nvmesh", "beegfs",
+                                  nullptr,  "nvme-p2p", "scatefs"};
 
 Loaded& load(const std::vector<std::string>& candidates) {
   static Loaded* loaded = [&candidates] {
@@ -268,8 +269,9 @@ void CuFile::read(CUdeviceptr dst, size_t size, off_t offset, size_t num_threads
           ssize_t got = api.Read(handle_, reinterpret_cast<void*>(dst), end - done, at,
                                  static_cast<off_t>(done));
           if (got < 0) {
-            std::string why = got == -1 ? std::strerror(errno)
-                                        : cufile_error_text(static_cast<int>(-got));
+            // -1 with errno, a negated errno, or a negated cuFile status (5000 and up).
+            int code = got == -1 ? errno : static_cast<int>(-got);
+            std::string why = code < kErrorBase ? std::strerror(code) : cufile_error_text(code);
             throw CuFileError(path_, static_cast<uint64_t>(at), "cuFileRead failed: " + why);
           }
           if (got == 0) {

@@ -20,8 +20,8 @@ struct CuFileStatus {
   std::string reason;
   std::string library;
   int version = 0;
-  bool nvfs = false;  // the nvidia-fs kernel driver answered
-  bool p2p = false;   // NVMe through PCI P2PDMA, no nvidia-fs needed
+  bool nvfs = false;                     // the nvidia-fs kernel driver answered
+  bool p2p = false;                      // NVMe through PCI P2PDMA, no nvidia-fs needed
   std::vector<std::string> filesystems;  // what the driver can read directly
 };
 

@@ -46,7 +46,8 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   // A slot of at least `size` bytes (its size() is `size`), handed back to
   // the ring when the last reference to it goes. A pinned ring waits until
   // `deadline` for a slot to come back and returns null if none did.
-  std::shared_ptr<AlignedBuffer> acquire(size_t size, Clock::time_point deadline = Clock::time_point::max());
+  std::shared_ptr<AlignedBuffer> acquire(size_t size,
+                                         Clock::time_point deadline = Clock::time_point::max());
   size_t idle_slots() const;
   bool pinned() const { return pinner_ != nullptr; }
   size_t slots() const;         // slots in existence: idle and handed out
@@ -65,8 +66,8 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   std::condition_variable returned_;
   std::vector<std::unique_ptr<AlignedBuffer>> idle_;
   size_t idle_bytes_ = 0;
-  size_t slots_ = 0;        // pinned ring: every slot made and not destroyed
-  size_t slot_bytes_ = 0;   // pinned ring: their capacity
+  size_t slots_ = 0;       // pinned ring: every slot made and not destroyed
+  size_t slot_bytes_ = 0;  // pinned ring: their capacity
 };
 
 }  // namespace stoker::io
