@@ -6,7 +6,8 @@
 # 1. ASan + UBSan: the Python extension built with gcc's -fsanitize=address,undefined
 #    into build-asan/ (its own CMake build folder, its own wheel, a throwaway venv:
 #    the developer's editable install is never touched), then the tests that drive
-#    the C++ (tar, zip, npy, reader, dataset, loader, malformed shards) run on it;
+#    the C++ (tar, zip, npy, reader, dataset, loader, malformed shards, the CUDA path
+#    through the host-memory stand-in driver, GDS on the CPU) run on it;
 #    then tests/cpp/stress.cpp, built with the same sanitizers, runs for SECONDS.
 # 2. TSan: the core and tests/cpp/stress.cpp built with -fsanitize=thread into
 #    build-tsan/, then the stress program runs for SECONDS (default 20) under TSan.
@@ -182,7 +183,8 @@ if not all(os.path.realpath(p).startswith(want) for p in (stoker.__file__, stoke
   section "ASan + UBSan: the tests that drive the C++"
   local -a tests=()
   local name
-  for name in test_tar test_zip test_npy test_reader test_dataset test_loader test_malformed; do
+  for name in test_tar test_zip test_npy test_reader test_dataset test_loader test_malformed \
+    test_cuda_standin test_gds_cpu; do
     if [[ -f "$ROOT/tests/$name.py" ]]; then
       tests+=("$ROOT/tests/$name.py")
     else

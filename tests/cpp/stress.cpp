@@ -23,8 +23,24 @@
 //     descriptors across evictions;
 //   - threads that acquire PinnedRing slots, fill them, pass them to each
 //     other and release them on other threads, and drop private rings while
-//     their slots are still out, checking a slot is never handed out twice.
-// Exit status 0 when every check passed; a summary goes to stdout.
+//     their slots are still out, checking a slot is never handed out twice;
+//   - the pinned ring without CUDA: a test HostPinner records the page-locked
+//     ranges (an overlapping pin, an unpin of an address not pinned or of one
+//     a copy still reads, more slots or bytes locked than the ring's bounds:
+//     failures) and a copier thread stands in for the copy stream (FIFO,
+//     0-2 ms a copy; each copy checks the slot still holds the bytes written
+//     before it was queued, then completes the slot's fence). 4 clients share
+//     one pinned ring of 3 slots and 64 KiB: random sizes (0 too, and sizes
+//     that make the ring let smaller idle slots go), a unique pattern per
+//     fill, one or two copies (a pair of fences) or none, slots dropped with
+//     copies pending, sometimes by a dropper thread, acquires with short
+//     deadlines (null accepted), injected pin failures, and requests for more
+//     than the ring may lock (a stoker::Error, also for sizes near SIZE_MAX);
+//     a thread makes private pinned rings and destroys them with slots out and
+//     copies pending (the ring and the slots' deleters must wait for the
+//     copies, then unpin). At the end every pin has its unpin.
+// A thread still running 120 s after the stop (a waiter never woken) fails
+// the run. Exit status 0 when every check passed; a summary goes to stdout.
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zlib.h>
@@ -40,12 +56,16 @@
 #include <deque>
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <numeric>
 #include <random>
 #include <string>
 #include <thread>
+#include <unordered_map>
 #include <unordered_set>
 #include <vector>
 
@@ -87,6 +107,9 @@ struct Counters {
   std::atomic<uint64_t> cancels{0}, late_cancels{0}, dropped{0}, expected_errors{0};
   std::atomic<uint64_t> handoffs{0}, ephemeral{0}, polls{0}, spins{0};
   std::atomic<uint64_t> forgets{0}, cache_reads{0}, ring_slots{0}, ring_passes{0}, dead_rings{0};
+  std::atomic<uint64_t> pinned_slots{0}, pinned_copies{0}, pinned_pairs{0}, pinned_timeouts{0};
+  std::atomic<uint64_t> pinned_late_us{0}, pinned_handoffs{0}, pinned_refusals{0}, pin_failures{0};
+  std::atomic<uint64_t> private_rings{0}, orphans{0}, pins{0}, unpins{0}, pinned_mismatches{0};
 } g;
 
 uint64_t pick(Rng& rng, uint64_t lo, uint64_t hi) {  // inclusive
@@ -797,6 +820,557 @@ void ring_worker(int id, World& w) {
   for (auto& slot : held) release(w, slot, "release at the end");
 }
 
+// ---------------------------------------------------------------- pinned ring
+// A pinned ring without CUDA: TestPinner records the page-locked ranges, and
+// the fences are completed by a Copier thread that stands in for the copy
+// stream (FIFO, 0-2 ms a copy, reading the slot's bytes as they are when the
+// copy runs, not when it was queued).
+
+constexpr size_t kPage = io::AlignedBuffer::kAlignment;
+constexpr size_t kPinnedSlots = 3;
+constexpr size_t kPinnedBytes = 16 * kPage;  // small: slots are evicted and remade
+
+std::atomic<uint64_t> g_stamp{1};  // unique per fill of a pinned slot
+
+void atomic_max(std::atomic<uint64_t>& at, uint64_t value) {
+  uint64_t seen = at.load(std::memory_order_relaxed);
+  while (seen < value && !at.compare_exchange_weak(seen, value, std::memory_order_relaxed)) {
+  }
+}
+
+// The bytes a slot is filled with: 8-byte words made from a stamp that is
+// unique to the fill, so a slot refilled by anyone differs.
+uint64_t pattern_word(uint64_t stamp, size_t word) {
+  uint64_t x = stamp * 0x9E3779B97F4A7C15ull + word * 0xBF58476D1CE4E5B9ull;
+  return x ^ (x >> 29);
+}
+
+void fill_pattern(uint8_t* data, size_t size, uint64_t stamp) {
+  for (size_t w = 0; w * 8 < size; ++w) {
+    uint64_t v = pattern_word(stamp, w);
+    std::memcpy(data + w * 8, &v, std::min<size_t>(8, size - w * 8));
+  }
+}
+
+// The first byte of [from, to) that is not the pattern of `stamp`; `to` if none.
+size_t pattern_mismatch(const uint8_t* data, size_t from, size_t to, uint64_t stamp) {
+  for (size_t i = from; i < to;) {
+    size_t w = i / 8;
+    uint64_t v = pattern_word(stamp, w);
+    uint8_t want[8];
+    std::memcpy(want, &v, 8);
+    for (; i < to && i / 8 == w; ++i)
+      if (data[i] != want[i % 8]) return i;
+  }
+  return to;
+}
+
+// Done when the copier has run its copy; wait() blocks on a condition variable.
+class TestFence : public io::Fence {
+ public:
+  bool ready() override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return done_;
+  }
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mutex_);
+    done_cv_.wait(lock, [this] { return done_; });
+  }
+  void complete() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+  }
+
+ private:
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  bool done_ = false;
+};
+
+// Two copies of one slot, as cuda::CopyStream combines them (FencePair).
+class PairFence : public io::Fence {
+ public:
+  PairFence(std::shared_ptr<io::Fence> first, std::shared_ptr<io::Fence> second)
+      : first_(std::move(first)), second_(std::move(second)) {}
+  bool ready() override { return first_->ready() && second_->ready(); }
+  void wait() override {
+    first_->wait();
+    second_->wait();
+  }
+
+ private:
+  std::shared_ptr<io::Fence> first_, second_;
+};
+
+// The copy stream: one FIFO worker. A copy holds the slot's address only, not
+// a reference (a device copy does not keep the slot alive either); when it
+// runs, the bytes must still be the ones written before it was queued.
+class Copier {
+ public:
+  Copier() : thread_([this] { run(); }) {}
+  ~Copier() { stop(); }
+
+  std::shared_ptr<TestFence> copy(const io::AlignedBuffer& slot, size_t offset, size_t length,
+                                  uint64_t stamp) {
+    auto fence = std::make_shared<TestFence>();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      jobs_.push_back(Job{slot.data(), offset, length, stamp, fence});
+      ++reading_[slot.data()];
+    }
+    jobs_cv_.notify_one();
+    return fence;
+  }
+
+  // Whether a queued or running copy still reads the slot at `data`.
+  bool reading(const void* data) const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return reading_.count(data) != 0;
+  }
+
+  // Runs every queued copy, then stops.
+  void stop() {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      stop_ = true;
+    }
+    jobs_cv_.notify_one();
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  struct Job {
+    const uint8_t* data;
+    size_t offset, length;
+    uint64_t stamp;
+    std::shared_ptr<TestFence> fence;
+  };
+
+  void run() {
+    Rng rng(4242);
+    for (;;) {
+      Job job;
+      {
+        std::unique_lock<std::mutex> lock(mutex_);
+        jobs_cv_.wait(lock, [this] { return stop_ || !jobs_.empty(); });
+        if (jobs_.empty()) return;
+        job = std::move(jobs_.front());
+        jobs_.pop_front();
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(pick(rng, 0, 2000)));
+      size_t end = job.offset + job.length;
+      size_t bad = pattern_mismatch(job.data, job.offset, end, job.stamp);
+      if (bad != end) {
+        g.pinned_mismatches.fetch_add(1, std::memory_order_relaxed);
+        failure("copier: byte " + std::to_string(bad) + " of a pinned slot changed between " +
+                "queueing its copy of [" + std::to_string(job.offset) + ", " + std::to_string(end) +
+                ") and running it (the slot was reused too early)");
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        auto it = reading_.find(job.data);
+        if (--it->second == 0) reading_.erase(it);
+      }
+      job.fence->complete();
+      g.pinned_copies.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+
+  mutable std::mutex mutex_;
+  std::condition_variable jobs_cv_;
+  std::deque<Job> jobs_;
+  std::unordered_map<const void*, int> reading_;  // slot data -> copies queued or running
+  bool stop_ = false;
+  std::thread thread_;  // last: starts once the rest is made
+};
+
+struct InjectedPinFailure : std::runtime_error {
+  InjectedPinFailure() : std::runtime_error("injected page-locking failure") {}
+};
+
+// Records what is page-locked: a pin overlapping a pinned range, an unpin of
+// an address not pinned, an unpin while a copy still reads the range, more
+// ranges or bytes than the ring's bounds: each is a failure. Page-locking
+// takes time (cuMemHostRegister, cuMemHostUnregister): a range counts as
+// locked from the start of pin() to the end of unpin().
+class TestPinner : public io::HostPinner {
+ public:
+  TestPinner(const Copier& copier, std::string name, size_t max_buffers, size_t max_bytes,
+             uint64_t fail_one_in, uint64_t seed)
+      : copier_(copier),
+        name_(std::move(name)),
+        max_buffers_(max_buffers),
+        max_bytes_(max_bytes),
+        fail_one_in_(fail_one_in),
+        rng_(seed) {}
+
+  void pin(void* data, size_t size) override {
+    uintptr_t at = reinterpret_cast<uintptr_t>(data);
+    std::unique_lock<std::mutex> lock(mutex_);
+    if (fail_one_in_ != 0 && pick(rng_, 1, fail_one_in_) == 1) throw InjectedPinFailure();
+    CHECK(at % kPage == 0 && size % kPage == 0 && size > 0,
+          name_ + ": pin of " + std::to_string(size) + " bytes, not whole pages");
+    auto next = ranges_.lower_bound(at);
+    bool overlap =
+        (next != ranges_.end() && next->first < at + size) ||
+        (next != ranges_.begin() && std::prev(next)->first + std::prev(next)->second > at);
+    if (overlap) {
+      lock.unlock();
+      failure(name_ + ": pin of " + std::to_string(size) + " bytes overlaps a pinned range");
+      return;
+    }
+    ranges_.emplace(at, size);
+    bytes_ += size;
+    peak_ = std::max(peak_, bytes_);
+    g.pins.fetch_add(1, std::memory_order_relaxed);
+    CHECK(bytes_ <= max_bytes_, name_ + ": " + std::to_string(bytes_) +
+                                    " bytes page-locked, more than the ring's max_bytes " +
+                                    std::to_string(max_bytes_));
+    CHECK(ranges_.size() <= max_buffers_, name_ + ": " + std::to_string(ranges_.size()) +
+                                              " slots page-locked, more than the ring's " +
+                                              std::to_string(max_buffers_));
+    lock.unlock();
+    driver_time();
+  }
+
+  void unpin(void* data) noexcept override {
+    CHECK(!copier_.reading(data), name_ + ": a slot unpinned while a copy still reads it");
+    driver_time();
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = ranges_.find(reinterpret_cast<uintptr_t>(data));
+    if (it == ranges_.end()) {
+      failure(name_ + ": unpin of an address that is not pinned");
+      return;
+    }
+    bytes_ -= it->second;
+    ranges_.erase(it);
+    g.unpins.fetch_add(1, std::memory_order_relaxed);
+  }
+
+  // Whether [data, data + size) lies in one pinned range.
+  bool covers(const void* data, size_t size) const {
+    uintptr_t at = reinterpret_cast<uintptr_t>(data);
+    std::lock_guard<std::mutex> lock(mutex_);
+    auto it = ranges_.upper_bound(at);
+    if (it == ranges_.begin()) return false;
+    --it;
+    return it->first <= at && at + size <= it->first + it->second;
+  }
+  size_t ranges() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return ranges_.size();
+  }
+  size_t bytes() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return bytes_;
+  }
+  size_t peak() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return peak_;
+  }
+  const std::string& name() const { return name_; }
+
+ private:
+  static void driver_time() {
+    thread_local Rng rng(std::hash<std::thread::id>()(std::this_thread::get_id()));
+    if (pick(rng, 0, 1)) std::this_thread::sleep_for(std::chrono::microseconds(pick(rng, 0, 200)));
+  }
+
+  const Copier& copier_;
+  const std::string name_;
+  const size_t max_buffers_, max_bytes_;
+  const uint64_t fail_one_in_;
+  mutable std::mutex mutex_;
+  Rng rng_;
+  std::map<uintptr_t, size_t> ranges_;  // start -> length
+  size_t bytes_ = 0, peak_ = 0;
+};
+
+struct PinnedSlot {
+  std::shared_ptr<io::AlignedBuffer> buffer;
+  uint64_t stamp = 0;
+  size_t size = 0;
+};
+
+struct PinnedWorld {
+  Copier copier;  // first: outlives every ring and slot
+  std::shared_ptr<TestPinner> pinner = std::make_shared<TestPinner>(
+      copier, "the shared pinned ring", kPinnedSlots, kPinnedBytes, 64, 31337);
+  std::shared_ptr<io::PinnedRing> ring =
+      std::make_shared<io::PinnedRing>(kPinnedSlots, kPinnedBytes, pinner);
+
+  std::mutex live_mutex;
+  std::unordered_set<const void*> live;  // pinned slots handed out and not yet dropped
+
+  // Slots handed to the dropper thread, which drops them.
+  std::mutex drop_mutex;
+  std::condition_variable drop_cv;
+  std::deque<PinnedSlot> drops;
+  bool drop_stop = false;
+
+  // Private rings' pinners that the dropper may still hold slots of: checked at the end.
+  std::mutex pinners_mutex;
+  std::vector<std::shared_ptr<TestPinner>> pinners;
+};
+
+// A slot from a pinned `ring` (made with `pinner`), checked and filled; a null
+// buffer when `deadline` passed.
+PinnedSlot pinned_take(PinnedWorld& pw, io::PinnedRing& ring, const TestPinner& pinner,
+                       size_t max_buffers, size_t max_bytes, size_t size,
+                       Clock::time_point deadline) {
+  PinnedSlot slot{ring.acquire(size, deadline), 0, size};
+  if (!slot.buffer) return slot;
+  io::AlignedBuffer& b = *slot.buffer;
+  const std::string& who = pinner.name();
+  CHECK(b.size() == size && b.capacity() >= size && b.capacity() % kPage == 0 &&
+            b.capacity() <= max_bytes,
+        who + ": slot size " + std::to_string(b.size()) + "/" + std::to_string(b.capacity()) +
+            " for " + std::to_string(size));
+  CHECK(reinterpret_cast<uintptr_t>(b.data()) % kPage == 0, who + ": slot not page-aligned");
+  CHECK(b.pinned, who + ": slot not marked pinned");
+  CHECK(b.fence == nullptr, who + ": a slot handed out with a fence");
+  CHECK(!pw.copier.reading(b.data()), who + ": a slot handed out while a copy still reads it");
+  CHECK(pinner.covers(b.data(), b.capacity()), who + ": a slot that is not page-locked");
+  size_t slots = ring.slots(), bytes = ring.pinned_bytes();
+  CHECK(slots <= max_buffers && slots >= 1,
+        who + ": slots() says " + std::to_string(slots) + " slots");
+  CHECK(bytes <= max_bytes && bytes >= b.capacity(),
+        who + ": pinned_bytes() says " + std::to_string(bytes));
+  {
+    std::lock_guard<std::mutex> lock(pw.live_mutex);
+    CHECK(pw.live.insert(b.data()).second, who + ": a pinned slot in use was handed out again");
+  }
+  slot.stamp = g_stamp.fetch_add(1, std::memory_order_relaxed);
+  fill_pattern(b.data(), size, slot.stamp);
+  g.pinned_slots.fetch_add(1, std::memory_order_relaxed);
+  return slot;
+}
+
+// Queues device copies of the slot as cuda::CopyStream::copy_to_device does:
+// none, one of all of it or of a piece, or two (a pair of fences); sometimes
+// waits for them, as a synchronising user would.
+void pinned_copy(PinnedWorld& pw, PinnedSlot& slot, Rng& rng) {
+  io::AlignedBuffer& b = *slot.buffer;
+  uint64_t how = pick(rng, 0, 9);
+  if (how == 0) return;  // a slot nobody copied: no fence
+  int copies = how == 9 ? 2 : 1;
+  for (int k = 0; k < copies; ++k) {
+    size_t offset = 0, length = slot.size;
+    if (pick(rng, 0, 2) == 0) {
+      offset = pick(rng, 0, slot.size);
+      length = pick(rng, 0, slot.size - offset);
+    }
+    std::shared_ptr<io::Fence> fence = pw.copier.copy(b, offset, length, slot.stamp);
+    if (b.fence && !b.fence->ready()) {
+      b.fence = std::make_shared<PairFence>(b.fence, std::move(fence));
+      g.pinned_pairs.fetch_add(1, std::memory_order_relaxed);
+    } else {
+      b.fence = std::move(fence);
+    }
+  }
+  if (how == 1) b.fence->wait();
+}
+
+// Drops a slot (back to its ring, or freed when the ring is gone) after
+// checking nobody else wrote to it.
+void pinned_release(PinnedWorld& pw, PinnedSlot& slot, const std::string& how) {
+  size_t bad = pattern_mismatch(slot.buffer->data(), 0, slot.size, slot.stamp);
+  CHECK(bad == slot.size,
+        how + ": byte " + std::to_string(bad) + " of a pinned slot in use was overwritten");
+  {
+    std::lock_guard<std::mutex> lock(pw.live_mutex);
+    pw.live.erase(slot.buffer->data());
+  }
+  slot.buffer.reset();
+}
+
+void pinned_hand_over(PinnedWorld& pw, PinnedSlot slot) {
+  {
+    std::lock_guard<std::mutex> lock(pw.drop_mutex);
+    pw.drops.push_back(std::move(slot));
+  }
+  pw.drop_cv.notify_one();
+  g.pinned_handoffs.fetch_add(1, std::memory_order_relaxed);
+}
+
+// A request for more page-locked memory than the ring may hold: stoker::Error.
+void pinned_refused(io::PinnedRing& ring, size_t max_bytes, size_t size) {
+  std::string what = "pinned acquire(" + std::to_string(size) + ") from a ring of " +
+                     std::to_string(max_bytes) + " bytes";
+  try {
+    auto slot = ring.acquire(size, Clock::now() + std::chrono::milliseconds(20));
+    failure(what + (slot ? " handed out a slot" : " returned null") +
+            " instead of throwing stoker::Error");
+  } catch (const Error&) {
+    g.pinned_refusals.fetch_add(1, std::memory_order_relaxed);
+  } catch (const std::exception& e) {
+    failure(what + " threw '" + e.what() + "' instead of a stoker::Error");
+  }
+}
+
+size_t pinned_size(Rng& rng) {
+  switch (pick(rng, 0, 9)) {
+    case 0:
+      return 0;
+    case 1:
+    case 2:
+      return pick(rng, 1, kPage);
+    case 3:
+    case 4:
+      return pick(rng, kPage + 1, 4 * kPage);
+    case 5:
+    case 6:
+      return pick(rng, 1, 6 * kPage);
+    case 7:
+    case 8:  // two of these and a third slot do not fit: smaller idle slots go
+      return pick(rng, 4 * kPage + 1, 10 * kPage);
+    default:  // up to all of it
+      return pick(rng, 10 * kPage + 1, kPinnedBytes);
+  }
+}
+
+void pinned_client(int id, PinnedWorld& pw) {
+  Rng rng(700 + id);
+  const size_t kHuge[] = {kPinnedBytes + 1,     kPinnedBytes + kPage, 2 * kPinnedBytes,
+                          SIZE_MAX / 2,         SIZE_MAX - kPage,     SIZE_MAX - kPage + 1,
+                          SIZE_MAX - kPage + 2, SIZE_MAX - 1,         SIZE_MAX};
+  while (!g_stop.load(std::memory_order_relaxed)) {
+    uint64_t op = pick(rng, 0, 99);
+    if (op < 3) {
+      pinned_refused(*pw.ring, kPinnedBytes, kHuge[pick(rng, 0, std::size(kHuge) - 1)]);
+      continue;
+    }
+    size_t size = pinned_size(rng);
+    // Waiting for all of the ring could take long while the others keep slots.
+    bool timed = op < 25 || size > 10 * kPage;
+    auto deadline = timed ? Clock::now() + std::chrono::microseconds(pick(rng, 0, 3000))
+                          : Clock::time_point::max();
+    PinnedSlot slot;
+    try {
+      slot = pinned_take(pw, *pw.ring, *pw.pinner, kPinnedSlots, kPinnedBytes, size, deadline);
+    } catch (const InjectedPinFailure&) {
+      g.pin_failures.fetch_add(1, std::memory_order_relaxed);
+      continue;
+    } catch (const std::exception& e) {
+      failure(std::string("pinned acquire: ") + e.what());
+      continue;
+    }
+    if (!slot.buffer) {
+      auto late = Clock::now() - deadline;
+      CHECK(timed, "pinned acquire without a deadline returned null");
+      g.pinned_timeouts.fetch_add(1, std::memory_order_relaxed);
+      atomic_max(g.pinned_late_us,
+                 std::max<int64_t>(
+                     0, std::chrono::duration_cast<std::chrono::microseconds>(late).count()));
+      continue;
+    }
+    pinned_copy(pw, slot, rng);
+    if (pick(rng, 0, 3) == 0)
+      std::this_thread::sleep_for(std::chrono::microseconds(pick(rng, 0, 300)));
+    if (pick(rng, 0, 4) == 0)
+      pinned_hand_over(pw, std::move(slot));
+    else
+      pinned_release(pw, slot, "pinned client");
+  }
+}
+
+// Drops slots other threads handed over, sometimes after their ring died.
+void pinned_dropper(PinnedWorld& pw) {
+  Rng rng(950);
+  for (;;) {
+    PinnedSlot slot;
+    {
+      std::unique_lock<std::mutex> lock(pw.drop_mutex);
+      pw.drop_cv.wait(lock, [&] { return pw.drop_stop || !pw.drops.empty(); });
+      if (pw.drops.empty()) return;
+      slot = std::move(pw.drops.front());
+      pw.drops.pop_front();
+    }
+    if (pick(rng, 0, 1)) std::this_thread::sleep_for(std::chrono::microseconds(pick(rng, 0, 300)));
+    pinned_release(pw, slot, "slot handed to another thread");
+  }
+}
+
+// Private pinned rings that die while their slots are out (copies pending):
+// the ring unpins its idle slots once their copies are done, and a slot
+// dropped after its ring is unpinned (once its copy is done) and freed.
+void pinned_private(PinnedWorld& pw) {
+  Rng rng(900);
+  while (!g_stop.load(std::memory_order_relaxed)) {
+    size_t max_buffers = pick(rng, 1, 3);
+    size_t pages = pick(rng, 1, 6);
+    size_t max_bytes = pages * kPage + (pick(rng, 0, 1) ? pick(rng, 1, kPage - 1) : 0);
+    auto pinner = std::make_shared<TestPinner>(pw.copier, "a private pinned ring", max_buffers,
+                                               max_bytes, 0, rng());
+    if (pick(rng, 0, 19) == 0) {
+      try {
+        io::PinnedRing none(0, max_bytes, pinner);
+        failure("a pinned ring of 0 slots was made");
+      } catch (const Error&) {
+      }
+    }
+    auto ring = std::make_shared<io::PinnedRing>(max_buffers, max_bytes, pinner);
+    std::vector<PinnedSlot> out;
+    bool handed = false;
+    for (size_t k = 0, n = pick(rng, 1, 6); k < n; ++k) {
+      if (pick(rng, 0, 7) == 0) pinned_refused(*ring, max_bytes, pages * kPage + 1);
+      size_t size = pick(rng, 0, 2) ? pick(rng, 0, kPage) : pick(rng, 0, pages * kPage);
+      // This thread holds the slots that are out: only an empty hand waits for ever.
+      auto deadline = out.empty() ? Clock::time_point::max()
+                                  : Clock::now() + std::chrono::microseconds(pick(rng, 0, 2000));
+      PinnedSlot slot;
+      try {
+        slot = pinned_take(pw, *ring, *pinner, max_buffers, max_bytes, size, deadline);
+      } catch (const std::exception& e) {
+        failure(std::string("private pinned acquire: ") + e.what());
+        continue;
+      }
+      if (!slot.buffer) {
+        CHECK(!out.empty(), "private pinned acquire without a deadline returned null");
+        g.pinned_timeouts.fetch_add(1, std::memory_order_relaxed);
+        continue;
+      }
+      pinned_copy(pw, slot, rng);
+      if (pick(rng, 0, 1))
+        out.push_back(std::move(slot));
+      else
+        pinned_release(pw, slot, "private pinned ring");  // idle, its copy maybe pending
+    }
+    // A slot dropped on another thread while the ring dies here.
+    if (!out.empty() && pick(rng, 0, 3) == 0) {
+      pinned_hand_over(pw, std::move(out.back()));
+      out.pop_back();
+      handed = true;
+    }
+    ring.reset();  // waits for the copies of its idle slots, unpins them
+    if (!handed)
+      CHECK(pinner->ranges() == out.size(), std::to_string(pinner->ranges()) +
+                                                " ranges page-locked after a ring died with " +
+                                                std::to_string(out.size()) + " slots out");
+    g.private_rings.fetch_add(1, std::memory_order_relaxed);
+    g.orphans.fetch_add(out.size(), std::memory_order_relaxed);
+    for (auto& slot : out) {
+      if (pick(rng, 0, 2) == 0) {
+        pinned_hand_over(pw, std::move(slot));
+        handed = true;
+      } else {
+        pinned_release(pw, slot, "slot of a dead pinned ring");
+      }
+    }
+    if (handed) {
+      std::lock_guard<std::mutex> lock(pw.pinners_mutex);
+      pw.pinners.push_back(pinner);
+    } else {
+      CHECK(pinner->ranges() == 0 && pinner->bytes() == 0,
+            std::to_string(pinner->ranges()) +
+                " ranges still page-locked after a dead ring's slots were dropped");
+    }
+  }
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -870,26 +1444,55 @@ int main(int argc, char** argv) {
 
   std::printf(
       "stoker_stress: %zu shards (%.1f MB) in %s, %.1f s of 4 clients, 1 helper, "
-      "1 forgetter, 2 FileCache and 3 PinnedRing threads\n",
+      "1 forgetter, 2 FileCache and 3 PinnedRing threads; 4 pinned-ring clients, 1 private "
+      "pinned ring thread, 1 dropper, 1 copier\n",
       kShards, total_bytes / 1e6, dir.c_str(), seconds);
   std::fflush(stdout);
 
+  PinnedWorld pw;
   std::vector<std::thread> threads;
   for (int i = 0; i < 4; ++i) threads.emplace_back(client, i, std::ref(w));
   threads.emplace_back(forgetter, std::ref(w));
   for (int i = 0; i < 2; ++i) threads.emplace_back(cache_worker, i, std::ref(w));
   for (int i = 0; i < 3; ++i) threads.emplace_back(ring_worker, i, std::ref(w));
+  for (int i = 0; i < 4; ++i) threads.emplace_back(pinned_client, i, std::ref(pw));
+  threads.emplace_back(pinned_private, std::ref(pw));
   std::thread helper_thread(helper, std::ref(w));
+  std::thread dropper_thread(pinned_dropper, std::ref(pw));
 
   auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
                                      std::chrono::duration<double>(seconds));
   while (Clock::now() < deadline && g_failures.load() == 0)
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   g_stop = true;
+  // A thread that never finishes (a waiter nobody wakes) fails the run
+  // instead of hanging it.
+  std::mutex finish_mutex;
+  std::condition_variable finish_cv;
+  bool finished = false;
+  std::weak_ptr<io::PinnedRing> watched = pw.ring;
+  std::thread watchdog([&] {
+    std::unique_lock<std::mutex> lock(finish_mutex);
+    if (!finish_cv.wait_for(lock, std::chrono::seconds(120), [&] { return finished; })) {
+      auto ring = watched.lock();
+      std::fprintf(stderr,
+                   "FAIL: stoker_stress: threads still running 120 s after the stop (a waiter "
+                   "never woken?); the shared pinned ring has %zu slots, %zu idle\n",
+                   ring ? ring->slots() : 0, ring ? ring->idle_slots() : 0);
+      std::fflush(stderr);
+      std::_Exit(1);
+    }
+  });
   for (auto& t : threads) t.join();
   w.helper_stop = true;
   w.handoff_cv.notify_all();
   helper_thread.join();
+  {
+    std::lock_guard<std::mutex> lock(pw.drop_mutex);
+    pw.drop_stop = true;
+  }
+  pw.drop_cv.notify_all();
+  dropper_thread.join();
 
   for (auto& slot : w.exchange) release(w, slot, "exchange at the end");
   w.exchange.clear();
@@ -903,6 +1506,35 @@ int main(int argc, char** argv) {
   for (const auto& grave : w.graves) alive += !grave.pending.expired();
   CHECK(alive == 0, std::to_string(alive) + " dropped batches outlived their readers");
   w.graves.clear();
+
+  // Every pinned slot is dropped; the rings go, once their copies are done:
+  // then nothing may be page-locked any more.
+  CHECK(pw.live.empty(), std::to_string(pw.live.size()) + " pinned slots never released");
+  CHECK(pw.ring->slots() <= kPinnedSlots && pw.ring->pinned_bytes() <= kPinnedBytes &&
+            pw.ring->idle_slots() == pw.ring->slots() &&
+            pw.ring->pinned_bytes() == pw.pinner->bytes(),
+        "the shared pinned ring at the end: " + std::to_string(pw.ring->slots()) + " slots, " +
+            std::to_string(pw.ring->idle_slots()) + " idle, " +
+            std::to_string(pw.ring->pinned_bytes()) + " bytes (the pinner saw " +
+            std::to_string(pw.pinner->bytes()) + ")");
+  size_t pinned_peak = pw.pinner->peak();
+  pw.ring.reset();
+  pw.pinners.push_back(pw.pinner);
+  for (const auto& pinner : pw.pinners)
+    CHECK(pinner->ranges() == 0 && pinner->bytes() == 0,
+          pinner->name() + ": " + std::to_string(pinner->ranges()) + " ranges (" +
+              std::to_string(pinner->bytes()) + " bytes) still page-locked at the end");
+  pw.pinners.clear();
+  pw.pinner.reset();
+  pw.copier.stop();
+  CHECK(g.pins == g.unpins,
+        std::to_string(g.pins) + " pins but " + std::to_string(g.unpins) + " unpins");
+  {
+    std::lock_guard<std::mutex> lock(finish_mutex);
+    finished = true;
+  }
+  finish_cv.notify_all();
+  watchdog.join();
 
   double elapsed = std::chrono::duration<double>(Clock::now() - started).count();
   std::printf(
@@ -918,10 +1550,24 @@ int main(int argc, char** argv) {
       (unsigned long long)g.polls, (unsigned long long)g.spins, (unsigned long long)g.forgets,
       (unsigned long long)g.cache_reads, (unsigned long long)g.ring_slots,
       (unsigned long long)g.ring_passes, (unsigned long long)g.dead_rings, elapsed);
+  std::printf(
+      "stoker_stress: pinned ring: %llu slots (%llu copies, %llu of them paired; %llu handed to "
+      "another thread; %llu deadlines passed, at most %.1f ms late), %llu oversized requests "
+      "refused, %llu injected pin failures, %llu private rings (%llu slots outliving them); "
+      "%llu pins, %llu unpins, at most %zu of %zu bytes page-locked; %llu copies saw their "
+      "slot changed\n",
+      (unsigned long long)g.pinned_slots, (unsigned long long)g.pinned_copies,
+      (unsigned long long)g.pinned_pairs, (unsigned long long)g.pinned_handoffs,
+      (unsigned long long)g.pinned_timeouts, g.pinned_late_us / 1e3,
+      (unsigned long long)g.pinned_refusals, (unsigned long long)g.pin_failures,
+      (unsigned long long)g.private_rings, (unsigned long long)g.orphans,
+      (unsigned long long)g.pins, (unsigned long long)g.unpins, pinned_peak, kPinnedBytes,
+      (unsigned long long)g.pinned_mismatches);
 
   if (remove_dir) std::filesystem::remove_all(dir);
   uint64_t failures = g_failures.load();
-  if (failures == 0 && (g.batches == 0 || g.cancels + g.late_cancels == 0)) {
+  if (failures == 0 && (g.batches == 0 || g.cancels + g.late_cancels == 0 || g.pinned_slots == 0 ||
+                        g.pinned_copies == 0 || g.orphans == 0)) {
     std::fprintf(stderr, "FAIL: the run was too short to exercise anything\n");
     return 1;
   }

@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <string>
+#include <thread>
 
 #include "stoker/errors.hpp"
 
@@ -69,11 +70,13 @@ std::shared_ptr<AlignedBuffer> PinnedRing::acquire(size_t size, Clock::time_poin
 }
 
 std::unique_ptr<AlignedBuffer> PinnedRing::take_pinned(size_t size, Clock::time_point deadline) {
-  size_t need = page_rounded(size);
-  if (need > max_bytes_ || size == SIZE_MAX) {
+  // A size near SIZE_MAX would wrap when rounded up to whole pages.
+  if (size > max_bytes_ || size > SIZE_MAX - AlignedBuffer::kAlignment ||
+      page_rounded(size) > max_bytes_) {
     throw Error("a pinned slot of " + std::to_string(size) + " bytes is more than the ring's " +
                 std::to_string(max_bytes_) + " bytes of page-locked memory; raise its budget");
   }
+  size_t need = page_rounded(size);
   std::unique_lock<std::mutex> lock(mutex_);
   auto take = [this](size_t i) {
     std::unique_ptr<AlignedBuffer> b = std::move(idle_[i]);
@@ -81,6 +84,7 @@ std::unique_ptr<AlignedBuffer> PinnedRing::take_pinned(size_t size, Clock::time_
     idle_bytes_ -= b->capacity();
     return b;
   };
+  bool timed_out = false;
   for (;;) {
     // 1. The smallest idle slot that fits and that no copy still reads.
     size_t best = idle_.size();
@@ -110,33 +114,47 @@ std::unique_ptr<AlignedBuffer> PinnedRing::take_pinned(size_t size, Clock::time_
         lock.lock();
         --slots_;
         slot_bytes_ -= need;
+        returned_.notify_all();  // the budget it held is free again
         throw;
       }
     }
-    // 3. Make room by letting go of an idle slot too small for this request.
+    // 3. Make room by letting go of an idle slot too small for this request. Its
+    // budget stays taken until it is unpinned, so the bounds hold meanwhile.
     size_t spare = idle_.size();
     for (size_t i = 0; i < idle_.size() && spare == idle_.size(); ++i) {
       if (is_ready(idle_[i])) spare = i;
     }
     if (spare < idle_.size()) {
       auto b = take(spare);
-      --slots_;
-      slot_bytes_ -= b->capacity();
+      size_t capacity = b->capacity();
       lock.unlock();
       destroy(std::move(b));
       lock.lock();
+      --slots_;
+      slot_bytes_ -= capacity;
+      returned_.notify_all();
       continue;
     }
-    // 4. Every idle slot is still being copied from: wait for the oldest copy.
+    if (timed_out) return nullptr;  // looked once more after the deadline: nothing
+    // 4. Every idle slot is still being copied from: wait for the oldest copy
+    // (polling when there is a deadline: an event wait cannot time out).
     if (!idle_.empty()) {
       std::shared_ptr<Fence> fence = idle_.front()->fence;
       lock.unlock();
-      fence->wait();
+      if (deadline == Clock::time_point::max()) {
+        fence->wait();
+      } else {
+        while (!fence->ready() && Clock::now() < deadline) {
+          std::this_thread::sleep_for(std::chrono::microseconds(100));
+        }
+        timed_out = Clock::now() >= deadline;
+      }
       lock.lock();
       continue;
     }
-    // 5. Every slot is handed out: wait for one to come back.
-    if (returned_.wait_until(lock, deadline) == std::cv_status::timeout) return nullptr;
+    // 5. Every slot is handed out: wait for one to come back, then look again
+    // (also after the deadline: a slot may have come back just then).
+    timed_out = returned_.wait_until(lock, deadline) == std::cv_status::timeout;
   }
 }
 
@@ -168,7 +186,8 @@ void PinnedRing::put(AlignedBuffer* raw) {
   }
   idle_bytes_ += buffer->capacity();
   idle_.push_back(std::move(buffer));
-  returned_.notify_one();
+  // All waiters: the one woken might want a bigger slot than this one.
+  returned_.notify_all();
 }
 
 void PinnedRing::destroy(std::unique_ptr<AlignedBuffer> buffer) {
