@@ -72,7 +72,11 @@ void register_cuda(py::module_& m) {
   py::class_<cuda::CopyStream, std::shared_ptr<cuda::CopyStream>>(
       m, "CopyStream",
       "A non-blocking CUDA stream for host-to-device copies out of pinned ring slots.")
-      .def(py::init<int>(), py::arg("device"))
+      .def(py::init([](int device) {
+             py::gil_scoped_release release;
+             return std::make_shared<cuda::CopyStream>(device);
+           }),
+           py::arg("device"))
       .def_property_readonly("device", &cuda::CopyStream::device)
       .def_property_readonly(
           "handle",
@@ -107,6 +111,12 @@ void register_cuda(py::module_& m) {
           py::call_guard<py::gil_scoped_release>(),
           "Copy `nbytes` between device addresses asynchronously, ordered like copy().")
       .def(
+          "wait_for",
+          [](cuda::CopyStream& s, uintptr_t producer) { s.wait_for(as_stream(producer)); },
+          py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+          "Copies queued from now on start after the work queued on `stream` (a CUstream "
+          "handle) so far: a wait on the device, not on the host.")
+      .def(
           "record",
           [](cuda::CopyStream& s, std::optional<uintptr_t> stream) {
             if (!stream) return s.record();
@@ -118,8 +128,11 @@ void register_cuda(py::module_& m) {
 
   py::class_<cuda::CuFile, std::shared_ptr<cuda::CuFile>>(
       m, "CuFile", "A file registered with cuFile: reads go straight into device memory.")
-      .def(py::init<std::string, int>(), py::arg("path"), py::arg("device"),
-           py::call_guard<py::gil_scoped_release>())
+      .def(py::init([](std::string path, int device) {
+             py::gil_scoped_release release;  // opening and registering can wait on I/O
+             return std::make_shared<cuda::CuFile>(std::move(path), device);
+           }),
+           py::arg("path"), py::arg("device"))
       .def_property_readonly("path", &cuda::CuFile::path)
       .def_property_readonly("direct", &cuda::CuFile::direct,
                              "Whether it was opened with O_DIRECT (tmpfs refuses it).")

@@ -7,8 +7,10 @@ Nothing here touches CUDA at import: the driver is loaded by the first call that
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import os
+import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -44,6 +46,7 @@ def gds_setting() -> str:
     return value
 
 
+@functools.lru_cache(maxsize=1)
 def _cufile_candidates() -> list[str]:
     """libcufile inside the nvidia-cufile wheel, when it is installed (its folder differs
     between the CUDA 12 and CUDA 13 wheels)."""
@@ -232,17 +235,18 @@ def _use_memory(provider: DeviceMemory) -> DeviceMemory:
 
 
 _copy_streams: dict[tuple[int, int], Any] = {}
+_copy_streams_lock = threading.Lock()
 
 
 def copy_stream(device: int) -> Any:
     """This process's copy stream for `device` (made again in a forked child, where the
     driver then refuses with a clear error)."""
     key = (os.getpid(), device)
-    stream = _copy_streams.get(key)
-    if stream is None:
-        stream = _core.CopyStream(device)
-        _copy_streams[key] = stream
-    return stream
+    with _copy_streams_lock:
+        stream = _copy_streams.get(key)
+        if stream is None:
+            stream = _copy_streams[key] = _core.CopyStream(device)
+        return stream
 
 
 def _aligned(n: int) -> int:
@@ -257,6 +261,7 @@ class DeviceStage:
 
     def __init__(self, device: int, pinned_bytes: int, slots: int) -> None:
         self.device = device
+        self.pinned_bytes = pinned_bytes
         self.ring = _core.PinnedRing(slots, pinned_bytes, device=device)
         self.pid = os.getpid()
 
@@ -269,6 +274,13 @@ class DeviceStage:
             return self.ring.acquire(nbytes, timeout=None if wait else 0.0)
         except TimeoutError:
             return None
+        except StokerError as e:
+            if nbytes > self.pinned_bytes:
+                raise StokerError(
+                    f"a batch of {nbytes} bytes does not fit the loader's {self.pinned_bytes} "
+                    "bytes of pinned memory: raise Loader(pinned_bytes=...)"
+                ) from e
+            raise
 
     def to_device(self, batch: Any, slot: np.ndarray | None = None) -> Any:
         torch = _torch()

@@ -13,7 +13,8 @@ import io
 import os
 import re
 import tempfile
-from collections import deque
+import threading
+from collections import OrderedDict, deque
 from typing import Any, BinaryIO
 
 import numpy as np
@@ -115,8 +116,10 @@ def load_npy(path: str | os.PathLike[str], device: Any = "cuda") -> Any:
     # fall: the aligned middle then goes straight from disk.
     buffer, address = mem.empty(nbytes + PAGE, index, cuda.copy_stream(index).handle)
     mem.hand_over(buffer, index)
-    skew = (offset - address) % PAGE
-    _read_device(address + skew, nbytes, path, offset, index)
+    # Sharing the file's page offset needs the data's offset to be a multiple of the item
+    # size (numpy pads headers so; other writers may not), or the view could not be typed.
+    skew = (offset - address) % PAGE if offset % dtype.itemsize == 0 else 0
+    _read_device(address + skew, nbytes, path, offset, index, users=False)
     return mem.view(buffer, skew, nbytes, tdtype, shape)
 
 
@@ -149,7 +152,7 @@ def read_into(tensor: Any, path: str | os.PathLike[str], offset: int = 0) -> Any
     index = tensor.device.index if tensor.device.index is not None else 0
     cuda.require_cuda(index)
     if nbytes:
-        _read_device(tensor.data_ptr(), nbytes, path, offset, index)
+        _read_device(tensor.data_ptr(), nbytes, path, offset, index, users=True)
     return tensor
 
 
@@ -177,53 +180,54 @@ def _read_host(tensor: Any, path: str, offset: int) -> None:
 # -- the device paths -------------------------------------------------------
 
 
-_stages: dict[tuple[int, int], Any] = {}
+_lock = threading.Lock()  # guards the tables below
+_bounce_rings: dict[tuple[int, int], tuple[Any, threading.Lock]] = {}
 
 
-def _bounce_ring(device: int) -> Any:
+def _bounce_ring(device: int) -> tuple[Any, threading.Lock]:
+    """This process's bounce ring for `device`, and the lock that gives one read at a time
+    all of its slots (two reads sharing four slots could each hold some and wait for the
+    rest forever)."""
     key = (os.getpid(), device)
-    ring = _stages.get(key)
-    if ring is None:
-        ring = _core.PinnedRing(_BOUNCE_DEPTH, _BOUNCE_DEPTH * _BOUNCE_CHUNK, device=device)
-        _stages[key] = ring
-    return ring
+    with _lock:
+        found = _bounce_rings.get(key)
+        if found is None:
+            ring = _core.PinnedRing(_BOUNCE_DEPTH, _BOUNCE_DEPTH * _BOUNCE_CHUNK, device=device)
+            found = _bounce_rings[key] = (ring, threading.Lock())
+        return found
 
 
 def _bounce(address: int, nbytes: int, path: str, offset: int, device: int) -> None:
     """pread into pinned slots on the reader's threads, several slots in flight, each copied
     to the device asynchronously as soon as it is read."""
-    ring = _bounce_ring(device)
+    ring, one_at_a_time = _bounce_ring(device)
     stream = cuda.copy_stream(device)
     consumer = cuda.memory().consumer_stream(device)
     files = _core.FileTable([path])
     reading: deque[tuple[int, Any]] = deque()
-    done = 0
-    try:
-        for start in range(0, nbytes, _BOUNCE_CHUNK):
-            size = min(_BOUNCE_CHUNK, nbytes - start)
-            if len(reading) >= _BOUNCE_DEPTH - 1:  # one slot stays free for copies in flight
-                at, pending = reading.popleft()
-                slot = pending.wait()
-                stream.copy(slot, address + at, consumer)
-                del slot
-            slot = ring.acquire(size)
-            reading.append((start, _read_pieces(slot, files, offset + start)))
-            del slot
-        while reading:
-            at, pending = reading.popleft()
-            stream.copy(pending.wait(), address + at, consumer)
-        done = nbytes
-    finally:
-        if done != nbytes:
-            for _, pending in reading:
+
+    def copy_oldest() -> None:
+        at, pending = reading.popleft()
+        stream.copy(pending.wait(), address + at, consumer)
+
+    with one_at_a_time:
+        try:
+            for start in range(0, nbytes, _BOUNCE_CHUNK):
+                if len(reading) >= _BOUNCE_DEPTH - 1:  # a slot stays free for copies in flight
+                    copy_oldest()
+                slot = ring.acquire(min(_BOUNCE_CHUNK, nbytes - start))
+                reading.append((start, _read_pieces(slot, files, offset + start)))
+                del slot  # the read holds it until it is copied
+            while reading:
+                copy_oldest()
+        finally:
+            for _, pending in reading:  # after an error: stop what was not copied
                 pending.cancel()
 
 
 def _cufile(address: int, nbytes: int, path: str, offset: int, device: int) -> None:
     """cuFile for the page-aligned middle of the range, when device and file pages line up;
-    the head and tail (under a page each) take the bounce path. cuFile writes outside any
-    stream, so work already queued on the consumer's stream (which may still use this
-    memory's previous tenant) is waited for first."""
+    the head and tail (under a page each) take the bounce path."""
     head = min(-offset % PAGE, nbytes)
     middle = (nbytes - head) // PAGE * PAGE
     if middle == 0:  # under a page or two: not worth a direct read
@@ -232,41 +236,57 @@ def _cufile(address: int, nbytes: int, path: str, offset: int, device: int) -> N
     if (address + head) % PAGE:
         head, middle = 0, nbytes  # not lined up: cuFile handles unaligned ranges itself
     tail = nbytes - head - middle
-    stream = cuda.copy_stream(device)
-    stream.record().wait()  # the memory's last tenant may have been written on this stream
-    stream.record(cuda.memory().consumer_stream(device)).wait()
-    handle = _cufile_handle(path, device)
-    handle.read(address + head, middle, offset + head)
+    _cufile_handle(path, device).read(address + head, middle, offset + head)
     if head:
         _bounce(address, head, path, offset, device)
     if tail:
         _bounce(address + head + middle, tail, path, offset + head + middle, device)
 
 
-_handles: dict[tuple[int, str, int], tuple[tuple[int, int, int], Any]] = {}
+_MAX_HANDLES = 64  # registered files kept open (an O_DIRECT descriptor each)
+_handles: OrderedDict[tuple[int, str, int], tuple[tuple[int, int, int], Any]] = OrderedDict()
 
 
 def _cufile_handle(path: str, device: int) -> Any:
-    """A registered cuFile handle, made once per file (and again if the file changed)."""
+    """A registered cuFile handle: made once per file (again if the file changed), the
+    least recently used closed beyond _MAX_HANDLES."""
     st = os.stat(path)
     identity = (st.st_ino, st.st_size, st.st_mtime_ns)
     key = (os.getpid(), os.path.realpath(path), device)
-    found = _handles.get(key)
-    if found is None or found[0] != identity:
-        if found is not None:
-            found[1].close()
-        found = (identity, _core.CuFile(path, device))
-        _handles[key] = found
-    return found[1]
+    with _lock:
+        found = _handles.get(key)
+        if found is not None and found[0] == identity:
+            _handles.move_to_end(key)
+            return found[1]
+    handle = _core.CuFile(path, device)
+    with _lock:
+        stale = _handles.pop(key, None)
+        _handles[key] = (identity, handle)
+        while len(_handles) > _MAX_HANDLES:
+            stale_key = next(iter(_handles))
+            _handles.pop(stale_key)[1].close()
+    if stale is not None:
+        stale[1].close()
+    return handle
 
 
-def _read_device(address: int, nbytes: int, path: str, offset: int, device: int) -> None:
+def _read_device(
+    address: int, nbytes: int, path: str, offset: int, device: int, *, users: bool
+) -> None:
+    """Fill device bytes [address, address + nbytes) from the file. `users`: the memory
+    is the caller's (read_into), so work already queued on the caller's stream may still
+    use it; otherwise it was allocated for stoker's copy stream (load_npy)."""
     if nbytes == 0:
         return
+    stream = cuda.copy_stream(device)
+    consumer = cuda.memory().consumer_stream(device)
     mode, why = _file_mode(path)
-    if mode == "gds" and cuda.gds_setting() != "on" and _mount_of(path)[1] in _cufile_failed:
-        mode, why = "bounce", ""  # said once already, when cuFile failed there
     if mode in ("gds", "compat"):
+        # cuFile writes from the host, outside any stream: what is queued on the streams
+        # that may still use this memory is waited for first.
+        stream.record().wait()
+        if users:
+            stream.record(consumer).wait()
         try:
             _cufile(address, nbytes, path, offset, device)
             return
@@ -274,13 +294,16 @@ def _read_device(address: int, nbytes: int, path: str, offset: int, device: int)
             if cuda.gds_setting() == "on":
                 raise
             # Not tried again on this file system: its next reads go straight to the ring.
-            _cufile_failed.add(_mount_of(path)[1])
+            with _lock:
+                _cufile_failed[_mount_of(path)[1]] = str(e)
             cuda.warn_once(
                 "cufile-failed",
                 f"stoker: cuFile failed ({e}); reading through the pinned bounce ring instead",
             )
     elif why and cuda.gds_setting() != "off":
         cuda.warn_once(f"bounce:{why}", f"stoker: {why}")
+    if users:  # copies wait, on the device, for the caller's queued work
+        stream.wait_for(consumer)
     _bounce(address, nbytes, path, offset, device)
 
 
@@ -299,8 +322,9 @@ _GDS_FILESYSTEMS = {
 }
 
 
-def _mount_of(path: str) -> tuple[str, str]:
-    """(file system type, device "major:minor") of the mount holding `path`."""
+def _mount_of(path: str) -> tuple[str, str, str]:
+    """(file system type, device "major:minor", mount options) of the mount holding
+    `path`."""
     st = os.stat(path)
     device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
     try:
@@ -308,21 +332,22 @@ def _mount_of(path: str) -> tuple[str, str]:
             for line in f:
                 fields = line.split()
                 if len(fields) > 2 and fields[2] == device and " - " in line:
-                    return line.split(" - ", 1)[1].split()[0], device
+                    tail = line.split(" - ", 1)[1].split()
+                    return tail[0], device, tail[2] if len(tail) > 2 else ""
     except OSError:
         pass
-    return "unknown", device
+    return "unknown", device, ""
 
 
 def _on_nvme(device: str) -> bool:
-    """Whether block device `device` (major:minor) is NVMe, or built only from NVMe (md,
-    dm): its sysfs path, or each of its slaves', runs through an nvme controller."""
-    base = f"/sys/dev/block/{device}"
-    real = os.path.realpath(base)
+    """Whether block device `device` (major:minor) is an NVMe namespace or partition, or
+    an md array built only of them: its sysfs path, or each member's, runs through an
+    nvme controller. (Device-mapper volumes, LVM, are not read by GPUDirect.)"""
+    real = os.path.realpath(f"/sys/dev/block/{device}")
     if "/nvme" in real:
         return True
     slaves = os.path.join(real, "slaves")
-    if not os.path.isdir(slaves):
+    if not os.path.basename(real).startswith("md") or not os.path.isdir(slaves):
         return False
     names = os.listdir(slaves)
     return bool(names) and all(
@@ -330,27 +355,31 @@ def _on_nvme(device: str) -> bool:
     )
 
 
-_cufile_failed: set[str] = set()  # devices where a cuFile read failed
+_cufile_failed: dict[str, str] = {}  # by device: the cuFile failure that ruled it out
 _fs_verdicts: dict[str, str] = {}  # by device: why GPUDirect cannot read it ("" if it can)
 
 
 def read_mode(path: str | os.PathLike[str]) -> str:
-    """The path ``load_npy`` takes for this file: gds, compat, bounce or cpu."""
+    """The path ``load_npy`` takes for this file now: gds, compat, bounce or cpu (after a
+    cuFile failure on its file system, bounce)."""
     return _file_mode(os.fspath(path))[0]
 
 
 def _file_mode(path: str) -> tuple[str, str]:
-    """(mode, why it is not GPUDirect) for a file, from cuda_status() and the file's mount.
-    With STOKER_GDS=on a file GPUDirect cannot read still goes through cuFile, which then
-    reads it in its compatibility mode."""
+    """(mode, why it is not GPUDirect: to be said once) for a file, from cuda_status() and
+    the file's mount. With STOKER_GDS=on a file GPUDirect cannot read still goes through
+    cuFile, which then reads it in its compatibility mode."""
     status = cuda.cuda_status()
     mode = status["mode"]
     if mode != "gds":
         return mode, status["reason"] if mode == "bounce" else ""
     try:
-        fstype, device = _mount_of(path)
+        fstype, device, options = _mount_of(path)
     except OSError as e:
         raise located(ReadError, path, 0, f"cannot read: {e.strerror or e}") from e
+    forced = cuda.gds_setting() == "on"
+    if device in _cufile_failed and not forced:
+        return "bounce", ""  # said when it failed
     why = _fs_verdicts.get(device)
     if why is None:
         need = _GDS_FILESYSTEMS.get(fstype)
@@ -359,6 +388,8 @@ def _file_mode(path: str) -> tuple[str, str]:
             why = f"GPUDirect cannot read files on {fstype} (such as {path})"
         elif need == "nvme" and not _on_nvme(device):
             why = f"GPUDirect reads {fstype} on NVMe only; {path} is on block device {device}"
+        elif need == "nfs" and "proto=rdma" not in options.split(","):
+            why = f"GPUDirect reads NFS over RDMA only; {path} is on NFS without proto=rdma"
         elif need not in supported and not (need == "nvme" and "nvme-p2p" in supported):
             why = (
                 f"cuFile's driver does not support {need} (it supports "
@@ -366,10 +397,11 @@ def _file_mode(path: str) -> tuple[str, str]:
             )
         else:
             why = ""
-        _fs_verdicts[device] = why
+        with _lock:
+            _fs_verdicts[device] = why
     if not why:
         return "gds", ""
-    if cuda.gds_setting() == "on":
+    if forced:
         return "compat", ""
     return "bounce", why + "; reads go through the pinned ring"
 

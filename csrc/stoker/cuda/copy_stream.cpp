@@ -32,14 +32,14 @@ class FencePair : public io::Fence {
 
 void HostRegistrar::pin(void* data, size_t size) {
   const DriverApi& api = driver();
-  use_device(device_);
+  DeviceScope scope(device_);
   check(api.MemHostRegister(data, size, kHostRegisterPortable), "cuMemHostRegister");
 }
 
 void HostRegistrar::unpin(void* data) noexcept {
   if (getpid() != driver_owner()) return;  // a forked child: the driver is not ours
   try {
-    use_device(device_);
+    DeviceScope scope(device_);
     driver().MemHostUnregister(data);
   } catch (...) {  // nothing to do about a driver that fails while freeing
   }
@@ -47,8 +47,9 @@ void HostRegistrar::unpin(void* data) noexcept {
 
 Event::Event(int device, CUstream stream) : device_(device), owner_(getpid()) {
   const DriverApi& api = driver();
-  use_device(device_);
-  check(api.EventCreate(&event_, kEventDisableTiming), "cuEventCreate");
+  DeviceScope scope(device_);
+  // Blocking sync: a host that waits for a copy sleeps instead of spinning a core.
+  check(api.EventCreate(&event_, kEventDisableTiming | kEventBlockingSync), "cuEventCreate");
   CUresult recorded = api.EventRecord(event_, stream);
   if (recorded != kSuccess) {
     api.EventDestroy(event_);
@@ -59,7 +60,7 @@ Event::Event(int device, CUstream stream) : device_(device), owner_(getpid()) {
 Event::~Event() {
   if (event_ != nullptr && getpid() == owner_) {
     try {
-      use_device(device_);
+      DeviceScope scope(device_);
       driver().EventDestroy(event_);
     } catch (...) {
     }
@@ -68,7 +69,7 @@ Event::~Event() {
 
 bool Event::ready() {
   const DriverApi& api = driver();
-  use_device(device_);
+  DeviceScope scope(device_);
   CUresult result = api.EventQuery(event_);
   if (result == kNotReady) return false;
   check(result, "cuEventQuery");
@@ -77,13 +78,13 @@ bool Event::ready() {
 
 void Event::wait() {
   const DriverApi& api = driver();
-  use_device(device_);
+  DeviceScope scope(device_);
   check(api.EventSynchronize(event_), "cuEventSynchronize");
 }
 
 CopyStream::CopyStream(int device) : device_(device), owner_(getpid()) {
   const DriverApi& api = driver();
-  use_device(device_);
+  DeviceScope scope(device_);
   // Non-blocking: the copy stream must not serialise with the legacy default
   // stream that other libraries may be using.
   check(api.StreamCreate(&stream_, kStreamNonBlocking), "cuStreamCreate");
@@ -92,17 +93,21 @@ CopyStream::CopyStream(int device) : device_(device), owner_(getpid()) {
 CopyStream::~CopyStream() {
   if (stream_ != nullptr && getpid() == owner_) {
     try {
-      use_device(device_);
+      DeviceScope scope(device_);
       driver().StreamDestroy(stream_);  // queued work still completes
     } catch (...) {
     }
   }
 }
 
-std::shared_ptr<Event> CopyStream::record_for(CUstream consumer) {
-  auto event = std::make_shared<Event>(device_, stream_);
-  check(driver().StreamWaitEvent(consumer, event->handle(), 0), "cuStreamWaitEvent");
-  return event;
+void CopyStream::hand_to(CUstream consumer, const Event& event) {
+  check(driver().StreamWaitEvent(consumer, event.handle(), 0), "cuStreamWaitEvent");
+}
+
+void CopyStream::wait_for(CUstream producer) {
+  DeviceScope scope(device_);
+  Event done(device_, producer);
+  check(driver().StreamWaitEvent(stream_, done.handle(), 0), "cuStreamWaitEvent");
 }
 
 std::shared_ptr<Event> CopyStream::copy_to_device(const std::shared_ptr<io::AlignedBuffer>& slot,
@@ -118,23 +123,27 @@ std::shared_ptr<Event> CopyStream::copy_to_device(const std::shared_ptr<io::Alig
     throw Error("the bytes to copy are not inside their slot");
   }
   const DriverApi& api = driver();
-  use_device(device_);
+  DeviceScope scope(device_);
   check(api.MemcpyHtoDAsync(dst, src, size, stream_), "cuMemcpyHtoDAsync");
-  auto event = record_for(consumer);
+  auto event = std::make_shared<Event>(device_, stream_);
+  // Fenced before anything else can fail: the copy is queued and reads the slot.
   if (slot->fence && !slot->fence->ready()) {
     slot->fence = std::make_shared<FencePair>(slot->fence, event);
   } else {
     slot->fence = event;
   }
+  hand_to(consumer, *event);
   return event;
 }
 
 std::shared_ptr<Event> CopyStream::copy_device(CUdeviceptr src, CUdeviceptr dst, size_t size,
                                                CUstream consumer) {
   const DriverApi& api = driver();
-  use_device(device_);
+  DeviceScope scope(device_);
   check(api.MemcpyDtoDAsync(dst, src, size, stream_), "cuMemcpyDtoDAsync");
-  return record_for(consumer);
+  auto event = std::make_shared<Event>(device_, stream_);
+  hand_to(consumer, *event);
+  return event;
 }
 
 std::shared_ptr<Event> CopyStream::record() { return std::make_shared<Event>(device_, stream_); }

@@ -64,9 +64,12 @@ class CopyStream {
                                      CUstream consumer);
   // An event recorded on this stream now: done once everything queued is.
   std::shared_ptr<Event> record();
+  // Copies queued from now on start after the work queued on `producer` so far
+  // (a wait on the device, not on the host).
+  void wait_for(CUstream producer);
 
  private:
-  std::shared_ptr<Event> record_for(CUstream consumer);
+  void hand_to(CUstream consumer, const Event& event);
 
   int device_;
   CUstream stream_ = nullptr;

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdlib>
@@ -146,12 +147,6 @@ Loaded& load(const std::vector<std::string>& candidates) {
       l->status.reason = l->status.library + " lacks cuFile's entry points";
       return l;
     }
-    try {
-      use_device(0);
-    } catch (const std::exception& e) {
-      l->status.reason = e.what();
-      return l;
-    }
     CUfileError opened = a.DriverOpen();
     if (opened.err != 0) {
       l->status.reason = "cuFileDriverOpen failed: " + status_text(opened);
@@ -206,7 +201,7 @@ CuFileStatus cufile_status(const std::vector<std::string>& candidates) {
 CuFile::CuFile(std::string path, int device)
     : path_(std::move(path)), device_(device), owner_(getpid()) {
   const CuFileApi& api = cufile();
-  use_device(device_);
+  DeviceScope scope(device_);
   fd_ = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
   direct_ = fd_ >= 0;
   if (fd_ < 0 && errno == EINVAL) {  // tmpfs and some others refuse O_DIRECT
@@ -252,7 +247,8 @@ void CuFile::read(CUdeviceptr dst, size_t size, off_t offset, size_t num_threads
   if (chunk_bytes == 0) chunk_bytes = size_t{16} << 20;
   size_t chunks = (size + chunk_bytes - 1) / chunk_bytes;
   if (chunks == 0) return;
-  if (num_threads == 0) num_threads = std::max(1U, std::thread::hardware_concurrency());
+  // More threads than this only queue up in cuFile and the NVMe queues.
+  if (num_threads == 0) num_threads = std::clamp(std::thread::hardware_concurrency(), 1U, 8U);
   num_threads = std::min(num_threads, chunks);
   std::atomic<size_t> next{0};
   std::atomic<bool> failed{false};
@@ -260,7 +256,7 @@ void CuFile::read(CUdeviceptr dst, size_t size, off_t offset, size_t num_threads
   std::exception_ptr error;
   auto work = [&] {
     try {
-      use_device(device_);  // cuFile reads on the calling thread's context
+      DeviceScope scope(device_);  // cuFile reads on the calling thread's context
       for (size_t i = next++; i < chunks && !failed; i = next++) {
         size_t done = i * chunk_bytes;
         size_t end = std::min(size, done + chunk_bytes);

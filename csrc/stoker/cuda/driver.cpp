@@ -131,7 +131,7 @@ void check(CUresult result, const char* what) {
   throw CudaError(std::string(what) + " failed: " + error_text(load().api, result));
 }
 
-void use_device(int device) {
+DeviceScope::DeviceScope(int device) {
   const DriverApi& api = driver();
   Loaded& l = load();
   if (device < 0 || device >= l.status.devices) {
@@ -149,9 +149,15 @@ void use_device(int device) {
       l.contexts[static_cast<size_t>(device)] = context;
     }
   }
-  CUcontext current = nullptr;
-  check(api.CtxGetCurrent(&current), "cuCtxGetCurrent");
-  if (current != context) check(api.CtxSetCurrent(context), "cuCtxSetCurrent");
+  check(api.CtxGetCurrent(&previous_), "cuCtxGetCurrent");
+  if (previous_ != context) {
+    check(api.CtxSetCurrent(context), "cuCtxSetCurrent");
+    switched_ = true;
+  }
+}
+
+DeviceScope::~DeviceScope() {
+  if (switched_) load().api.CtxSetCurrent(previous_);
 }
 
 pid_t driver_owner() { return load().owner; }

@@ -23,6 +23,7 @@ using CUevent = struct CUevent_st*;
 constexpr CUresult kSuccess = 0;
 constexpr CUresult kNotReady = 600;
 constexpr unsigned kStreamNonBlocking = 1;
+constexpr unsigned kEventBlockingSync = 1;
 constexpr unsigned kEventDisableTiming = 2;
 constexpr unsigned kHostRegisterPortable = 1;
 
@@ -70,9 +71,21 @@ const DriverApi& driver();
 // Throws CudaError naming `what` and the driver's message unless r is success.
 void check(CUresult result, const char* what);
 
-// Makes `device`'s primary context (the one torch uses) current on the
-// calling thread, retaining it once per process.
-void use_device(int device);
+// Makes `device`'s primary context (the one torch uses; retained once per
+// process) current on the calling thread while it lives, then puts back the
+// context that was current before: the caller's thread stays on the device
+// torch had it on.
+class DeviceScope {
+ public:
+  explicit DeviceScope(int device);
+  ~DeviceScope();
+  DeviceScope(const DeviceScope&) = delete;
+  DeviceScope& operator=(const DeviceScope&) = delete;
+
+ private:
+  CUcontext previous_ = nullptr;
+  bool switched_ = false;
+};
 
 // The process that loaded the driver; a different getpid() means a fork.
 pid_t driver_owner();

@@ -2,6 +2,9 @@
 // lets any dtype be viewed in place and lets CUDA pin the pages.
 #pragma once
 
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -23,16 +26,33 @@ class AlignedBuffer {
  public:
   static constexpr size_t kAlignment = 4096;
 
-  explicit AlignedBuffer(size_t size)
-      : size_(size),
-        capacity_(
-            size > SIZE_MAX - kAlignment ? 0 : (size + kAlignment - 1) / kAlignment * kAlignment) {
-    if (size > SIZE_MAX - kAlignment) throw std::bad_alloc();
-    if (capacity_ == 0) capacity_ = kAlignment;
-    data_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity_));
-    if (data_ == nullptr) throw std::bad_alloc();
+  // `capacity` (at least `size`; 0: `size` in whole pages) is rounded up to pages.
+  // A `private_mapping` is its own anonymous mapping that a forked child does
+  // not inherit (MADV_DONTFORK): for page-locked memory, where a parent's write
+  // after a fork must not move it off the pages the device copies from.
+  explicit AlignedBuffer(size_t size, size_t capacity = 0, bool private_mapping = false)
+      : size_(size), capacity_(std::max(size, capacity)), mapped_(private_mapping) {
+    if (capacity_ > SIZE_MAX - kAlignment) throw std::bad_alloc();
+    capacity_ =
+        std::max<size_t>((capacity_ + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
+    if (mapped_) {
+      void* p =
+          mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw std::bad_alloc();
+      madvise(p, capacity_, MADV_DONTFORK);
+      data_ = static_cast<uint8_t*>(p);
+    } else {
+      data_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity_));
+      if (data_ == nullptr) throw std::bad_alloc();
+    }
   }
-  ~AlignedBuffer() { std::free(data_); }
+  ~AlignedBuffer() {
+    if (mapped_) {
+      munmap(data_, capacity_);  // in a forked child, where it is not mapped: a no-op
+    } else {
+      std::free(data_);
+    }
+  }
   AlignedBuffer(const AlignedBuffer&) = delete;
   AlignedBuffer& operator=(const AlignedBuffer&) = delete;
 
@@ -52,6 +72,7 @@ class AlignedBuffer {
   uint8_t* data_;
   size_t size_;
   size_t capacity_;
+  bool mapped_;
 };
 
 }  // namespace stoker::io

@@ -2,6 +2,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <string>
 #include <thread>
 
@@ -11,9 +12,17 @@ namespace stoker::io {
 
 namespace {
 
-size_t page_rounded(size_t size) {
-  size_t pages = (size + AlignedBuffer::kAlignment - 1) / AlignedBuffer::kAlignment;
-  return (pages == 0 ? 1 : pages) * AlignedBuffer::kAlignment;
+// A pinned slot's capacity: whole pages, and within 1/8 of a power of two, so
+// batches whose sizes vary a little (variable-length fields) reuse a slot
+// instead of unpinning it and pinning a bigger one (both are slow).
+// Whole pages only when that rounding would not fit the budget. Sizes are at
+// most half of SIZE_MAX here, so nothing wraps.
+size_t slot_capacity(size_t size, size_t budget) {
+  size_t page = AlignedBuffer::kAlignment;
+  size_t step = page;
+  while (step < size / 8) step *= 2;
+  size_t loose = std::max((size + step - 1) / step * step, page);
+  return loose <= budget ? loose : std::max((size + page - 1) / page * page, page);
 }
 
 bool is_ready(const std::unique_ptr<AlignedBuffer>& buffer) {
@@ -71,12 +80,11 @@ std::shared_ptr<AlignedBuffer> PinnedRing::acquire(size_t size, Clock::time_poin
 
 std::unique_ptr<AlignedBuffer> PinnedRing::take_pinned(size_t size, Clock::time_point deadline) {
   // A size near SIZE_MAX would wrap when rounded up to whole pages.
-  if (size > max_bytes_ || size > SIZE_MAX - AlignedBuffer::kAlignment ||
-      page_rounded(size) > max_bytes_) {
+  if (size > max_bytes_ || size > SIZE_MAX / 2 || slot_capacity(size, max_bytes_) > max_bytes_) {
     throw Error("a pinned slot of " + std::to_string(size) + " bytes is more than the ring's " +
                 std::to_string(max_bytes_) + " bytes of page-locked memory; raise its budget");
   }
-  size_t need = page_rounded(size);
+  size_t need = slot_capacity(size, max_bytes_);
   std::unique_lock<std::mutex> lock(mutex_);
   auto take = [this](size_t i) {
     std::unique_ptr<AlignedBuffer> b = std::move(idle_[i]);
@@ -106,7 +114,7 @@ std::unique_ptr<AlignedBuffer> PinnedRing::take_pinned(size_t size, Clock::time_
       slot_bytes_ += need;
       lock.unlock();
       try {
-        auto b = std::make_unique<AlignedBuffer>(size);
+        auto b = std::make_unique<AlignedBuffer>(size, need, /*private_mapping=*/true);
         pinner_->pin(b->data(), b->capacity());
         b->pinned = true;
         return b;
