@@ -564,6 +564,39 @@ def _same(a: Any, b: Any) -> bool:
     return a == b
 
 
+def _scenario_context(libs: list[str]) -> dict:
+    """What context is current on the calling thread before and after stoker's driver
+    calls: stoker must put back what was there (torch's current device follows it)."""
+    import ctypes
+
+    from stoker import _core
+
+    fake = ctypes.CDLL(libs[0])
+
+    def current() -> int:
+        ctx = ctypes.c_void_p()
+        assert fake.cuCtxGetCurrent(ctypes.byref(ctx)) == 0
+        return ctx.value or 0
+
+    assert _core.cuda_driver_status()["available"]  # cuInit: the driver answers from here on
+    before = current()
+    ring = _core.PinnedRing(2, 1 << 20, device=0)
+    stream = _core.CopyStream(0)
+    slot = ring.acquire(4096)
+    dst = np.zeros(4096, np.uint8)
+    stream.copy(slot, dst.ctypes.data, stream.handle).wait()
+    stream.wait_for(stream.handle)
+    stream.record().query()
+    del slot, ring
+    return {"before": before, "after": current()}
+
+
+def test_driver_calls_leave_the_callers_context_alone(standin_libs):
+    r = _run("context", standin_libs)
+    assert r["before"] == 0
+    assert r["after"] == r["before"]
+
+
 def _scenario_loader(libs: list[str], root: str) -> dict:
     from standin_lib import HostMemory
 
