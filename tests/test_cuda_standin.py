@@ -450,8 +450,13 @@ def _scenario_ordering(libs: list[str], delay_us: int, rounds: int) -> dict:
     return out
 
 
-def test_ring_slots_are_never_refilled_before_their_copy_event(standin_libs):
-    r = _run("ordering", standin_libs, delay_us=25_000, rounds=50)
+@pytest.mark.parametrize(
+    "env",
+    [{}, {"FAKE_CUDA_REGISTER_FAIL": "1"}],
+    ids=["registered", "host-alloc"],  # where registration is refused: cuMemHostAlloc slots
+)
+def test_ring_slots_are_never_refilled_before_their_copy_event(standin_libs, env):
+    r = _run("ordering", standin_libs, delay_us=25_000, rounds=50, env=env)
     s = r["stats"]
     assert r["wrong"] == []  # every destination holds its own pattern
     assert r["first_pending"] and r["all_done"]
@@ -462,7 +467,8 @@ def test_ring_slots_are_never_refilled_before_their_copy_event(standin_libs):
     assert s["stream_syncs"] == 0  # and nothing synchronises a stream or the device
     assert r["max_slots"] <= 2
     assert s["registrations"] < r["copies"]  # slots were reused, not made afresh each time
-    slot_bound = 2 * -(-r["largest"] // PAGE) * PAGE
+    # Slot capacities are rounded up, by at most a quarter, to reuse slots across sizes.
+    slot_bound = 2 * (r["largest"] + r["largest"] // 4 + PAGE)
     assert s["max_registered_bytes"] <= min(1 << 20, slot_bound)
     assert s["unregister_errors"] == 0 and s["register_overlaps"] == 0
     assert s["no_context_calls"] == 0

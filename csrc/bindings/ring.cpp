@@ -56,7 +56,7 @@ void register_ring(py::module_& m) {
       "once that copy has completed.")
       .def(py::init([](size_t max_slots, size_t max_bytes, std::optional<int> device) {
              std::shared_ptr<io::HostPinner> pinner;
-             if (device) pinner = std::make_shared<cuda::HostRegistrar>(*device);
+             if (device) pinner = std::make_shared<cuda::PinnedHostMemory>(*device);
              return std::make_shared<io::PinnedRing>(max_slots, max_bytes, std::move(pinner));
            }),
            py::arg("max_idle_slots") = 16, py::arg("max_idle_bytes") = size_t{256} << 20,

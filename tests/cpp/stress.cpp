@@ -1007,10 +1007,26 @@ class TestPinner : public io::HostPinner {
         fail_one_in_(fail_one_in),
         rng_(seed) {}
 
-  void pin(void* data, size_t size) override {
+  uint8_t* allocate(size_t size) override {
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (fail_one_in_ != 0 && pick(rng_, 1, fail_one_in_) == 1) throw InjectedPinFailure();
+    }
+    auto* data = static_cast<uint8_t*>(std::aligned_alloc(kPage, size));
+    if (data == nullptr) throw std::bad_alloc();
+    pin(data, size);
+    return data;
+  }
+
+  void release(uint8_t* data, size_t) noexcept override {
+    unpin(data);
+    std::free(data);
+  }
+
+ private:
+  void pin(void* data, size_t size) {
     uintptr_t at = reinterpret_cast<uintptr_t>(data);
     std::unique_lock<std::mutex> lock(mutex_);
-    if (fail_one_in_ != 0 && pick(rng_, 1, fail_one_in_) == 1) throw InjectedPinFailure();
     CHECK(at % kPage == 0 && size % kPage == 0 && size > 0,
           name_ + ": pin of " + std::to_string(size) + " bytes, not whole pages");
     auto next = ranges_.lower_bound(at);
@@ -1036,7 +1052,7 @@ class TestPinner : public io::HostPinner {
     driver_time();
   }
 
-  void unpin(void* data) noexcept override {
+  void unpin(void* data) noexcept {
     CHECK(!copier_.reading(data), name_ + ": a slot unpinned while a copy still reads it");
     driver_time();
     std::lock_guard<std::mutex> lock(mutex_);
@@ -1050,6 +1066,7 @@ class TestPinner : public io::HostPinner {
     g.unpins.fetch_add(1, std::memory_order_relaxed);
   }
 
+ public:
   // Whether [data, data + size) lies in one pinned range.
   bool covers(const void* data, size_t size) const {
     uintptr_t at = reinterpret_cast<uintptr_t>(data);
@@ -1130,7 +1147,7 @@ PinnedSlot pinned_take(PinnedWorld& pw, io::PinnedRing& ring, const TestPinner& 
         who + ": slot size " + std::to_string(b.size()) + "/" + std::to_string(b.capacity()) +
             " for " + std::to_string(size));
   CHECK(reinterpret_cast<uintptr_t>(b.data()) % kPage == 0, who + ": slot not page-aligned");
-  CHECK(b.pinned, who + ": slot not marked pinned");
+  CHECK(b.pinned(), who + ": slot not marked pinned");
   CHECK(b.fence == nullptr, who + ": a slot handed out with a fence");
   CHECK(!pw.copier.reading(b.data()), who + ": a slot handed out while a copy still reads it");
   CHECK(pinner.covers(b.data(), b.capacity()), who + ": a slot that is not page-locked");

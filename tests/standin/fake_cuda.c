@@ -40,7 +40,7 @@ typedef void *CUcontext;
 enum {
     OK = 0, INVALID_VALUE = 1, NOT_INITIALIZED = 3, NO_DEVICE = 100, INVALID_DEVICE = 101,
     INVALID_CONTEXT = 201, INVALID_HANDLE = 400, NOT_READY = 600,
-    HOST_MEMORY_ALREADY_REGISTERED = 712, HOST_MEMORY_NOT_REGISTERED = 713,
+    HOST_MEMORY_ALREADY_REGISTERED = 712, HOST_MEMORY_NOT_REGISTERED = 713, NOT_SUPPORTED = 801,
 };
 
 /* Counters, all uint64_t, in this order (tests read them with ctypes):
@@ -321,10 +321,12 @@ static const char *const k_names[][2] = {
     {"CUDA_ERROR_NOT_READY", "device not ready"},
     {"CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED", "part or all of the requested memory range is already mapped"},
     {"CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED", "pointer does not correspond to a registered memory region"},
+    {"CUDA_ERROR_NOT_SUPPORTED", "operation not supported"},
 };
 static const int k_codes[] = {OK, INVALID_VALUE, NOT_INITIALIZED, NO_DEVICE, INVALID_DEVICE,
                               INVALID_CONTEXT, INVALID_HANDLE, NOT_READY,
-                              HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED};
+                              HOST_MEMORY_ALREADY_REGISTERED, HOST_MEMORY_NOT_REGISTERED,
+                              NOT_SUPPORTED};
 
 static CUresult describe(CUresult r, const char **out, int which) {
     if (!out) return INVALID_VALUE;
@@ -342,23 +344,18 @@ CUresult cuGetErrorString(CUresult r, const char **s) { return describe(r, s, 1)
 
 /* ---- page-locking ------------------------------------------------------------- */
 
-CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
-    (void)flags;
-    ENTER(1);
-    if (!p || n == 0) return INVALID_VALUE;
-    CUresult r = OK;
+/* Records [p, p + n) as page-locked; the caller holds g_lock. */
+static CUresult add_range(void *p, size_t n) {
     uintptr_t a = (uintptr_t)p;
-    pthread_mutex_lock(&g_lock);
     for (size_t i = 0; i < g_nranges; i++)
         if (a < g_ranges[i].start + g_ranges[i].n && g_ranges[i].start < a + n) {
             g_stats.register_overlaps++;
-            r = HOST_MEMORY_ALREADY_REGISTERED;
-            goto out;
+            return HOST_MEMORY_ALREADY_REGISTERED;
         }
     if (g_nranges == g_cap_ranges) {
         size_t cap = g_cap_ranges ? 2 * g_cap_ranges : 16;
         struct range *grown = realloc(g_ranges, cap * sizeof *grown);
-        if (!grown) { r = INVALID_VALUE; goto out; }
+        if (!grown) return INVALID_VALUE;
         g_ranges = grown;
         g_cap_ranges = cap;
     }
@@ -367,24 +364,70 @@ CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
     g_stats.registered_bytes += n;
     if (g_stats.registered_bytes > g_stats.max_registered_bytes)
         g_stats.max_registered_bytes = g_stats.registered_bytes;
-out:
+    return OK;
+}
+
+/* Forgets the range starting at p; the caller holds g_lock. */
+static CUresult remove_range(void *p) {
+    for (size_t i = 0; i < g_nranges; i++)
+        if (g_ranges[i].start == (uintptr_t)p) {
+            g_stats.registered_bytes -= g_ranges[i].n;
+            g_ranges[i] = g_ranges[--g_nranges];
+            return OK;
+        }
+    g_stats.unregister_errors++;
+    return HOST_MEMORY_NOT_REGISTERED;
+}
+
+/* FAKE_CUDA_REGISTER_FAIL=1: registration is refused, as some sandboxes refuse it,
+ * so only cuMemHostAlloc page-locks memory. */
+static int register_refused(void) {
+    const char *v = getenv("FAKE_CUDA_REGISTER_FAIL");
+    return v && *v == '1';
+}
+
+CUresult cuMemHostRegister_v2(void *p, size_t n, unsigned flags) {
+    (void)flags;
+    ENTER(1);
+    if (!p || n == 0) return INVALID_VALUE;
+    if (register_refused()) return NOT_SUPPORTED;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = add_range(p, n);
     pthread_mutex_unlock(&g_lock);
     return r;
 }
 
 CUresult cuMemHostUnregister(void *p) {
     ENTER(1);
-    CUresult r = HOST_MEMORY_NOT_REGISTERED;
     pthread_mutex_lock(&g_lock);
-    for (size_t i = 0; i < g_nranges; i++)
-        if (g_ranges[i].start == (uintptr_t)p) {
-            g_stats.registered_bytes -= g_ranges[i].n;
-            g_ranges[i] = g_ranges[--g_nranges];
-            r = OK;
-            break;
-        }
-    if (r != OK) g_stats.unregister_errors++;
+    CUresult r = remove_range(p);
     pthread_mutex_unlock(&g_lock);
+    return r;
+}
+
+CUresult cuMemHostAlloc(void **out, size_t n, unsigned flags) {
+    (void)flags;
+    ENTER(1);
+    if (!out || n == 0) return INVALID_VALUE;
+    void *p = aligned_alloc(4096, (n + 4095) / 4096 * 4096);
+    if (!p) return INVALID_VALUE;
+    pthread_mutex_lock(&g_lock);
+    CUresult r = add_range(p, n);
+    pthread_mutex_unlock(&g_lock);
+    if (r != OK) {
+        free(p);
+        return r;
+    }
+    *out = p;
+    return OK;
+}
+
+CUresult cuMemFreeHost(void *p) {
+    ENTER(1);
+    pthread_mutex_lock(&g_lock);
+    CUresult r = remove_range(p);
+    pthread_mutex_unlock(&g_lock);
+    if (r == OK) free(p);
     return r;
 }
 

@@ -1,5 +1,6 @@
 #include "stoker/cuda/copy_stream.hpp"
 
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include <string>
@@ -30,19 +31,52 @@ class FencePair : public io::Fence {
 
 }  // namespace
 
-void HostRegistrar::pin(void* data, size_t size) {
+uint8_t* PinnedHostMemory::allocate(size_t size) {
   const DriverApi& api = driver();
   DeviceScope scope(device_);
-  check(api.MemHostRegister(data, size, kHostRegisterPortable), "cuMemHostRegister");
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (register_refused_.empty()) {
+    void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw std::bad_alloc();
+    madvise(p, size, MADV_DONTFORK);
+    CUresult result = api.MemHostRegister(p, size, kHostRegisterPortable);
+    if (result == kSuccess) return static_cast<uint8_t*>(p);
+    munmap(p, size);
+    register_refused_ = error_text(result);
+  }
+  void* p = nullptr;
+  CUresult result = api.MemHostAlloc(&p, size, kHostAllocPortable);
+  if (result != kSuccess) {
+    throw CudaError("cannot page-lock " + std::to_string(size) +
+                    " bytes of host memory: cuMemHostRegister failed (" + register_refused_ +
+                    ") and cuMemHostAlloc failed (" + error_text(result) +
+                    "); is the locked-memory limit (ulimit -l) too low?");
+  }
+  allocated_.insert(static_cast<uint8_t*>(p));
+  return static_cast<uint8_t*>(p);
 }
 
-void HostRegistrar::unpin(void* data) noexcept {
-  if (getpid() != driver_owner()) return;  // a forked child: the driver is not ours
+void PinnedHostMemory::release(uint8_t* data, size_t size) noexcept {
+  if (getpid() != driver_owner()) {
+    // A forked child: registered slots are not mapped here (MADV_DONTFORK);
+    // driver allocations cannot be given back without the parent's driver.
+    return;
+  }
+  bool from_driver;
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    from_driver = allocated_.erase(data) > 0;
+  }
   try {
     DeviceScope scope(device_);
+    if (from_driver) {
+      driver().MemFreeHost(data);
+      return;
+    }
     driver().MemHostUnregister(data);
   } catch (...) {  // nothing to do about a driver that fails while freeing
   }
+  if (!from_driver) munmap(data, size);
 }
 
 Event::Event(int device, CUstream stream) : device_(device), owner_(getpid()) {
@@ -113,7 +147,7 @@ void CopyStream::wait_for(CUstream producer) {
 std::shared_ptr<Event> CopyStream::copy_to_device(const std::shared_ptr<io::AlignedBuffer>& slot,
                                                   const uint8_t* src, size_t size, CUdeviceptr dst,
                                                   CUstream consumer) {
-  if (!slot->pinned) {
+  if (!slot->pinned()) {
     throw Error(
         "a device copy needs a slot of a pinned ring (pageable memory would make the "
         "copy synchronous)");

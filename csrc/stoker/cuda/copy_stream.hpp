@@ -6,7 +6,11 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
+#include <mutex>
+#include <string>
+#include <unordered_set>
 
 #include "stoker/cuda/driver.hpp"
 #include "stoker/io/aligned_buffer.hpp"
@@ -14,16 +18,22 @@
 
 namespace stoker::cuda {
 
-// Page-locks ring slots with cuMemHostRegister (portable: usable from every
-// context, so one ring can feed any device).
-class HostRegistrar : public io::HostPinner {
+// Page-locked memory for ring slots, usable from every context (portable), so
+// one ring can feed any device. Each slot is a private mapping a forked child
+// does not inherit (a parent's write after a fork must not move it off the
+// pages the device copies from), registered with cuMemHostRegister; where the
+// driver refuses registration (some sandboxes do), cuMemHostAlloc instead.
+class PinnedHostMemory : public io::HostPinner {
  public:
-  explicit HostRegistrar(int device) : device_(device) {}
-  void pin(void* data, size_t size) override;
-  void unpin(void* data) noexcept override;
+  explicit PinnedHostMemory(int device) : device_(device) {}
+  uint8_t* allocate(size_t size) override;
+  void release(uint8_t* data, size_t size) noexcept override;
 
  private:
   int device_;
+  std::mutex mutex_;
+  std::unordered_set<uint8_t*> allocated_;  // from cuMemHostAlloc, not registered
+  std::string register_refused_;            // why cuMemHostRegister is not used
 };
 
 // One recorded event. Destroying it is safe while it is pending: the driver

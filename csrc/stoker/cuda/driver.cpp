@@ -28,7 +28,7 @@ bool bind(void* library, const char* name, Fn*& slot, std::string& missing) {
   return slot != nullptr;
 }
 
-std::string error_text(const DriverApi& api, CUresult result) {
+std::string describe(const DriverApi& api, CUresult result) {
   const char* text = nullptr;
   if (api.GetErrorString == nullptr || api.GetErrorString(result, &text) != kSuccess ||
       text == nullptr) {
@@ -65,6 +65,8 @@ Loaded& load() {
     bind(library, "cuGetErrorString", a.GetErrorString, missing);
     bind(library, "cuMemHostRegister_v2", a.MemHostRegister, missing);
     bind(library, "cuMemHostUnregister", a.MemHostUnregister, missing);
+    bind(library, "cuMemHostAlloc", a.MemHostAlloc, missing);
+    bind(library, "cuMemFreeHost", a.MemFreeHost, missing);
     bind(library, "cuStreamCreate", a.StreamCreate, missing);
     bind(library, "cuStreamDestroy_v2", a.StreamDestroy, missing);
     bind(library, "cuEventCreate", a.EventCreate, missing);
@@ -81,7 +83,7 @@ Loaded& load() {
     }
     CUresult result = a.Init(0);
     if (result != kSuccess) {
-      l->status.reason = "cuInit failed: " + error_text(a, result);
+      l->status.reason = "cuInit failed: " + describe(a, result);
       return l;
     }
     a.DriverGetVersion(&l->status.version);
@@ -128,8 +130,10 @@ const DriverApi& driver() {
 
 void check(CUresult result, const char* what) {
   if (result == kSuccess) return;
-  throw CudaError(std::string(what) + " failed: " + error_text(load().api, result));
+  throw CudaError(std::string(what) + " failed: " + error_text(result));
 }
+
+std::string error_text(CUresult result) { return describe(load().api, result); }
 
 DeviceScope::DeviceScope(int device) {
   const DriverApi& api = driver();

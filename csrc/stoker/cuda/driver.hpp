@@ -26,6 +26,7 @@ constexpr unsigned kStreamNonBlocking = 1;
 constexpr unsigned kEventBlockingSync = 1;
 constexpr unsigned kEventDisableTiming = 2;
 constexpr unsigned kHostRegisterPortable = 1;
+constexpr unsigned kHostAllocPortable = 1;
 
 struct DriverApi {
   CUresult (*Init)(unsigned);
@@ -38,6 +39,8 @@ struct DriverApi {
   CUresult (*GetErrorString)(CUresult, const char**);
   CUresult (*MemHostRegister)(void*, size_t, unsigned);
   CUresult (*MemHostUnregister)(void*);
+  CUresult (*MemHostAlloc)(void**, size_t, unsigned);
+  CUresult (*MemFreeHost)(void*);
   CUresult (*StreamCreate)(CUstream*, unsigned);
   CUresult (*StreamDestroy)(CUstream);
   CUresult (*EventCreate)(CUevent*, unsigned);
@@ -70,6 +73,8 @@ const DriverApi& driver();
 
 // Throws CudaError naming `what` and the driver's message unless r is success.
 void check(CUresult result, const char* what);
+// The driver's words for a result code.
+std::string error_text(CUresult result);
 
 // Makes `device`'s primary context (the one torch uses; retained once per
 // process) current on the calling thread while it lives, then puts back the

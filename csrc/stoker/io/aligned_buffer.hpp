@@ -2,8 +2,6 @@
 // lets any dtype be viewed in place and lets CUDA pin the pages.
 #pragma once
 
-#include <sys/mman.h>
-
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -22,33 +20,36 @@ class Fence {
   virtual void wait() = 0;
 };
 
+// Page-locked host memory for a device (cuda::PinnedHostMemory implements it).
+// Page-locked memory is taken from the whole machine: rings bound it.
+class HostPinner {
+ public:
+  virtual ~HostPinner() = default;
+  // `size` bytes (whole pages), page-aligned and page-locked.
+  virtual uint8_t* allocate(size_t size) = 0;
+  // Gives back what allocate() returned, once no copy reads it any more.
+  virtual void release(uint8_t* data, size_t size) noexcept = 0;
+};
+
 class AlignedBuffer {
  public:
   static constexpr size_t kAlignment = 4096;
 
-  // `capacity` (at least `size`; 0: `size` in whole pages) is rounded up to pages.
-  // A `private_mapping` is its own anonymous mapping that a forked child does
-  // not inherit (MADV_DONTFORK): for page-locked memory, where a parent's write
-  // after a fork must not move it off the pages the device copies from.
-  explicit AlignedBuffer(size_t size, size_t capacity = 0, bool private_mapping = false)
-      : size_(size), capacity_(std::max(size, capacity)), mapped_(private_mapping) {
+  // `capacity` (at least `size`; 0: `size`) is rounded up to whole pages. With
+  // a pinner the memory is page-locked memory from it.
+  explicit AlignedBuffer(size_t size, size_t capacity = 0,
+                         std::shared_ptr<HostPinner> pinner = nullptr)
+      : size_(size), capacity_(std::max(size, capacity)), pinner_(std::move(pinner)) {
     if (capacity_ > SIZE_MAX - kAlignment) throw std::bad_alloc();
     capacity_ =
         std::max<size_t>((capacity_ + kAlignment - 1) / kAlignment * kAlignment, kAlignment);
-    if (mapped_) {
-      void* p =
-          mmap(nullptr, capacity_, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw std::bad_alloc();
-      madvise(p, capacity_, MADV_DONTFORK);
-      data_ = static_cast<uint8_t*>(p);
-    } else {
-      data_ = static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity_));
-      if (data_ == nullptr) throw std::bad_alloc();
-    }
+    data_ = pinner_ ? pinner_->allocate(capacity_)
+                    : static_cast<uint8_t*>(std::aligned_alloc(kAlignment, capacity_));
+    if (data_ == nullptr) throw std::bad_alloc();
   }
   ~AlignedBuffer() {
-    if (mapped_) {
-      munmap(data_, capacity_);  // in a forked child, where it is not mapped: a no-op
+    if (pinner_) {
+      pinner_->release(data_, capacity_);
     } else {
       std::free(data_);
     }
@@ -62,9 +63,9 @@ class AlignedBuffer {
   size_t capacity() const { return capacity_; }
   // Reuse for a batch of `size` bytes; size must not exceed capacity().
   void resize(size_t size) { size_ = size; }
+  // Page-locked, for asynchronous device copies.
+  bool pinned() const { return pinner_ != nullptr; }
 
-  // Page-locked for device copies (set by the ring that pinned it).
-  bool pinned = false;
   // The copies still reading this buffer; set while a caller holds it.
   std::shared_ptr<Fence> fence;
 
@@ -72,7 +73,7 @@ class AlignedBuffer {
   uint8_t* data_;
   size_t size_;
   size_t capacity_;
-  bool mapped_;
+  std::shared_ptr<HostPinner> pinner_;
 };
 
 }  // namespace stoker::io

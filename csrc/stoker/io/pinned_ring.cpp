@@ -30,14 +30,13 @@ bool is_ready(const std::unique_ptr<AlignedBuffer>& buffer) {
 }
 
 // Memory a copy still reads must not be unpinned or freed under it.
-void unpin_when_done(AlignedBuffer& buffer, HostPinner& pinner) {
+void wait_for_copies(AlignedBuffer& buffer) {
   if (buffer.fence) {
     try {
       buffer.fence->wait();
     } catch (...) {  // the driver failed: nothing left to wait for
     }
   }
-  pinner.unpin(buffer.data());
 }
 
 }  // namespace
@@ -114,10 +113,7 @@ std::unique_ptr<AlignedBuffer> PinnedRing::take_pinned(size_t size, Clock::time_
       slot_bytes_ += need;
       lock.unlock();
       try {
-        auto b = std::make_unique<AlignedBuffer>(size, need, /*private_mapping=*/true);
-        pinner_->pin(b->data(), b->capacity());
-        b->pinned = true;
-        return b;
+        return std::make_unique<AlignedBuffer>(size, need, pinner_);
       } catch (...) {
         lock.lock();
         --slots_;
@@ -170,9 +166,8 @@ std::shared_ptr<AlignedBuffer> PinnedRing::hand_out(std::unique_ptr<AlignedBuffe
                                                     size_t size) {
   buffer->resize(size);
   std::weak_ptr<PinnedRing> pool = weak_from_this();
-  std::shared_ptr<HostPinner> pinner = pinner_;
   pid_t owner = getpid();
-  return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool, pinner, owner](AlignedBuffer* b) {
+  return std::shared_ptr<AlignedBuffer>(buffer.release(), [pool, owner](AlignedBuffer* b) {
     // In a forked child the pool's lock may be held by a parent thread that
     // is not here, and the driver is gone: just free the memory.
     if (getpid() == owner) {
@@ -180,7 +175,7 @@ std::shared_ptr<AlignedBuffer> PinnedRing::hand_out(std::unique_ptr<AlignedBuffe
         alive->put(b);
         return;
       }
-      if (b->pinned) unpin_when_done(*b, *pinner);
+      wait_for_copies(*b);
     }
     delete b;
   });
@@ -198,9 +193,7 @@ void PinnedRing::put(AlignedBuffer* raw) {
   returned_.notify_all();
 }
 
-void PinnedRing::destroy(std::unique_ptr<AlignedBuffer> buffer) {
-  if (buffer->pinned) unpin_when_done(*buffer, *pinner_);
-}
+void PinnedRing::destroy(std::unique_ptr<AlignedBuffer> buffer) { wait_for_copies(*buffer); }
 
 size_t PinnedRing::idle_slots() const {
   std::lock_guard<std::mutex> lock(mutex_);

@@ -26,14 +26,6 @@
 
 namespace stoker::io {
 
-// Page-locks host memory for a device (cuda::HostRegistrar implements it).
-class HostPinner {
- public:
-  virtual ~HostPinner() = default;
-  virtual void pin(void* data, size_t size) = 0;
-  virtual void unpin(void* data) noexcept = 0;
-};
-
 class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
  public:
   using Clock = std::chrono::steady_clock;
@@ -57,7 +49,7 @@ class PinnedRing : public std::enable_shared_from_this<PinnedRing> {
   std::shared_ptr<AlignedBuffer> hand_out(std::unique_ptr<AlignedBuffer> buffer, size_t size);
   std::unique_ptr<AlignedBuffer> take_pinned(size_t size, Clock::time_point deadline);
   void put(AlignedBuffer* buffer);
-  void destroy(std::unique_ptr<AlignedBuffer> buffer);  // unpins first, when pinned
+  static void destroy(std::unique_ptr<AlignedBuffer> buffer);  // once no copy reads it
 
   size_t max_buffers_;
   size_t max_bytes_;
