@@ -2,7 +2,8 @@
 numpy.load + .cuda().
 
     python benchmarks/gds.py [--gib 4] [--runs 3] [--dir bench-data/gds] [--only NAME ...]
-                             [--json FILE] [--clean] [--quick]
+                             [--timeout SECONDS] [--budget SECONDS] [--json FILE] [--clean]
+                             [--quick]
 
 One int32 volume of --gib GiB (slices of 512x512, every value a hash of its position, so a
 byte in the wrong place changes the checksums) is written once under --dir twice: as a
@@ -22,18 +23,30 @@ O_DIRECT/GDS cannot work (the benchmark names the file system and warns). The me
   reports which);
 - ``numpy.load(path)`` then ``torch.from_numpy(a).cuda()``: the baseline.
 
-Each method reads both files cold and then warm, in a fresh process per method and round
-(the methods take turns for --runs rounds; tables show medians). Cold: the file is fsynced
+Each method reads both files cold and then both warm, in a fresh process per method and
+round (the methods take turns for --runs rounds, stoker and numpy first since the headline
+ratios need them, then GdsFile, then kvikio; tables show medians). Cold: the file is fsynced
 and evicted from the page cache with ``posix_fadvise(POSIX_FADV_DONTNEED)`` first; this is
 best effort, so the share of its pages still resident (``mincore``) is reported. Warm: the
 file is read through the page cache just before (methods that open with O_DIRECT bypass
 that cache by design, so warm and cold can coincide for them). Before its first timed read
-each process reads a small file with the same method and reserves the device memory once,
-so driver start-up and cudaMalloc are not timed. The clock covers allocating the
-destination, the read and ``torch.cuda.synchronize()``. Every result is verified on the GPU:
-the sum of all values and eight 16 KiB windows (the first, the last, six at pseudo-random
-places) must equal the source's. GB/s counts the array's bytes (1 GB = 1e9 bytes). Without
-a usable CUDA device the benchmark says so and exits with status 0.
+each process reserves the device memory once in the pool it allocates from (stoker's
+load_npy allocates on stoker's copy stream, the others on the default stream) and reads a
+small file in the same folder with the same method, so driver start-up, cudaMalloc and
+cuFile's start are not timed. The clock covers allocating the destination, the read and
+``torch.cuda.synchronize()``. For stoker, ``stoker.gds.read_mode`` is asked before and
+again after each read (a cuFile failure makes stoker fall back at run time), and every
+warning caught (a ``stoker.FallbackWarning`` says why) is shown, the warm-up read's too.
+Every result is verified on the GPU: the sum of all values and eight 16 KiB windows (the
+first, the last, six at pseudo-random places) must equal the source's. GB/s counts the
+array's bytes (1 GB = 1e9 bytes).
+
+Each read's result is printed the moment it finishes. A method process that runs past
+--timeout seconds is killed and reported as timed out, keeping the reads it finished; with
+--budget, nothing starts or runs past that many seconds from the start; on SIGTERM or
+Ctrl-C the running process is killed. In every case the tables and the headline are
+printed from whatever finished. --quick (what scripts/gpu_check.sh runs): 1 GiB, one
+round. Without a usable CUDA device the benchmark says so and exits with status 0.
 """
 
 from __future__ import annotations
@@ -43,18 +56,23 @@ import contextlib
 import ctypes
 import importlib.util
 import json
+import math
 import os
+import selectors
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 import warnings
 
 import numpy as np
 
 SLICE = (512, 512)  # one slice: 1 MiB of int32
-METHODS = ["stoker", "kvikio", "GdsFile", "numpy.load + .cuda()"]
+# in the order they run: the headline ratios (stoker, numpy) first
+METHODS = ["stoker", "numpy.load + .cuda()", "GdsFile", "kvikio"]
 BASELINE = "numpy.load + .cuda()"
 FILES = {"np.save": "plain.npy", "GDSCache": None}  # GDSCache's path comes from put()
 WINDOW = 4096  # elements per verified window
@@ -302,7 +320,16 @@ def verify(out, stamp: dict) -> str | None:
     return None
 
 
-def child(name: str, args, stamp: dict) -> dict:
+TAG = "GDS-BENCH "  # the child's result lines start with it
+
+
+def child(name: str, args, stamp: dict) -> None:
+    """One method's process: prints a line (TAG + JSON) the moment each step finishes, so
+    a process killed for taking too long still leaves the reads it finished."""
+
+    def emit(kind: str, **data) -> None:
+        print(TAG + json.dumps({"kind": kind, **data}), flush=True)
+
     if name == "kvikio":
         os.environ.setdefault("KVIKIO_NTHREADS", str(min(16, os.cpu_count() or 1)))
     import torch
@@ -312,35 +339,55 @@ def child(name: str, args, stamp: dict) -> dict:
     try:
         read, mode = method(name)
     except Skip as e:
-        return {"skipped": str(e)}
-    torch.zeros(1, device="cuda")
-    # Reserve the device memory once (torch's caching allocator keeps it), and start the
-    # method's machinery (driver, handles, threads) on a small file: neither is timed.
-    reserve = torch.empty(stamp["nbytes"] + (64 << 20), dtype=torch.uint8, device="cuda")
-    del reserve
-    try:
-        warmup = read(stamp["warmup"])
-    except Exception as e:
-        return {"skipped": f"the warm-up read failed: {type(e).__name__}: {e}"}
-    del warmup
-    torch.cuda.synchronize()
-    out = {"measurements": [], "cuda_status": stoker.cuda_status()}
-    if name == "kvikio":
-        out["kvikio_threads"] = os.environ["KVIKIO_NTHREADS"]
-    for label, path in stamp["files"].items():
-        for temperature in ("cold", "warm"):
-            if temperature == "cold":
-                evict(path)
-            else:
-                warm(path)
-            before = resident(path)
-            m = {"file": label, "temperature": temperature, "resident": before}
-            try:
-                m["mode"] = mode(path)
-            except Exception as e:
-                m["mode"] = f"unknown ({type(e).__name__}: {e})"
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always")
+        emit("skip", reason=str(e))
+        return
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")  # stoker issues each FallbackWarning once a process
+
+        def new_warnings(since: int) -> list[str]:
+            return [f"{w.category.__name__}: {w.message}" for w in caught[since:]][:3]
+
+        torch.zeros(1, device="cuda")
+        # Reserve the device memory once (torch's caching allocator keeps it) in the pool the
+        # method allocates from: stoker.load_npy allocates on stoker's copy stream, whose
+        # pool a reserve on the default stream would not warm; the others allocate on the
+        # default stream. Then start the method's machinery (driver, handles, threads) on a
+        # small file in the same folder. Neither is timed.
+        pool = torch.cuda.current_stream()
+        if name == "stoker":
+            handle = stoker.cuda.copy_stream(torch.cuda.current_device()).handle
+            pool = torch.cuda.ExternalStream(handle, device=torch.cuda.current_device())
+        with torch.cuda.stream(pool):
+            reserve = torch.empty(stamp["nbytes"] + (64 << 20), dtype=torch.uint8, device="cuda")
+        del reserve
+        try:
+            warmup = read(stamp["warmup"])
+        except Exception as e:
+            emit("skip", reason=f"the warm-up read failed: {type(e).__name__}: {e}")
+            return
+        torch.cuda.synchronize()
+        del warmup
+        info = {"cuda_status": stoker.cuda_status(), "warmup_warnings": new_warnings(0)}
+        try:
+            info["warmup_mode"] = mode(stamp["warmup"])
+        except Exception as e:
+            info["warmup_mode"] = f"unknown ({type(e).__name__}: {e})"
+        if name == "kvikio":
+            info["kvikio_threads"] = os.environ["KVIKIO_NTHREADS"]
+        emit("info", **info)
+        for temperature in ("cold", "warm"):  # the headline (cold, np.save) first
+            for label, path in stamp["files"].items():
+                if temperature == "cold":
+                    evict(path)
+                else:
+                    warm(path)
+                before = resident(path)
+                m = {"file": label, "temperature": temperature, "resident": before}
+                try:
+                    m["mode"] = mode(path)
+                except Exception as e:
+                    m["mode"] = f"unknown ({type(e).__name__}: {e})"
+                since = len(caught)
                 try:
                     torch.cuda.synchronize()
                     start = time.perf_counter()
@@ -350,47 +397,153 @@ def child(name: str, args, stamp: dict) -> dict:
                 except Exception as e:
                     m["error"] = f"{type(e).__name__}: {e}"
                     result = None
-            m["warnings"] = [str(w.message) for w in caught][:3]
-            if result is not None:
-                m["wrong"] = verify(result, stamp)
-                if name == "stoker" and m["wrong"] is None:
-                    if tuple(result.shape) != tuple(stamp["shape"]):
-                        m["wrong"] = f"shape {tuple(result.shape)}, not {tuple(stamp['shape'])}"
-                    elif result.dtype != torch.int32:
-                        m["wrong"] = f"dtype {result.dtype}, not torch.int32"
-                del result
-                torch.cuda.synchronize()
-            out["measurements"].append(m)
-    return out
+                if name == "stoker":  # a fallback at run time shows here
+                    try:
+                        m["mode_after"] = stoker.gds.read_mode(path)
+                    except Exception as e:
+                        m["mode_after"] = f"unknown ({type(e).__name__}: {e})"
+                m["warnings"] = new_warnings(since)
+                if result is not None:
+                    m["wrong"] = verify(result, stamp)
+                    if name == "stoker" and m["wrong"] is None:
+                        if tuple(result.shape) != tuple(stamp["shape"]):
+                            m["wrong"] = f"shape {tuple(result.shape)}, not {tuple(stamp['shape'])}"
+                        elif result.dtype != torch.int32:
+                            m["wrong"] = f"dtype {result.dtype}, not torch.int32"
+                    del result
+                    torch.cuda.synchronize()
+                emit("measurement", **m)
 
 
 # -- the parent ---------------------------------------------------------------
 
 
-def measure(name: str, args) -> dict:
+def say(*parts: object) -> None:
+    """Print now: a run cut short still shows everything that finished."""
+    print(*parts, flush=True)
+
+
+class Stop(BaseException):
+    """SIGTERM (or the budget) ends the run: the tables are printed from what finished."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Stop(f"signal {signum}")
+
+
+def _kill(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        proc.wait()
+
+
+def measure(name: str, args, seconds: float, on_line, sink: list[dict]) -> dict:
+    """One method's process (its own process group), killed after `seconds`; `on_line` is
+    called with each line it prints the moment it arrives. What it reported goes into
+    `sink` at once (so a run stopped meanwhile keeps it) and is returned: {"skipped"} or
+    {"measurements", "cuda_status", ...}, with "failed" if it timed out, died or was
+    stopped (the measurements it finished are kept)."""
     command = [sys.executable, __file__, "--child", name, "--dir", args.dir]
     command += ["--gib", repr(args.gib)]
-    try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        print(f"{name}: timed out after {args.timeout} s", file=sys.stderr)
-        return {"failed": "timed out"}
-    if out.returncode != 0 or not out.stdout.strip():
-        print(
-            f"{name}: failed (exit status {out.returncode})\n{out.stderr[-3000:]}", file=sys.stderr
-        )
-        return {"failed": f"exit status {out.returncode}"}
-    return json.loads(out.stdout.strip().splitlines()[-1])
+    out: dict = {"measurements": []}
+    sink.append(out)
+    with tempfile.TemporaryFile() as err:
+        proc = None
+        deadline = time.monotonic() + seconds
+        pending = b""
+        try:
+            proc = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=err, start_new_session=True
+            )
+            with selectors.DefaultSelector() as selector:
+                selector.register(proc.stdout, selectors.EVENT_READ)
+                while True:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        out["failed"] = f"timed out after {seconds:.0f} s"
+                        break
+                    if not selector.select(timeout=min(left, 1.0)):
+                        continue
+                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
+                    if not chunk:
+                        break
+                    *lines, pending = (pending + chunk).split(b"\n")
+                    for raw in lines:
+                        line = raw.decode(errors="replace")
+                        if not line.startswith(TAG):
+                            continue
+                        try:
+                            item = json.loads(line[len(TAG) :])
+                        except ValueError:
+                            continue
+                        kind = item.pop("kind")
+                        if kind == "skip":
+                            out.clear()
+                            out["skipped"] = item["reason"]
+                        elif kind == "info":
+                            out.update(item)
+                        else:
+                            out["measurements"].append(item)
+                        on_line(kind, item)
+            if "failed" not in out:
+                try:
+                    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    out["failed"] = f"timed out after {seconds:.0f} s"
+        except (Stop, KeyboardInterrupt):  # SIGTERM, the budget or Ctrl-C while waiting
+            out["failed"] = "stopped while running"
+            raise
+        finally:
+            _kill(proc)
+            if proc is not None:
+                proc.stdout.close()
+        if "failed" not in out and proc.returncode != 0:
+            out["failed"] = f"exit status {proc.returncode}"
+        if "failed" in out:
+            err.seek(0)
+            out["stderr"] = err.read()[-3000:].decode(errors="replace")
+    return out
+
+
+def _mode_text(m: dict) -> str:
+    after = m.get("mode_after")
+    if after is None or after == m.get("mode"):
+        return m.get("mode", "?")
+    return f"{m.get('mode', '?')}, after the read: {after}"
+
+
+def measurement_line(name: str, m: dict, gb: float, stoker_rate: float | None) -> str:
+    where = f"{name} | {m['file']} | {m['temperature']}:"
+    share = "?" if m.get("resident") is None else f"{m['resident']:.0%}"
+    if "seconds" in m:
+        rate = gb / m["seconds"]
+        text = f"{where} {rate:.2f} GB/s ({m['seconds']:.3f} s)"
+    else:
+        rate = None
+        text = f"{where} failed: {m.get('error', '?')[:300]}"
+    text += f", resident before {share}, mode {_mode_text(m)}"
+    if m.get("wrong"):
+        text += f", WRONG: {m['wrong']}"
+    elif "wrong" in m:
+        text += ", exact"
+    if m.get("warnings"):
+        text += f"; caught: {' | '.join(w[:300] for w in m['warnings'])}"
+    if rate and stoker_rate and name != "stoker":
+        text += f"; stoker / {name} here, this run: {stoker_rate / rate:.2f}x"
+    return text
 
 
 def report(args, stamp: dict, results: dict[str, list[dict]], fs: str) -> dict:
     gb = stamp["nbytes"] / 1e9
-    print(
+    say(
         f"\n{stamp['nbytes'] / 2**30:.2f} GiB int32 volume {tuple(stamp['shape'])} into GPU "
-        f"memory, from {args.dir} ({fs}); median of {args.runs} runs, each method in a fresh "
-        f"process per run, {os.cpu_count()} cores."
+        f"memory, from {args.dir} ({fs}); median of up to {args.runs} run(s), each method in "
+        f"a fresh process per run, {os.cpu_count()} cores."
     )
-    print(
+    say(
         "cold: fsync + posix_fadvise(DONTNEED) first, best effort (the 'resident' column is "
         "the share of the file still in the page cache just before the read); warm: the file "
         "was just read through the page cache."
@@ -399,20 +552,24 @@ def report(args, stamp: dict, results: dict[str, list[dict]], fs: str) -> dict:
         (r["cuda_status"] for rs in results.values() for r in rs if "cuda_status" in r), None
     )
     if status is not None:
-        print(f"stoker.cuda_status(): {status}")
+        say(f"stoker.cuda_status(): {status}")
     rates: dict[tuple[str, str, str], float] = {}
-    print("\n| method | file | cold GB/s | warm GB/s | resident cold / warm | mode |")
-    print("|---|---|---:|---:|---:|---|")
+    say("\n| method | file | cold GB/s | warm GB/s | resident cold / warm | mode |")
+    say("|---|---|---:|---:|---:|---|")
     for name, rs in results.items():
         skipped = next((r["skipped"] for r in rs if "skipped" in r), None)
         if skipped:
-            print(f"| {name} | - | skipped: {skipped} | | | |")
+            say(f"| {name} | - | skipped: {skipped} | | | |")
             continue
-        if not any("measurements" in r for r in rs):
-            print(f"| {name} | - | failed | | | |")
+        if not any(r.get("measurements") for r in rs):
+            why = sorted({r["failed"] for r in rs if "failed" in r}) or ["not run"]
+            say(f"| {name} | - | {'; '.join(why)} | | | |")
             continue
+        cut = sorted({r["failed"] for r in rs if "failed" in r})
         for label in stamp["files"]:
             cells, shares, modes, notes = [], [], set(), set()
+            for r in rs:
+                notes.update(f"warm-up: {w[:200]}" for w in r.get("warmup_warnings", []))
             for temperature in ("cold", "warm"):
                 ms = [
                     m
@@ -422,26 +579,26 @@ def report(args, stamp: dict, results: dict[str, list[dict]], fs: str) -> dict:
                 ]
                 good = [m for m in ms if "seconds" in m and not m.get("wrong")]
                 for m in ms:
-                    modes.add(m.get("mode", "?"))
+                    modes.add(_mode_text(m))
                     if m.get("error"):
                         notes.add(f"error: {m['error'][:160]}")
                     if m.get("wrong"):
                         notes.add(f"WRONG: {m['wrong']}")
-                    notes.update(f"warning: {w[:160]}" for w in m.get("warnings", []))
+                    notes.update(f"caught: {w[:200]}" for w in m.get("warnings", []))
                 if good:
                     rate = statistics.median(gb / m["seconds"] for m in good)
                     rates[(name, label, temperature)] = rate
                     cells.append(f"{rate:.2f}")
                 else:
-                    cells.append("failed" if ms else "-")
+                    cells.append("failed" if ms else ("; ".join(cut) or "-"))
                 known = [m["resident"] for m in ms if m.get("resident") is not None]
                 shares.append(f"{statistics.median(known):.0%}" if known else "?")
-            mode = "; ".join(sorted(modes))
-            print(f"| {name} | {label} | {cells[0]} | {cells[1]} | {' / '.join(shares)} | {mode} |")
+            mode = "; ".join(sorted(modes)) or "-"
+            say(f"| {name} | {label} | {cells[0]} | {cells[1]} | {' / '.join(shares)} | {mode} |")
             for note in sorted(notes):
-                print(f"|   | {note} | | | | |")
+                say(f"|   | {note} | | | | |")
     ratios: dict[str, float] = {}
-    print()
+    say()
     for temperature in ("cold", "warm"):
         for label in stamp["files"]:
             mine = rates.get(("stoker", label, temperature))
@@ -452,31 +609,40 @@ def report(args, stamp: dict, results: dict[str, list[dict]], fs: str) -> dict:
             }
             where = f"{temperature}, {label} file"
             if mine is None:
-                print(f"stoker / best other ({where}): n/a (stoker did not finish)")
+                say(f"stoker / best other ({where}): n/a (stoker did not finish it)")
                 continue
             if others:
                 best = max(others, key=others.get)
                 ratio = mine / others[best]
                 ratios[f"best_other/{temperature}/{label}"] = ratio
-                print(
+                say(
                     f"stoker / best other ({where}): {ratio:.2f}x against {best} "
                     f"(target >= {TARGET_BEST:g})"
                 )
             if BASELINE in others:
                 ratio = mine / others[BASELINE]
                 ratios[f"numpy/{temperature}/{label}"] = ratio
-                print(
+                say(
                     f"stoker / (numpy.load + .cuda()) ({where}): {ratio:.2f}x "
                     f"(target >= {TARGET_NUMPY:g})"
                 )
     best = ratios.get("best_other/cold/np.save")
     base = ratios.get("numpy/cold/np.save")
-    print(
+    stoker_modes = sorted(
+        {
+            _mode_text(m)
+            for r in results.get("stoker", [])
+            for m in r.get("measurements", [])
+            if (m["file"], m["temperature"]) == ("np.save", "cold")
+        }
+    )
+    say(
         "\nheadline (cold, np.save file): stoker / best other = "
         + (f"{best:.2f}x" if best is not None else "n/a")
         + f" (target >= {TARGET_BEST:g}), stoker / (numpy.load + .cuda()) = "
         + (f"{base:.2f}x" if base is not None else "n/a")
-        + f" (target >= {TARGET_NUMPY:g})"
+        + f" (target >= {TARGET_NUMPY:g}); stoker's mode: "
+        + ("; ".join(stoker_modes) or "n/a")
     )
     return ratios
 
@@ -484,62 +650,132 @@ def report(args, stamp: dict, results: dict[str, list[dict]], fs: str) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--gib", type=float, help="size of the volume (default 4, --quick 1)")
-    parser.add_argument("--runs", type=int, help="rounds (default 3, --quick 2)")
+    parser.add_argument("--runs", type=int, help="rounds (default 3, --quick 1)")
     parser.add_argument(
         "--dir",
         default=os.path.join("bench-data", "gds"),
         help="where the files go: a local disk, not a tmpfs (default: bench-data/gds)",
     )
     parser.add_argument("--only", nargs="*", help="substrings of the method names to run")
-    parser.add_argument("--timeout", type=float, default=900, help="seconds per process")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=900,
+        help="seconds per method process (killed after it; the reads it finished are kept)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help="seconds for the whole run: processes that do not fit are cut or not started",
+    )
     parser.add_argument("--json", help="write the raw results and the ratios here")
     parser.add_argument("--clean", action="store_true", help="delete the files at the end")
-    parser.add_argument("--quick", action="store_true", help="1 GiB, 2 runs (gpu_check)")
+    parser.add_argument("--quick", action="store_true", help="1 GiB, 1 run (gpu_check)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    began = time.monotonic()
     args.gib = args.gib or (1.0 if args.quick else 4.0)
-    args.runs = args.runs or (2 if args.quick else 3)
+    args.runs = args.runs or (1 if args.quick else 3)
     if args.gib <= 0 or args.runs < 1:
         parser.error("--gib and --runs must be positive")
+    if args.timeout <= 0 or (args.budget is not None and args.budget <= 0):
+        parser.error("--timeout and --budget must be positive")
     if args.child:
         with open(os.path.join(args.dir, "stamp.json")) as f:
             stamp = json.load(f)
-        print(json.dumps(child(args.child, args, stamp)))
+        child(args.child, args, stamp)
         return
     try:
         import torch
     except ImportError:
-        print("gds: skipped: torch is not installed")
+        say("gds: skipped: torch is not installed")
         return
     if not torch.cuda.is_available():
-        print("gds: skipped: no CUDA device (torch.cuda.is_available() is False)")
+        say("gds: skipped: no CUDA device (torch.cuda.is_available() is False)")
         return
+    signal.signal(signal.SIGTERM, _on_sigterm)
+
+    def left() -> float:
+        if args.budget is None:
+            return math.inf
+        return args.budget - (time.monotonic() - began)
+
     os.makedirs(args.dir, exist_ok=True)
     fs = fs_type(args.dir)
     if fs in ("tmpfs", "ramfs"):
-        print(
+        say(
             f"warning: {args.dir} is on a {fs}: every read comes from memory, cold means "
             "nothing and O_DIRECT/GDS cannot work there; use --dir on a local disk"
         )
-    stamp = prepare(args.dir, args.gib)
     names = [n for n in METHODS if not args.only or any(o in n for o in args.only)]
     if "kvikio" in names and importlib.util.find_spec("kvikio") is None:
-        print("kvikio: skipped: not installed (pip install kvikio-cu12 or -cu13 to include it)")
+        say("kvikio: skipped: not installed (pip install kvikio-cu12 or -cu13 to include it)")
         names.remove("kvikio")
     results: dict[str, list[dict]] = {n: [] for n in names}
+    stamp, stopped = None, None
     try:
-        for _ in range(args.runs):
+        t0 = time.monotonic()
+        stamp = prepare(args.dir, args.gib)
+        say(f"data ready in {args.dir} ({fs}, {time.monotonic() - t0:.0f} s)")
+        gb = stamp["nbytes"] / 1e9
+        for run in range(args.runs):
             for name in names:
                 if any("skipped" in r for r in results[name]):
                     continue
-                results[name].append(measure(name, args))
+                if left() < 5:
+                    raise Stop(f"the budget of {args.budget:g} s is spent")
+                seconds = min(args.timeout, left())
+                t0 = time.monotonic()
+
+                def on_line(
+                    kind: str, item: dict, name: str = name, run: int = run, t0: float = t0
+                ) -> None:
+                    prefix = f"run {run + 1}/{args.runs}"
+                    if kind == "skip":
+                        say(f"{prefix} {name}: skipped: {item['reason']}")
+                    elif kind == "info":
+                        caught = item.get("warmup_warnings") or []
+                        say(
+                            f"{prefix} {name}: ready after {time.monotonic() - t0:.0f} s "
+                            f"(warm-up read's mode: {item.get('warmup_mode', '?')})"
+                            + (f"; warm-up caught: {' | '.join(caught)}" if caught else "")
+                        )
+                    else:
+                        mine = None
+                        if len(results.get("stoker", [])) > run and name != "stoker":
+                            for m in results["stoker"][run].get("measurements", []):
+                                same = (m["file"], m["temperature"])
+                                if same == (item["file"], item["temperature"]):
+                                    mine = gb / m["seconds"] if "seconds" in m else None
+                        say(f"{prefix} {measurement_line(name, item, gb, mine)}")
+
+                r = measure(name, args, seconds, on_line, results[name])
+                if r.get("failed", "").startswith("timed out") and seconds < args.timeout:
+                    r["failed"] += " (the budget ran out)"
+                if "failed" in r:
+                    tail = r.get("stderr", "").strip()
+                    say(
+                        f"run {run + 1}/{args.runs} {name}: {r['failed']}; "
+                        f"{len(r.get('measurements', []))} read(s) finished"
+                        + (f"\n{tail}" if tail else "")
+                    )
+    except (Stop, KeyboardInterrupt) as e:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the tables
+        stopped = str(e) or type(e).__name__
+        say(f"\ngds: stopped ({stopped}); the tables below hold what finished")
     finally:
         if args.clean:
             shutil.rmtree(args.dir, ignore_errors=True)
+    if stamp is None:
+        say("gds: no data was written, nothing was measured")
+        say("\nheadline (cold, np.save file): n/a (stopped before the data was written)")
+        return
     ratios = report(args, stamp, results, fs)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "ratios": ratios, "fs": fs}, f, indent=1)
+            json.dump(
+                {"results": results, "ratios": ratios, "fs": fs, "stopped": stopped}, f, indent=1
+            )
 
 
 if __name__ == "__main__":

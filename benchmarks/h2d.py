@@ -2,7 +2,8 @@
 memory and non-blocking copies, the plain DataLoader with .cuda(), and a bare pinned copy.
 
     python benchmarks/h2d.py [--samples SMALL [LARGE]] [--batch 256] [--runs 3] [--epochs 3]
-                             [--min-seconds 1] [--large-dtype uint8] [--data DIR] [--quick]
+                             [--min-seconds 1] [--large-dtype uint8] [--data DIR]
+                             [--timeout SECONDS] [--budget SECONDS] [--quick]
 
 Two configurations: "small", 3x64x64 uint8 images (12 KB, a batch of 256 is 3 MB), and
 "large", 3x224x224 images (uint8: 150 KB, 38.5 MB a batch; --large-dtype float16: 77 MB),
@@ -31,8 +32,16 @@ first (workers start, memory is pinned, the allocator warms), then timed epochs,
 --epochs and at least --min-seconds; the clock starts and stops with
 ``torch.cuda.synchronize()``. The page cache is warm: the shards are read once before the
 first measurement, and every loader's first epoch is untimed. The loaders take turns for
---runs rounds and the tables show medians. Without a usable CUDA device the benchmark says
-so and exits with status 0.
+--runs rounds and the tables show medians.
+
+The headline goes first: the large configuration before the small one, and in each, stoker
+and the ceiling before the two DataLoaders. Each measurement's result is printed the moment
+it finishes; one that runs past --timeout seconds is killed (with its workers) and reported
+as timed out; with --budget, no measurement starts or runs past that many seconds from the
+start; on SIGTERM or Ctrl-C the running one is killed. In every case the tables are printed
+from whatever finished. --quick (what scripts/gpu_check.sh runs): one round, 2048 large and
+8192 small samples. Without a usable CUDA device the benchmark says so and exits with
+status 0.
 """
 
 from __future__ import annotations
@@ -42,6 +51,7 @@ import io
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
@@ -50,13 +60,27 @@ import time
 
 import numpy as np
 
-CONFIGS = {"small": (3, 64, 64), "large": (3, 224, 224)}
+CONFIGS = {"large": (3, 224, 224), "small": (3, 64, 64)}  # the headline (large) first
 SHARDS = 16
 CHECK_BYTES = 64  # of each image, summed on the GPU by every consumer
-LOADERS = ["stoker", "DataLoader, pin_memory + non_blocking", "DataLoader, plain + .cuda()"]
 CEILING = "ceiling: bare pinned copy"
 PINNED = "DataLoader, pin_memory + non_blocking"
+# in the order they run: the headline's two (stoker against the ceiling) first
+NAMES = ["stoker", CEILING, PINNED, "DataLoader, plain + .cuda()"]
 TARGET = 0.90  # stoker's share of the ceiling on large batches
+
+
+def say(*parts: object) -> None:
+    """Print now: a run cut short still shows everything that finished."""
+    print(*parts, flush=True)
+
+
+class Stop(BaseException):
+    """SIGTERM (or the budget) ends the run: the tables are printed from what finished."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Stop(f"signal {signum}")
 
 
 def workers() -> int:
@@ -336,30 +360,69 @@ def folder_name(config: str, args) -> str:
     return f"{config}-{args.samples_of[config]}-{dtype}"
 
 
-def measure(name: str, config: str, args) -> dict:
+def measure(name: str, config: str, args, seconds: float, sink: list[dict]) -> dict:
+    """One measurement in a fresh process (its own process group, so its DataLoader workers
+    die with it), killed after `seconds`. Its result goes into `sink` (at once, marked as
+    stopped, if the run is stopped meanwhile) and is returned."""
     command = [sys.executable, __file__, "--child", name, "--config", config]
     command += ["--data", args.data, "--batch", str(args.batch)]
     command += ["--samples", str(args.samples_of["small"]), str(args.samples_of["large"])]
     command += ["--epochs", str(args.epochs), "--min-seconds", repr(args.min_seconds)]
     command += ["--large-dtype", args.large_dtype]
+    result = {"failed": "stopped while running"}
+    sink.append(result)
+    proc = None
     try:
-        out = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        print(f"{config} / {name}: timed out after {args.timeout} s", file=sys.stderr)
-        return {"failed": "timed out"}
-    if out.returncode != 0 or not out.stdout.strip():
-        print(
-            f"{config} / {name}: failed (exit status {out.returncode})\n{out.stderr[-3000:]}",
-            file=sys.stderr,
+        proc = subprocess.Popen(
+            command,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
         )
-        return {"failed": f"exit status {out.returncode}"}
-    result = json.loads(out.stdout.strip().splitlines()[-1])
-    if result["wrong"]:
-        print(
-            f"{config} / {name}: WRONG checksums (image bytes, labels) {result['wrong']}",
-            file=sys.stderr,
-        )
+        try:
+            stdout, stderr = proc.communicate(timeout=seconds)
+        except subprocess.TimeoutExpired:
+            _kill(proc)
+            stdout, stderr = proc.communicate()
+            got = {"failed": f"timed out after {seconds:.0f} s", "stderr": stderr[-2000:]}
+        else:
+            got = {"failed": f"exit status {proc.returncode}", "stderr": stderr[-3000:]}
+            if proc.returncode == 0 and stdout.strip():
+                try:
+                    got = json.loads(stdout.strip().splitlines()[-1])
+                except ValueError:
+                    got = {"failed": "no result", "stderr": (stdout + stderr)[-3000:]}
+    finally:
+        _kill(proc)  # Stop (SIGTERM) while waiting: the child and its workers go too
+    result.clear()
+    result.update(got)
     return result
+
+
+def _kill(proc: subprocess.Popen | None) -> None:
+    if proc is not None and proc.poll() is None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)
+        except OSError:
+            proc.kill()
+        proc.wait()
+
+
+def result_line(config: str, name: str, r: dict, took: float) -> str:
+    where = f"[{config}] {name}:"
+    if "failed" in r:
+        tail = r.get("stderr", "").strip()
+        tail = f"\n{tail}" if tail and not r["failed"].startswith("not run") else ""
+        return f"{where} {r['failed']} ({took:.0f} s){tail}"
+    rate = r["batches"] / r["seconds"]
+    gbs = r["bytes"] / r["seconds"] / 1e9
+    first = f", 1st epoch {r['first_epoch']:.2f} s" if name != CEILING else ""
+    check = f"WRONG checksums (image bytes, labels) {r['wrong']}" if r["wrong"] else "exact"
+    return (
+        f"{where} {rate:,.1f} batches/s, {gbs:.2f} GB/s ({r['epochs']} epochs in "
+        f"{r['seconds']:.2f} s{first}); batches {check} ({took:.0f} s)"
+    )
 
 
 def report(args, stamps: dict, results: dict) -> dict:
@@ -373,58 +436,73 @@ def report(args, stamps: dict, results: dict) -> dict:
         ),
         None,
     )
-    print(
+    say(
         f"\nhost -> GPU, {info.get('device', 'GPU')}, torch {info.get('torch', '?')}, "
         f"{os.cpu_count()} cores, DataLoader workers: {workers()}; warm page cache; "
-        f"median of {args.runs} runs, each in a fresh process, after one untimed epoch."
+        f"median of up to {args.runs} run(s), each in a fresh process, after one untimed "
+        "epoch."
     )
     if status is not None:
-        print(f"stoker.cuda_status(): {status}")
+        say(f"stoker.cuda_status(): {status}")
     headline, wrong_batches = {}, {}
-    for config, stamp in stamps.items():
+    for config in results:
+        stamp = stamps.get(config)
+        if stamp is None:
+            say(f"\n{config}: not run (its data was not written)")
+            continue
         shape, dtype = tuple(stamp["shape"]), stamp["dtype"]
         batch_mb = args.batch * (stamp["sample_bytes"] + 8) / 1e6
-        print(
+        say(
             f"\n{config}: {stamp['samples']} samples of {shape} {dtype} + an int64 label in "
             f"{len(stamp['shards'])} tar shards, batches of {args.batch} ({batch_mb:.1f} MB), "
             "shuffled"
         )
-        print("| loader | batches/s | GB/s | of ceiling | x DataLoader pinned | 1st epoch (s) |")
-        print("|---|---:|---:|---:|---:|---:|")
+        say(
+            "| loader | batches/s | GB/s | of ceiling | x DataLoader pinned | 1st epoch (s) "
+            "| runs |"
+        )
+        say("|---|---:|---:|---:|---:|---:|---:|")
         names = list(results[config])
         rates = {}
         for name in names:
-            good = [r for r in results[config].get(name, []) if "failed" not in r]
+            good = [r for r in results[config][name] if "failed" not in r]
             if good:
                 rates[name] = (
                     statistics.median(r["batches"] / r["seconds"] for r in good),
                     statistics.median(r["bytes"] / r["seconds"] / 1e9 for r in good),
                     statistics.median(r["first_epoch"] for r in good),
                     any(r["wrong"] for r in good),
+                    len(good),
                 )
         ceiling = rates.get(CEILING, (None,))[0]
         pinned = rates.get(PINNED, (None,))[0]
         for name in names:
             if name not in rates:
-                print(f"| {name} | failed | | | | |")
+                why = sorted({r["failed"] for r in results[config][name]}) or ["not run"]
+                say(f"| {name} | {'; '.join(why)} | | | | | 0 |")
                 continue
-            rate, gbs, first, wrong = rates[name]
+            rate, gbs, first, wrong, runs = rates[name]
             of = f"{rate / ceiling:.0%}" if ceiling else "-"
             x = f"{rate / pinned:.2f}x" if pinned else "-"
             first_text = f"{first:.2f}" if name != CEILING else "-"
             flag = " (WRONG BATCHES)" if wrong else ""
-            print(f"| {name}{flag} | {rate:,.1f} | {gbs:.2f} | {of} | {x} | {first_text} |")
+            say(f"| {name}{flag} | {rate:,.1f} | {gbs:.2f} | {of} | {x} | {first_text} | {runs} |")
         if "stoker" in rates and ceiling:
             headline[config] = rates["stoker"][0] / ceiling
             wrong_batches[config] = rates["stoker"][3]
-    print()
-    for config in stamps:
+    say()
+    for config in results:
         target = f" (target {TARGET:.0%})" if config == "large" else ""
         if config in headline:
             flag = ", but its batches were WRONG" if wrong_batches[config] else ""
-            print(f"stoker / ceiling ({config}): {headline[config]:.0%}{target}{flag}")
+            say(f"stoker / ceiling ({config}): {headline[config]:.0%}{target}{flag}")
         else:
-            print(f"stoker / ceiling ({config}): n/a (a measurement failed){target}")
+            missing = [
+                f"{n}: {'; '.join(sorted({r['failed'] for r in results[config][n]})) or 'not run'}"
+                for n in ("stoker", CEILING)
+                if not any("failed" not in r for r in results[config][n])
+            ]
+            say(f"stoker / ceiling ({config}): n/a ({', '.join(missing)}){target}")
     return headline
 
 
@@ -436,10 +514,10 @@ def main() -> None:
         nargs="+",
         metavar="N",
         help="samples of the small and the large configuration (one number: both); "
-        "default 40960 8192, --quick 16384 4096",
+        "default 40960 8192, --quick 8192 2048",
     )
     parser.add_argument("--batch", type=int, default=256)
-    parser.add_argument("--runs", type=int, help="rounds (default 3, --quick 2)")
+    parser.add_argument("--runs", type=int, help="rounds (default 3, --quick 1)")
     parser.add_argument("--epochs", type=int, help="timed epochs at least (default 3, --quick 2)")
     parser.add_argument(
         "--min-seconds", type=float, help="timed seconds at least (default 1, --quick 0.5)"
@@ -447,18 +525,33 @@ def main() -> None:
     parser.add_argument("--large-dtype", choices=["uint8", "float16"], default="uint8")
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--only", nargs="*", help="substrings of the loader names to run")
-    parser.add_argument("--timeout", type=float, default=600, help="seconds per measurement")
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=600,
+        help="seconds per measurement (its process is killed and it is reported as timed out)",
+    )
+    parser.add_argument(
+        "--budget",
+        type=float,
+        help="seconds for the whole run: measurements that do not fit are cut or not started",
+    )
     parser.add_argument("--json", help="write the raw results and the headline here")
     parser.add_argument("--data", default=os.path.join("bench-data", "h2d"))
-    parser.add_argument("--quick", action="store_true", help="small sizes, 2 runs (gpu_check)")
+    parser.add_argument(
+        "--quick", action="store_true", help="one round of fewer samples (gpu_check)"
+    )
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    samples = args.samples or ([16384, 4096] if args.quick else [40960, 8192])
+    began = time.monotonic()
+    samples = args.samples or ([8192, 2048] if args.quick else [40960, 8192])
     if len(samples) > 2 or min(samples) < 1 or args.batch < 1:
         parser.error("--samples takes one or two positive numbers; --batch must be positive")
+    if args.timeout <= 0 or (args.budget is not None and args.budget <= 0):
+        parser.error("--timeout and --budget must be positive")
     args.samples_of = {"small": samples[0], "large": samples[-1]}
-    args.runs = args.runs or (2 if args.quick else 3)
+    args.runs = args.runs or (1 if args.quick else 3)
     args.epochs = args.epochs or (2 if args.quick else 3)
     if args.min_seconds is None:
         args.min_seconds = 0.5 if args.quick else 1.0
@@ -468,27 +561,73 @@ def main() -> None:
     try:
         import torch
     except ImportError:
-        print("h2d: skipped: torch is not installed")
+        say("h2d: skipped: torch is not installed")
         return
     if not torch.cuda.is_available():
-        print("h2d: skipped: no CUDA device (torch.cuda.is_available() is False)")
+        say("h2d: skipped: no CUDA device (torch.cuda.is_available() is False)")
         return
-    stamps = {}
-    for config in args.configs:
-        dtype = args.large_dtype if config == "large" else "uint8"
-        folder = os.path.join(args.data, folder_name(config, args))
-        stamps[config] = prepare(folder, CONFIGS[config], dtype, args.samples_of[config])
-        warm_page_cache(stamps[config]["shards"])
-    names = [n for n in [*LOADERS, CEILING] if not args.only or any(o in n for o in args.only)]
-    results: dict[str, dict[str, list[dict]]] = {c: {n: [] for n in names} for c in stamps}
-    for _ in range(args.runs):
-        for config in stamps:
-            for name in names:
-                results[config][name].append(measure(name, config, args))
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    configs = [c for c in CONFIGS if c in args.configs]  # the headline's config first
+    names = [n for n in NAMES if not args.only or any(o in n for o in args.only)]
+    stamps: dict[str, dict] = {}
+    results: dict[str, dict[str, list[dict]]] = {c: {n: [] for n in names} for c in configs}
+
+    def left() -> float:
+        if args.budget is None:
+            return math.inf
+        return args.budget - (time.monotonic() - began)
+
+    stopped = None
+    try:
+        for run in range(args.runs):
+            for config in configs:
+                if config not in stamps:
+                    if left() < 15:
+                        raise Stop(f"the budget of {args.budget:g} s is spent")
+                    dtype = args.large_dtype if config == "large" else "uint8"
+                    folder = os.path.join(args.data, folder_name(config, args))
+                    t0 = time.monotonic()
+                    stamps[config] = prepare(
+                        folder, CONFIGS[config], dtype, args.samples_of[config]
+                    )
+                    warm_page_cache(stamps[config]["shards"])
+                    say(f"[{config}] data ready in {folder} ({time.monotonic() - t0:.0f} s)")
+                for name in names:
+                    if left() < 5:
+                        raise Stop(f"the budget of {args.budget:g} s is spent")
+                    seconds = min(args.timeout, left())
+                    t0 = time.monotonic()
+                    r = measure(name, config, args, seconds, results[config][name])
+                    if r.get("failed", "").startswith("timed out") and seconds < args.timeout:
+                        r["failed"] += " (the budget ran out)"
+                    line = result_line(config, name, r, time.monotonic() - t0)
+                    done = {
+                        n: results[config][n][-1]
+                        for n in ("stoker", CEILING)
+                        if len(results[config].get(n, [])) > run
+                    }
+                    if (
+                        name in done
+                        and len(done) == 2
+                        and all("failed" not in v for v in done.values())
+                    ):
+                        ratio = (done["stoker"]["batches"] / done["stoker"]["seconds"]) / (
+                            done[CEILING]["batches"] / done[CEILING]["seconds"]
+                        )
+                        line += f"; stoker / ceiling, this run: {ratio:.0%}"
+                    say(f"run {run + 1}/{args.runs} {line}")
+    except (Stop, KeyboardInterrupt) as e:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the tables
+        stopped = str(e) or type(e).__name__
+        say(f"\nh2d: stopped ({stopped}); the tables below hold what finished")
     headline = report(args, stamps, results)
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"results": results, "stoker_of_ceiling": headline}, f, indent=1)
+            json.dump(
+                {"results": results, "stoker_of_ceiling": headline, "stopped": stopped},
+                f,
+                indent=1,
+            )
 
 
 if __name__ == "__main__":

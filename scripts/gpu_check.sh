@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU check, in one command, on a machine with a GPU: build stoker against the tools
-# already installed there, run the real-GPU tests (tests/gpu), the CUDA stand-in tests, both
-# GPU benchmarks in their --quick form, and print a short table LAST.
+# already installed there, run the real-GPU tests (tests/gpu), both GPU benchmarks in their
+# --quick form, the CUDA stand-in tests, and print a short table LAST.
 #
 #   bash scripts/gpu_check.sh        # everything also lands in $OUT (else gpu-check-out/)
 #
@@ -10,13 +10,21 @@
 # and ninja already there (a missing one is named and `pip install`ed on its own, from .whl/
 # when that folder exists); the torch already there is used and never installed; pytest and
 # numpy are installed only if missing; optional packages (kvikio) are skipped with a line.
-# Every step has a time limit, and all of them together stay under 8 minutes (the budget
-# below; the stand-in tests, which CI runs anyway, go last, so a slow build costs them and
-# not the GPU measurements); a failing step does not stop the others. Exit status: 0 when
-# the build and every test passed on a usable GPU, 1 otherwise (the benchmarks' numbers do
-# not change it).
-# $OUT gets 8 files (the most the device tool brings back): nvidia-smi.txt, build.txt,
-# cuda_status.json, tests-gpu.txt, tests-standin.txt, h2d.txt, gds.txt, summary.md.
+# Missing C headers the build needs (zlib.h, Python.h) stop it up front with a clear line.
+#
+# Time: the whole run stays under 8 minutes ($budget below). Each step has a time limit,
+# and the steps after it are promised their share, which no earlier step can eat into: the
+# build gets at most 150 s, tests/gpu 130 s or more, each benchmark 90 s or more (they stop
+# themselves inside it and print tables from what finished), the stand-in tests (CPU
+# logic, which CI runs anyway) whatever is left. A failing step does not stop the others.
+# Exit status: 0 when the build and every test passed on a usable GPU, 1 otherwise (the
+# benchmarks' numbers do not change it).
+#
+# $OUT gets at most 8 files (the most the device tool brings back): nvidia-smi.txt,
+# build.txt, cuda_status.json, tests-gpu.txt, h2d.txt, gds.txt, tests-standin.txt,
+# summary.md. Nothing runs with $OUT as its working directory (cuFile, without nvidia-fs,
+# writes cufile.log into the working directory: CUFILE_LOGFILE_PATH sends it to
+# /tmp/cufile.log, whose tail is appended to gds.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check-out}
@@ -24,24 +32,39 @@ mkdir -p "$out"
 py=${PYTHON:-python3}
 export PYTHONUNBUFFERED=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 export CMAKE_BUILD_PARALLEL_LEVEL=${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc)}
-budget=${GPU_CHECK_SECONDS:-470}  # the whole run, in seconds: under 8 minutes
+export CUFILE_LOGFILE_PATH=/tmp/cufile.log
+rm -f "$CUFILE_LOGFILE_PATH"
+budget=${GPU_CHECK_SECONDS:-470} # the whole run, in seconds: under 8 minutes
+# Seconds promised to the steps that come later, whatever the earlier ones take.
+share_status=10 share_tests_gpu=130 share_h2d=90 share_gds=90
+build_max=150
+bench_dir=bench-data/gds # benchmarks/gds.py's default --dir
 start=$SECONDS
-summary=()   # rows of the closing table: "what|result"
+summary=() # rows of the closing table: "what|result"
 failed=0
+build_ok=0
 
 row() { summary+=("$1|$2"); }
 step() { printf '\n==== %s (%d s in)\n' "$1" $((SECONDS - start)); }
 
-# run_step [-q] LOG LIMIT COMMAND...: run with a time limit (cut to what is left of the
-# budget), output to the terminal (not with -q) and to $out/LOG; sets $rc (124: timed out)
-# and $took.
+# limit_for CAP PROMISED: the seconds a step may take: at most CAP, and never any of the
+# PROMISED seconds the steps after it are owed.
+limit_for() {
+  local left=$((budget - (SECONDS - start) - $2 - 3))
+  if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
+}
+
+# run_step [-q] LOG LIMIT COMMAND...: run COMMAND (from the repository root) for at most
+# LIMIT seconds, output to the terminal (not with -q) and to $out/LOG; sets $rc (124: timed
+# out, 125: no time left to start it) and $took.
 run_step() {
   local quiet=0
-  if [ "$1" = -q ]; then quiet=1; shift; fi
-  local log=$1 limit=$2 left
+  if [ "$1" = -q ]; then
+    quiet=1
+    shift
+  fi
+  local log=$1 limit=$2
   shift 2
-  left=$((budget - (SECONDS - start) - 10))
-  if [ "$left" -lt "$limit" ]; then limit=$left; fi
   if [ "$limit" -lt 15 ]; then
     echo "skipped: out of time (the whole check is limited to $budget s)" | tee "$out/$log"
     rc=125 took=0
@@ -56,7 +79,7 @@ run_step() {
     rc=${PIPESTATUS[0]}
   fi
   took=$((SECONDS - t0))
-  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo "timed out after $limit s"; fi
+  if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then echo "timed out after $limit s" | tee -a "$out/$log"; fi
 }
 
 # What a step's $rc says, for the table.
@@ -70,10 +93,16 @@ outcome() {
 }
 
 pip_install() {
+  local limit
+  limit=$(limit_for 90 $((share_status + share_tests_gpu + share_h2d + share_gds)))
+  if [ "$limit" -lt 15 ]; then
+    echo "no time left to install $*"
+    return 1
+  fi
   if [ -d .whl ]; then
-    "$py" -m pip install -q --no-index --find-links .whl "$@"
+    timeout "$limit" "$py" -m pip install -q --no-index --find-links .whl "$@"
   else
-    "$py" -m pip install -q "$@"
+    timeout "$limit" "$py" -m pip install -q "$@"
   fi
 }
 
@@ -84,15 +113,15 @@ pytest_line() {
   local line
   line=$(grep -E '^=+ .*(passed|failed|error|skipped|deselected|no tests ran).* in [0-9.]+s' "$1" |
     tail -1 | sed -E 's/^=+ //; s/ =+$//')
-  echo "${line:-no pytest summary (see $1)}"
+  echo "${line:-no pytest summary (see $(basename "$1"))}"
 }
 
 # ---- the machine ----------------------------------------------------------------------------
 step "machine"
 if command -v nvidia-smi >/dev/null; then
-  nvidia-smi 2>&1 | tee "$out/nvidia-smi.txt"
-  gpu=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null |
-    head -1)
+  timeout 30 nvidia-smi 2>&1 | tee "$out/nvidia-smi.txt"
+  gpu=$(timeout 30 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader \
+    2>/dev/null | head -1)
 else
   echo "nvidia-smi: not found" | tee "$out/nvidia-smi.txt"
   gpu="nvidia-smi not found"
@@ -101,57 +130,104 @@ row "GPU (name, driver, memory)" "${gpu:-unknown}"
 echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo 'unknown (no git here)')"
 echo "cores: $(nproc); python: $("$py" --version 2>&1)"
 cuda_ok=0
-if have_module torch; then
-  torch_line=$("$py" -c "import torch; print(torch.__version__, 'CUDA', torch.version.cuda, \
-'available' if torch.cuda.is_available() else 'NOT available')" 2>&1 | tail -1)
-  "$py" -c "import sys, torch; sys.exit(not torch.cuda.is_available())" 2>/dev/null && cuda_ok=1
-else
-  torch_line="not installed (this check never installs torch: use the machine's CUDA build)"
-fi
+torch_line=$(timeout 60 "$py" -c "import torch; print(torch.__version__, 'CUDA', \
+torch.version.cuda, 'available' if torch.cuda.is_available() else 'NOT available')" 2>&1 | tail -1)
+case "$torch_line" in
+  *"NOT available") ;;
+  *" available") cuda_ok=1 ;;
+  *) torch_line="does not import (this check never installs torch: use the machine's CUDA \
+build): ${torch_line:-no output}" ;;
+esac
 echo "torch: $torch_line"
 row "torch" "$torch_line"
 
-# ---- build tools, then the build ------------------------------------------------------------
-step "build tools"
-missing=()
-have_module scikit_build_core || missing+=(scikit-build-core)
-have_module pybind11 || missing+=(pybind11)
-command -v cmake >/dev/null || have_module cmake || missing+=(cmake)
-command -v ninja >/dev/null || have_module ninja || missing+=(ninja)
-for module in numpy aiohttp tqdm; do  # stoker's own dependencies (--no-deps installs none)
-  have_module "$module" || missing+=("$module")
+# ---- what the build cannot do without: fatal up front -----------------------------------------
+step "build prerequisites (C++ compiler, zlib.h, Python.h)"
+fatal=()
+cxx=""
+for candidate in "${CXX:-}" c++ g++ clang++; do
+  if [ -n "$candidate" ] && command -v "$candidate" >/dev/null; then
+    cxx=$candidate
+    break
+  fi
 done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "missing: ${missing[*]}; installing just those"
-  pip_install "${missing[@]}" ||
-    echo "could not install ${missing[*]} (offline? carry their wheels in .whl/)"
+if [ -z "$cxx" ]; then
+  fatal+=("no C++ compiler (looked for \$CXX, c++, g++, clang++): install g++ (build-essential)")
 else
-  echo "scikit-build-core, pybind11, cmake, ninja, numpy, aiohttp, tqdm: all here"
+  echo "compiler: $cxx ($("$cxx" --version 2>&1 | head -1))"
+  if printf '#include <zlib.h>\n' | "$cxx" -x c++ -E - >/dev/null 2>&1; then
+    echo "zlib.h: found"
+  else
+    fatal+=("zlib.h not found by $cxx: the build needs zlib's headers (apt-get install zlib1g-dev, or yum install zlib-devel)")
+  fi
+  py_dirs=$("$py" -c "import sysconfig; p = sysconfig.get_paths(); \
+print(p['include']); print(p['platinclude'])" 2>/dev/null)
+  py_version=$("$py" -c "import sys; print('%d.%d' % sys.version_info[:2])" 2>/dev/null)
+  py_flags=() # the headers of $py itself (the build's), each folder once
+  while IFS= read -r d; do
+    case " ${py_flags[*]:-} " in *" -I$d "*) ;; *) [ -n "$d" ] && py_flags+=("-I$d") ;; esac
+  done <<<"$py_dirs"
+  if [ ${#py_flags[@]} = 0 ] && command -v python3-config >/dev/null; then
+    for f in $(python3-config --includes 2>/dev/null); do py_flags+=("$f"); done
+  fi
+  if [ ${#py_flags[@]} -gt 0 ] &&
+    printf '#include <Python.h>\n' | "$cxx" -x c++ -E "${py_flags[@]}" - >/dev/null 2>&1; then
+    echo "Python.h: found (${py_flags[*]})"
+  else
+    fatal+=("Python.h not found for $py ${py_version:-?} (looked in: ${py_flags[*]:-nothing: $py did not answer}): the build needs Python's headers (apt-get install python${py_version:-3}-dev, or yum install python3-devel)")
+  fi
 fi
-if ! printf '#include <zlib.h>\n' | "${CXX:-c++}" -x c++ -E - >/dev/null 2>&1; then
-  echo "warning: zlib.h not found by ${CXX:-c++}: the build needs zlib's headers (zlib1g-dev)"
-fi
+if [ ${#fatal[@]} -gt 0 ]; then
+  for f in "${fatal[@]}"; do echo "FATAL: $f"; done
+  echo "FATAL: stoker cannot be built here; nothing else runs (the table follows)" |
+    tee "$out/build.txt"
+  printf '%s\n' "${fatal[@]}" >>"$out/build.txt"
+  failed=1
+  row "build" "NOT RUN: $(IFS=';'; echo "${fatal[*]}")"
+else
+  # ---- build tools, then the build ----------------------------------------------------------
+  step "build tools"
+  missing=()
+  have_module scikit_build_core || missing+=(scikit-build-core)
+  have_module pybind11 || missing+=(pybind11)
+  command -v cmake >/dev/null || have_module cmake || missing+=(cmake)
+  command -v ninja >/dev/null || have_module ninja || missing+=(ninja)
+  for module in numpy aiohttp tqdm; do # stoker's own dependencies (--no-deps installs none)
+    have_module "$module" || missing+=("$module")
+  done
+  if [ ${#missing[@]} -gt 0 ]; then
+    echo "missing: ${missing[*]}; installing just those"
+    pip_install "${missing[@]}" ||
+      echo "could not install ${missing[*]} (offline? carry their wheels in .whl/)"
+  else
+    echo "scikit-build-core, pybind11, cmake, ninja, numpy, aiohttp, tqdm: all here"
+  fi
 
-step "build: pip install --no-build-isolation --no-deps ."
-run_step -q build.txt 300 "$py" -m pip install --no-build-isolation --no-deps -v .
-if [ "$rc" = 0 ] && (cd "$out" && "$py" -c "import stoker._core" 2>/dev/null); then
-  build_ok=1
-  row "build" "ok (${took} s)"
-else
-  build_ok=0 failed=1
-  echo "the build failed; its log ends:"
-  tail -40 "$out/build.txt"
-  row "build" "FAILED: $(outcome) after ${took} s; see build.txt"
+  step "build: pip install --no-build-isolation --no-deps ."
+  limit=$(limit_for "$build_max" $((share_status + share_tests_gpu + share_h2d + share_gds)))
+  run_step -q build.txt "$limit" "$py" -m pip install --no-build-isolation --no-deps -v .
+  # imported from the repository root, where no stoker/ folder shadows the installed one
+  if [ "$rc" = 0 ] && "$py" -c "import stoker._core" 2>/dev/null; then
+    build_ok=1
+    row "build" "ok (${took} s)"
+  else
+    failed=1
+    echo "the build failed; its log ends:"
+    tail -40 "$out/build.txt"
+    row "build" "FAILED: $(outcome) after ${took} s; see build.txt"
+  fi
 fi
 
 # ---- what the tests need ----------------------------------------------------------------
-step "test dependencies"
-for module in pytest numpy; do
-  if ! have_module "$module"; then
-    echo "$module is missing: installing it"
-    pip_install "$module" || echo "could not install $module"
-  fi
-done
+if [ "$build_ok" = 1 ]; then
+  step "test dependencies"
+  for module in pytest numpy; do
+    if ! have_module "$module"; then
+      echo "$module is missing: installing it"
+      pip_install "$module" || echo "could not install $module"
+    fi
+  done
+fi
 if have_module kvikio; then
   echo "kvikio: installed (benchmarks/gds.py includes it)"
   row "kvikio" "installed"
@@ -161,24 +237,61 @@ else
 fi
 
 # ---- status -----------------------------------------------------------------------------
-step "stoker.cuda_status()"
-mode="unknown"
+mode="not run (no build)"
+bench_mode="not run (no build)"
 if [ "$build_ok" = 1 ]; then
-  (cd "$out" && "$py" -c "import json, stoker; print(json.dumps(stoker.cuda_status(), indent=1))") \
-    >"$out/cuda_status.json" 2>&1
+  step "stoker.cuda_status(), stoker.gds.read_mode()"
+  mkdir -p "$bench_dir"
+  limit=$(limit_for 60 $((share_tests_gpu + share_h2d + share_gds)))
+  [ "$limit" -lt 15 ] && limit=15
+  # stdout (the JSON) to the file, stderr kept aside: appended only if there is no JSON
+  status_err=$(timeout "$limit" "$py" - "$bench_dir" 2>&1 >"$out/cuda_status.json" <<'EOF'
+import json, os, subprocess, sys, warnings
+import stoker
+
+def fs(path):
+    done = subprocess.run(["stat", "-f", "-c", "%T", path], capture_output=True, text=True)
+    return done.stdout.strip() or "unknown"
+
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    report = {"cuda_status": stoker.cuda_status(), "read_mode": {}}
+    for path in (sys.argv[1], "/tmp"):
+        where = f"{os.path.abspath(path)} ({fs(path)})"
+        try:
+            report["read_mode"][where] = stoker.gds.read_mode(path)
+        except Exception as e:
+            report["read_mode"][where] = f"error: {type(e).__name__}: {e}"
+report["warnings"] = [f"{w.category.__name__}: {w.message}" for w in caught]
+print(json.dumps(report, indent=1))
+EOF
+  )
+  status_rc=$?
+  if [ "$status_rc" != 0 ]; then printf '%s\n' "$status_err" >>"$out/cuda_status.json"; fi
   cat "$out/cuda_status.json"
-  mode=$("$py" -c "import json, sys; s = json.load(open(sys.argv[1])); \
+  [ -z "$status_err" ] || printf 'its stderr:\n%s\n' "$status_err"
+  if [ "$status_rc" = 0 ]; then
+    mode=$("$py" -c "import json, sys; s = json.load(open(sys.argv[1]))['cuda_status']; \
 print(s['mode'] + ': ' + s['reason'])" "$out/cuda_status.json" 2>/dev/null || echo "unknown")
+    bench_mode=$("$py" -c "import json, sys; m = json.load(open(sys.argv[1]))['read_mode']; \
+print('; '.join(f'{k}: {v}' for k, v in m.items()))" "$out/cuda_status.json" 2>/dev/null ||
+      echo "unknown")
+  else
+    mode="failed (exit status $status_rc; see cuda_status.json)"
+    bench_mode="$mode"
+  fi
 fi
 row "stoker.cuda_status() mode" "$mode"
+row "stoker.gds.read_mode (benchmark folder; /tmp)" "$bench_mode"
 
-# ---- tests ------------------------------------------------------------------------------
-step "tests/gpu (real GPU)"
+# ---- tests on the GPU -----------------------------------------------------------------------
 if [ "$build_ok" = 1 ]; then
-  run_step tests-gpu.txt 240 "$py" -m pytest tests/gpu -v -p no:cacheprovider
+  step "tests/gpu (real GPU)"
+  limit=$(limit_for 600 $((share_h2d + share_gds)))
+  run_step tests-gpu.txt "$limit" "$py" -m pytest tests/gpu -v -p no:cacheprovider
   [ "$rc" = 0 ] || failed=1
   note=""
-  if [ "$cuda_ok" = 0 ]; then  # every GPU test skipped: nothing was verified
+  if [ "$cuda_ok" = 0 ]; then # every GPU test skipped: nothing was verified
     note=", torch sees no CUDA device here: NOTHING was verified on a GPU"
     failed=1
   fi
@@ -189,37 +302,44 @@ else
   failed=1
 fi
 
-# ---- benchmarks -----------------------------------------------------------------------------
-step "benchmarks/h2d.py --quick"
-if [ "$build_ok" = 1 ]; then
-  run_step h2d.txt 150 "$py" benchmarks/h2d.py --quick
-  line=$(grep -E '^stoker / ceiling \(large\)' "$out/h2d.txt" | tail -1)
-  skip=$(grep -E '^h2d: skipped' "$out/h2d.txt" | tail -1)
-  result="${line#stoker / ceiling (large): }${skip}"
-  row "h2d: stoker / ceiling (large)" "${result:-$(outcome); see h2d.txt}"
-else
-  row "h2d: stoker / ceiling (large)" "not run (no build)"
-fi
+# ---- benchmarks: each stops itself inside its limit and prints its tables ------------------
+# bench_step NAME LOG CAP PROMISED ARGS...: sets $result to the log's headline lines.
+bench_step() {
+  local name=$1 log=$2 cap=$3 promised=$4 limit
+  shift 4
+  step "benchmarks/$name --quick"
+  limit=$(limit_for "$cap" "$promised")
+  run_step "$log" "$limit" "$py" "benchmarks/$name" --quick --budget $((limit - 12)) "$@"
+}
 
-step "benchmarks/gds.py --quick"
 if [ "$build_ok" = 1 ]; then
-  run_step gds.txt 130 "$py" benchmarks/gds.py --quick
+  bench_step h2d.py h2d.txt 120 "$share_gds" --timeout 45
+  for config in large small; do
+    line=$(grep -E "^stoker / ceiling \($config\)" "$out/h2d.txt" | tail -1)
+    skip=$(grep -E '^h2d: skipped' "$out/h2d.txt" | tail -1)
+    result="${line#stoker / ceiling ($config): }${skip}"
+    row "h2d: stoker / ceiling ($config)" "${result:-$(outcome); see h2d.txt}"
+  done
+
+  bench_step gds.py gds.txt 120 0 --timeout 50
   line=$(grep -E '^headline \(cold' "$out/gds.txt" | tail -1)
   skip=$(grep -E '^gds: skipped' "$out/gds.txt" | tail -1)
   result="${line#headline (cold, np.save file): }${skip}"
   row "gds: cold, np.save file" "${result:-$(outcome); see gds.txt}"
 else
+  row "h2d: stoker / ceiling (large)" "not run (no build)"
   row "gds: cold, np.save file" "not run (no build)"
 fi
 
-# ---- the stand-in tests: CPU logic that CI runs too, so they come after the benchmarks
-step "stand-in tests (ordering and logic only, not GPU verification)"
+# ---- the stand-in tests: CPU logic that CI runs too, so they come last ------------------------
 standins=()
 for f in tests/test_cuda_standin.py tests/test_gds_cpu.py; do
   if [ -e "$f" ]; then standins+=("$f"); else echo "$f: not in this tree, skipped"; fi
 done
 if [ "$build_ok" = 1 ] && [ ${#standins[@]} -gt 0 ]; then
-  run_step tests-standin.txt 150 "$py" -m pytest "${standins[@]}" -v -p no:cacheprovider
+  step "stand-in tests (ordering and logic only, not GPU verification)"
+  run_step tests-standin.txt "$(limit_for 300 0)" "$py" -m pytest "${standins[@]}" -v \
+    -p no:cacheprovider
   [ "$rc" = 0 ] || failed=1
   note=""
   [ "$rc" = 0 ] || note=", $(outcome)"
@@ -228,6 +348,20 @@ else
   row "stand-in + CPU GDS tests" "not run"
   [ "$build_ok" = 1 ] || failed=1
 fi
+
+# ---- cuFile's own log (never a file of its own in $out) --------------------------------------
+cufile_note="none written"
+for log in "$CUFILE_LOGFILE_PATH" cufile.log; do
+  if [ -s "$log" ]; then
+    {
+      printf '\n==== the last 60 lines of %s (cuFile'"'"'s log, %d lines)\n' "$log" "$(wc -l <"$log")"
+      tail -60 "$log"
+    } >>"$out/gds.txt"
+    cufile_note="$log: $(wc -l <"$log") lines, its tail appended to gds.txt"
+    if [ "$log" = cufile.log ]; then cufile_note+=" (CUFILE_LOGFILE_PATH was not honoured)"; fi
+  fi
+done
+row "cufile.log" "$cufile_note"
 
 # ---- the table, last ------------------------------------------------------------------------
 {

@@ -3,10 +3,13 @@ machine without CUDA. Nothing here needs a GPU or the stand-in driver."""
 
 from __future__ import annotations
 
-import ctypes.util
+import functools
 import io
+import json
 import os
 import re
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -14,10 +17,47 @@ import torch
 
 import stoker
 
-NO_CUDA = pytest.mark.skipif(
-    ctypes.util.find_library("cuda") is not None or bool(os.environ.get("STOKER_LIBCUDA")),
-    reason="a CUDA driver is reachable here: the refusal is for machines without one",
-)
+_PROBE = """
+import json, stoker._core
+driver = stoker._core.cuda_driver_status()
+try:
+    import torch
+    torch_cuda = bool(torch.cuda.is_available())
+except Exception:
+    torch_cuda = False
+print(json.dumps({"driver": bool(driver["available"]), "reason": driver["reason"],
+                  "torch": torch_cuda}))
+"""
+
+
+@functools.cache
+def _cuda_reachable() -> str:
+    """Why CUDA is usable here ("" where it is not), asked of stoker's own driver loader
+    (cuda_driver_status, with this environment's STOKER_LIBCUDA) and of torch, in a fresh
+    interpreter so that this process never loads the driver."""
+    try:
+        done = subprocess.run(
+            [sys.executable, "-c", _PROBE], capture_output=True, text=True, timeout=120
+        )
+        found = json.loads(done.stdout.strip().splitlines()[-1])
+    except (OSError, ValueError, IndexError, subprocess.TimeoutExpired) as e:
+        return f"could not tell whether CUDA is usable here ({type(e).__name__}: {e})"
+    if found["driver"]:
+        return "stoker.cuda_driver_status() finds a usable CUDA driver here"
+    if found["torch"]:
+        return "torch.cuda.is_available() is True here"
+    return ""
+
+
+@pytest.fixture
+def no_cuda():
+    """Skips the test where CUDA is usable: the refusals are for machines without it."""
+    why = _cuda_reachable()
+    if why:
+        pytest.skip(f"{why}: the refusal is for machines without CUDA")
+
+
+NO_CUDA = pytest.mark.usefixtures("no_cuda")
 
 DTYPES = [
     "bool", "int8", "uint8", "int16", "uint16", "int32", "uint32", "int64", "uint64",

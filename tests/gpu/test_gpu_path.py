@@ -539,8 +539,11 @@ def test_loader_with_little_pinned_memory_finishes(tar_shards):
 
 def test_a_busy_consumer_stream_does_not_block_next(tar_shards):
     """With a long kernel queued on the consumer's stream, next() returns at once (no device
-    or stream synchronise hides in it: the kernel is still running when it returns), and
-    the batch is right once the kernel is done."""
+    or stream synchronise hides in it: the kernel is still running when it returns), the
+    batch's copy overlaps the kernel (an event recorded on stoker's copy stream after next()
+    completes while the consumer's stream is still busy: the copy does not queue behind the
+    consumer's work), and the batch is right once the kernel is done. The kernel runs for
+    about a second, so the margins hold on a shared machine."""
     allow_tf32 = torch.backends.cuda.matmul.allow_tf32
     torch.backends.cuda.matmul.allow_tf32 = False
     try:
@@ -557,7 +560,7 @@ def test_a_busy_consumer_stream_does_not_block_next(tar_shards):
         busy(5)
         torch.cuda.synchronize()
         each = (time.perf_counter() - start) / 5
-        count = min(800, max(5, math.ceil(0.25 / each)))
+        count = min(4000, max(5, math.ceil(1.0 / each)))
         start = time.perf_counter()
         busy(count)
         torch.cuda.synchronize()
@@ -571,26 +574,54 @@ def test_a_busy_consumer_stream_does_not_block_next(tar_shards):
         )
         assert_same(next(on_gpu), next(on_cpu))  # warm: ring, streams, allocations
         torch.cuda.synchronize()
+        copies = stoker.cuda.copy_stream(0)  # the stream the Loader's copies run on
+        consumer = torch.cuda.current_stream(GPU)
         results = []
         for _ in range(3):
             busy(count)  # queued: the host returns at once
             start = time.perf_counter()
             batch = next(on_gpu)
             waited = time.perf_counter() - start
-            still_busy = not torch.cuda.current_stream(GPU).query()
+            still_busy = not consumer.query()
+            # Every copy queued so far (this batch's included) is done once this event is.
+            copied = copies.record()
+            overlapped, seen_after = None, None
+            deadline = time.perf_counter() + max(60.0, 20 * alone)
+            while overlapped is None and time.perf_counter() < deadline:
+                # The copies first, then the kernel: copies seen done while the kernel is
+                # still running finished while it ran.
+                done = copied.query()
+                kernel_running = not consumer.query()
+                if done:
+                    overlapped, seen_after = kernel_running, time.perf_counter() - start
+                elif not kernel_running:
+                    overlapped = False  # the kernel ended first: the copy waited for it
+                else:
+                    time.sleep(0.0002)
             snapshot = {k: batch[k].clone() for k in ("npy", "cls", "raw")}  # after the kernel
             torch.cuda.synchronize()
             expected = next(on_cpu)
             assert_same(batch, expected)
             assert_same(snapshot, {k: expected[k] for k in snapshot})
-            results.append((waited, still_busy))
-        print(f"busy work alone {alone:.3f} s; next() took / kernel still running: {results}")
-        assert all(still_busy for _, still_busy in results), (
+            results.append(
+                {
+                    "next_s": round(waited, 4),
+                    "kernel_running_after_next": still_busy,
+                    "copy_done_while_kernel_ran": overlapped,
+                    "copy_seen_done_after_s": None if seen_after is None else round(seen_after, 4),
+                }
+            )
+        print(f"busy work alone {alone:.3f} s ({count} matmuls); per batch: {results}")
+        assert all(r["kernel_running_after_next"] for r in results), (
             f"the busy work had finished when next() returned: next() waited for the device "
             f"({results})"
         )
-        assert all(waited < alone / 2 for waited, _ in results), (
-            f"next() took {results} s while {alone:.3f} s of work was queued"
+        assert all(r["next_s"] < alone / 2 for r in results), (
+            f"next() took too long while {alone:.3f} s of work was queued: {results}"
+        )
+        assert all(r["copy_done_while_kernel_ran"] for r in results), (
+            "the batch's copy did not complete while the consumer's kernel was running (it "
+            f"was serialised behind the consumer's work, or never completed): {results}"
         )
     finally:
         torch.backends.cuda.matmul.allow_tf32 = allow_tf32
