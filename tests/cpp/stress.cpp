@@ -890,21 +890,6 @@ class TestFence : public io::Fence {
   bool done_ = false;
 };
 
-// Two copies of one slot, as cuda::CopyStream combines them (FencePair).
-class PairFence : public io::Fence {
- public:
-  PairFence(std::shared_ptr<io::Fence> first, std::shared_ptr<io::Fence> second)
-      : first_(std::move(first)), second_(std::move(second)) {}
-  bool ready() override { return first_->ready() && second_->ready(); }
-  void wait() override {
-    first_->wait();
-    second_->wait();
-  }
-
- private:
-  std::shared_ptr<io::Fence> first_, second_;
-};
-
 // The copy stream: one FIFO worker. A copy holds the slot's address only, not
 // a reference (a device copy does not keep the slot alive either); when it
 // runs, the bytes must still be the ones written before it was queued.
@@ -1182,7 +1167,7 @@ void pinned_copy(PinnedWorld& pw, PinnedSlot& slot, Rng& rng) {
     }
     std::shared_ptr<io::Fence> fence = pw.copier.copy(b, offset, length, slot.stamp);
     if (b.fence && !b.fence->ready()) {
-      b.fence = std::make_shared<PairFence>(b.fence, std::move(fence));
+      b.fence = std::make_shared<io::FencePair>(b.fence, std::move(fence));
       g.pinned_pairs.fetch_add(1, std::memory_order_relaxed);
     } else {
       b.fence = std::move(fence);

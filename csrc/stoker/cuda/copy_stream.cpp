@@ -10,27 +10,6 @@
 
 namespace stoker::cuda {
 
-namespace {
-
-// A slot copied more than once (to two devices, or in pieces) is free when
-// every one of its copies is.
-class FencePair : public io::Fence {
- public:
-  FencePair(std::shared_ptr<io::Fence> first, std::shared_ptr<io::Fence> second)
-      : first_(std::move(first)), second_(std::move(second)) {}
-  bool ready() override { return first_->ready() && second_->ready(); }
-  void wait() override {
-    first_->wait();
-    second_->wait();
-  }
-
- private:
-  std::shared_ptr<io::Fence> first_;
-  std::shared_ptr<io::Fence> second_;
-};
-
-}  // namespace
-
 uint8_t* PinnedHostMemory::allocate(size_t size) {
   const DriverApi& api = driver();
   DeviceScope scope(device_);
@@ -162,7 +141,7 @@ std::shared_ptr<Event> CopyStream::copy_to_device(const std::shared_ptr<io::Alig
   auto event = std::make_shared<Event>(device_, stream_);
   // Fenced before anything else can fail: the copy is queued and reads the slot.
   if (slot->fence && !slot->fence->ready()) {
-    slot->fence = std::make_shared<FencePair>(slot->fence, event);
+    slot->fence = std::make_shared<io::FencePair>(slot->fence, event);
   } else {
     slot->fence = event;
   }

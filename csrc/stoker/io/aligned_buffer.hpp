@@ -8,6 +8,7 @@
 #include <cstdlib>
 #include <memory>
 #include <new>
+#include <utility>
 
 namespace stoker::io {
 
@@ -18,6 +19,23 @@ class Fence {
   virtual ~Fence() = default;
   virtual bool ready() = 0;
   virtual void wait() = 0;
+};
+
+// A buffer copied twice (to two devices, or in pieces) is free once both
+// copies are.
+class FencePair : public Fence {
+ public:
+  FencePair(std::shared_ptr<Fence> first, std::shared_ptr<Fence> second)
+      : first_(std::move(first)), second_(std::move(second)) {}
+  bool ready() override { return first_->ready() && second_->ready(); }
+  void wait() override {
+    first_->wait();
+    second_->wait();
+  }
+
+ private:
+  std::shared_ptr<Fence> first_;
+  std::shared_ptr<Fence> second_;
 };
 
 // Page-locked host memory for a device (cuda::PinnedHostMemory implements it).
