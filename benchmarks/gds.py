@@ -56,19 +56,17 @@ import contextlib
 import ctypes
 import importlib.util
 import json
-import math
 import os
-import selectors
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
-import tempfile
 import time
 import warnings
 
+import _runner
 import numpy as np
+from _runner import say
 
 SLICE = (512, 512)  # one slice: 1 MiB of int32
 # in the order they run: the headline ratios (stoker, numpy) first
@@ -418,93 +416,42 @@ def child(name: str, args, stamp: dict) -> None:
 # -- the parent ---------------------------------------------------------------
 
 
-def say(*parts: object) -> None:
-    """Print now: a run cut short still shows everything that finished."""
-    print(*parts, flush=True)
-
-
-class Stop(BaseException):
-    """SIGTERM (or the budget) ends the run: the tables are printed from what finished."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    raise Stop(f"signal {signum}")
-
-
-def _kill(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
-        proc.wait()
-
-
-def measure(name: str, args, seconds: float, on_line, sink: list[dict]) -> dict:
-    """One method's process (its own process group), killed after `seconds`; `on_line` is
-    called with each line it prints the moment it arrives. What it reported goes into
-    `sink` at once (so a run stopped meanwhile keeps it) and is returned: {"skipped"} or
-    {"measurements", "cuda_status", ...}, with "failed" if it timed out, died or was
-    stopped (the measurements it finished are kept)."""
+def measure(name: str, args, slot: _runner.Slot, on_line, sink: list[dict]) -> dict:
+    """One method's process (its own process group), killed when `slot` runs out;
+    `on_line(kind, item)` is called with each result line it prints the moment it arrives.
+    What it reported goes into `sink` at once (so a run stopped meanwhile keeps it) and is
+    returned: {"skipped"} or {"measurements", "cuda_status", ...}, with "failed" if it timed
+    out, died or was stopped (the measurements it finished are kept)."""
     command = [sys.executable, __file__, "--child", name, "--dir", args.dir]
     command += ["--gib", repr(args.gib)]
     out: dict = {"measurements": []}
     sink.append(out)
-    with tempfile.TemporaryFile() as err:
-        proc = None
-        deadline = time.monotonic() + seconds
-        pending = b""
+
+    def on_child_line(line: str) -> None:
+        if not line.startswith(TAG):  # not one of child()'s lines
+            return
         try:
-            proc = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=err, start_new_session=True
-            )
-            with selectors.DefaultSelector() as selector:
-                selector.register(proc.stdout, selectors.EVENT_READ)
-                while True:
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        out["failed"] = f"timed out after {seconds:.0f} s"
-                        break
-                    if not selector.select(timeout=min(left, 1.0)):
-                        continue
-                    chunk = os.read(proc.stdout.fileno(), 1 << 16)
-                    if not chunk:
-                        break
-                    *lines, pending = (pending + chunk).split(b"\n")
-                    for raw in lines:
-                        line = raw.decode(errors="replace")
-                        if not line.startswith(TAG):
-                            continue
-                        try:
-                            item = json.loads(line[len(TAG) :])
-                        except ValueError:
-                            continue
-                        kind = item.pop("kind")
-                        if kind == "skip":
-                            out.clear()
-                            out["skipped"] = item["reason"]
-                        elif kind == "info":
-                            out.update(item)
-                        else:
-                            out["measurements"].append(item)
-                        on_line(kind, item)
-            if "failed" not in out:
-                try:
-                    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    out["failed"] = f"timed out after {seconds:.0f} s"
-        except (Stop, KeyboardInterrupt):  # SIGTERM, the budget or Ctrl-C while waiting
-            out["failed"] = "stopped while running"
-            raise
-        finally:
-            _kill(proc)
-            if proc is not None:
-                proc.stdout.close()
-        if "failed" not in out and proc.returncode != 0:
-            out["failed"] = f"exit status {proc.returncode}"
-        if "failed" in out:
-            err.seek(0)
-            out["stderr"] = err.read()[-3000:].decode(errors="replace")
+            item = json.loads(line[len(TAG) :])
+        except ValueError:
+            return
+        kind = item.pop("kind")
+        if kind == "skip":
+            out.clear()
+            out["skipped"] = item["reason"]
+        elif kind == "info":
+            out.update(item)
+        else:
+            out["measurements"].append(item)
+        on_line(kind, item)
+
+    try:
+        done = _runner.run_child(command, slot, on_child_line)
+    except (_runner.Stop, KeyboardInterrupt):  # SIGTERM, the budget or Ctrl-C while waiting
+        out["failed"] = "stopped while running"
+        raise
+    if done.failed is not None:
+        out["failed"] = done.failed
+        out["stderr"] = done.stderr
     return out
 
 
@@ -657,49 +604,31 @@ def main() -> None:
         help="where the files go: a local disk, not a tmpfs (default: bench-data/gds)",
     )
     parser.add_argument("--only", nargs="*", help="substrings of the method names to run")
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=900,
-        help="seconds per method process (killed after it; the reads it finished are kept)",
+    _runner.add_arguments(
+        parser,
+        timeout=900,
+        timeout_help="seconds per method process (killed after it; the reads it finished are kept)",
+        measured="processes",
+        json_help="write the raw results and the ratios here",
     )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        help="seconds for the whole run: processes that do not fit are cut or not started",
-    )
-    parser.add_argument("--json", help="write the raw results and the ratios here")
     parser.add_argument("--clean", action="store_true", help="delete the files at the end")
     parser.add_argument("--quick", action="store_true", help="1 GiB, 1 run (gpu_check)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    began = time.monotonic()
+    limits = _runner.Limits(parser, args)
     args.gib = args.gib or (1.0 if args.quick else 4.0)
     args.runs = args.runs or (1 if args.quick else 3)
     if args.gib <= 0 or args.runs < 1:
         parser.error("--gib and --runs must be positive")
-    if args.timeout <= 0 or (args.budget is not None and args.budget <= 0):
-        parser.error("--timeout and --budget must be positive")
     if args.child:
         with open(os.path.join(args.dir, "stamp.json")) as f:
             stamp = json.load(f)
         child(args.child, args, stamp)
         return
-    try:
-        import torch
-    except ImportError:
-        say("gds: skipped: torch is not installed")
+    missing = _runner.why_no_cuda()
+    if missing:
+        say(f"gds: skipped: {missing}")
         return
-    if not torch.cuda.is_available():
-        say("gds: skipped: no CUDA device (torch.cuda.is_available() is False)")
-        return
-    signal.signal(signal.SIGTERM, _on_sigterm)
-
-    def left() -> float:
-        if args.budget is None:
-            return math.inf
-        return args.budget - (time.monotonic() - began)
-
     os.makedirs(args.dir, exist_ok=True)
     fs = fs_type(args.dir)
     if fs in ("tmpfs", "ramfs"):
@@ -712,57 +641,51 @@ def main() -> None:
         say("kvikio: skipped: not installed (pip install kvikio-cu12 or -cu13 to include it)")
         names.remove("kvikio")
     results: dict[str, list[dict]] = {n: [] for n in names}
-    stamp, stopped = None, None
+    stamp = None
+    measuring = _runner.Interruptible("gds")
     try:
-        t0 = time.monotonic()
-        stamp = prepare(args.dir, args.gib)
-        say(f"data ready in {args.dir} ({fs}, {time.monotonic() - t0:.0f} s)")
-        gb = stamp["nbytes"] / 1e9
-        for run in range(args.runs):
-            for name in names:
-                if any("skipped" in r for r in results[name]):
-                    continue
-                if left() < 5:
-                    raise Stop(f"the budget of {args.budget:g} s is spent")
-                seconds = min(args.timeout, left())
-                t0 = time.monotonic()
+        with measuring:
+            t0 = time.monotonic()
+            stamp = prepare(args.dir, args.gib)
+            say(f"data ready in {args.dir} ({fs}, {time.monotonic() - t0:.0f} s)")
+            gb = stamp["nbytes"] / 1e9
+            for run in range(args.runs):
+                for name in names:
+                    if any("skipped" in r for r in results[name]):
+                        continue
+                    slot = limits.next_slot()
+                    t0 = time.monotonic()
 
-                def on_line(
-                    kind: str, item: dict, name: str = name, run: int = run, t0: float = t0
-                ) -> None:
-                    prefix = f"run {run + 1}/{args.runs}"
-                    if kind == "skip":
-                        say(f"{prefix} {name}: skipped: {item['reason']}")
-                    elif kind == "info":
-                        caught = item.get("warmup_warnings") or []
+                    def on_line(
+                        kind: str, item: dict, name: str = name, run: int = run, t0: float = t0
+                    ) -> None:
+                        prefix = f"run {run + 1}/{args.runs}"
+                        if kind == "skip":
+                            say(f"{prefix} {name}: skipped: {item['reason']}")
+                        elif kind == "info":
+                            caught = item.get("warmup_warnings") or []
+                            say(
+                                f"{prefix} {name}: ready after {time.monotonic() - t0:.0f} s "
+                                f"(warm-up read's mode: {item.get('warmup_mode', '?')})"
+                                + (f"; warm-up caught: {' | '.join(caught)}" if caught else "")
+                            )
+                        else:
+                            mine = None
+                            if len(results.get("stoker", [])) > run and name != "stoker":
+                                for m in results["stoker"][run].get("measurements", []):
+                                    same = (m["file"], m["temperature"])
+                                    if same == (item["file"], item["temperature"]):
+                                        mine = gb / m["seconds"] if "seconds" in m else None
+                            say(f"{prefix} {measurement_line(name, item, gb, mine)}")
+
+                    r = measure(name, args, slot, on_line, results[name])
+                    if "failed" in r:
+                        tail = r.get("stderr", "").strip()
                         say(
-                            f"{prefix} {name}: ready after {time.monotonic() - t0:.0f} s "
-                            f"(warm-up read's mode: {item.get('warmup_mode', '?')})"
-                            + (f"; warm-up caught: {' | '.join(caught)}" if caught else "")
+                            f"run {run + 1}/{args.runs} {name}: {r['failed']}; "
+                            f"{len(r.get('measurements', []))} read(s) finished"
+                            + (f"\n{tail}" if tail else "")
                         )
-                    else:
-                        mine = None
-                        if len(results.get("stoker", [])) > run and name != "stoker":
-                            for m in results["stoker"][run].get("measurements", []):
-                                same = (m["file"], m["temperature"])
-                                if same == (item["file"], item["temperature"]):
-                                    mine = gb / m["seconds"] if "seconds" in m else None
-                        say(f"{prefix} {measurement_line(name, item, gb, mine)}")
-
-                r = measure(name, args, seconds, on_line, results[name])
-                if r.get("failed", "").startswith("timed out") and seconds < args.timeout:
-                    r["failed"] += " (the budget ran out)"
-                if "failed" in r:
-                    tail = r.get("stderr", "").strip()
-                    say(
-                        f"run {run + 1}/{args.runs} {name}: {r['failed']}; "
-                        f"{len(r.get('measurements', []))} read(s) finished"
-                        + (f"\n{tail}" if tail else "")
-                    )
-    except (Stop, KeyboardInterrupt) as e:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the tables
-        stopped = str(e) or type(e).__name__
-        say(f"\ngds: stopped ({stopped}); the tables below hold what finished")
     finally:
         if args.clean:
             shutil.rmtree(args.dir, ignore_errors=True)
@@ -774,7 +697,9 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"results": results, "ratios": ratios, "fs": fs, "stopped": stopped}, f, indent=1
+                {"results": results, "ratios": ratios, "fs": fs, "stopped": measuring.stopped},
+                f,
+                indent=1,
             )
 
 

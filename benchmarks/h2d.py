@@ -51,14 +51,14 @@ import io
 import json
 import math
 import os
-import signal
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
 
+import _runner
 import numpy as np
+from _runner import say
 
 CONFIGS = {"large": (3, 224, 224), "small": (3, 64, 64)}  # the headline (large) first
 SHARDS = 16
@@ -68,19 +68,6 @@ PINNED = "DataLoader, pin_memory + non_blocking"
 # in the order they run: the headline's two (stoker against the ceiling) first
 NAMES = ["stoker", CEILING, PINNED, "DataLoader, plain + .cuda()"]
 TARGET = 0.90  # stoker's share of the ceiling on large batches
-
-
-def say(*parts: object) -> None:
-    """Print now: a run cut short still shows everything that finished."""
-    print(*parts, flush=True)
-
-
-class Stop(BaseException):
-    """SIGTERM (or the budget) ends the run: the tables are printed from what finished."""
-
-
-def _on_sigterm(signum, frame) -> None:
-    raise Stop(f"signal {signum}")
 
 
 def workers() -> int:
@@ -95,12 +82,9 @@ def prepare(folder: str, shape: tuple[int, ...], dtype: str, n: int) -> dict:
     one sample's bytes and the checksums a full epoch must give)."""
     stamp_path = os.path.join(folder, "stamp.json")
     want = {"samples": n, "shape": list(shape), "dtype": dtype}
-    if os.path.exists(stamp_path):
-        with open(stamp_path) as f:
-            stamp = json.load(f)
-        if all(stamp.get(k) == v for k, v in want.items()):
-            return stamp
-        os.unlink(stamp_path)
+    stamp = _runner.stamp_if_current(stamp_path, want)
+    if stamp is not None:
+        return stamp
     os.makedirs(folder, exist_ok=True)
     rng = np.random.default_rng(0)
     per_shard = -(-n // SHARDS)
@@ -360,10 +344,10 @@ def folder_name(config: str, args) -> str:
     return f"{config}-{args.samples_of[config]}-{dtype}"
 
 
-def measure(name: str, config: str, args, seconds: float, sink: list[dict]) -> dict:
+def measure(name: str, config: str, args, slot: _runner.Slot, sink: list[dict]) -> dict:
     """One measurement in a fresh process (its own process group, so its DataLoader workers
-    die with it), killed after `seconds`. Its result goes into `sink` (at once, marked as
-    stopped, if the run is stopped meanwhile) and is returned."""
+    die with it), killed when `slot` runs out. Its result goes into `sink` (at once, marked
+    as stopped, so a run stopped meanwhile shows it) and is returned."""
     command = [sys.executable, __file__, "--child", name, "--config", config]
     command += ["--data", args.data, "--batch", str(args.batch)]
     command += ["--samples", str(args.samples_of["small"]), str(args.samples_of["large"])]
@@ -371,42 +355,19 @@ def measure(name: str, config: str, args, seconds: float, sink: list[dict]) -> d
     command += ["--large-dtype", args.large_dtype]
     result = {"failed": "stopped while running"}
     sink.append(result)
-    proc = None
-    try:
-        proc = subprocess.Popen(
-            command,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
-        try:
-            stdout, stderr = proc.communicate(timeout=seconds)
-        except subprocess.TimeoutExpired:
-            _kill(proc)
-            stdout, stderr = proc.communicate()
-            got = {"failed": f"timed out after {seconds:.0f} s", "stderr": stderr[-2000:]}
-        else:
-            got = {"failed": f"exit status {proc.returncode}", "stderr": stderr[-3000:]}
-            if proc.returncode == 0 and stdout.strip():
-                try:
-                    got = json.loads(stdout.strip().splitlines()[-1])
-                except ValueError:
-                    got = {"failed": "no result", "stderr": (stdout + stderr)[-3000:]}
-    finally:
-        _kill(proc)  # Stop (SIGTERM) while waiting: the child and its workers go too
+    stdout: list[str] = []
+    done = _runner.run_child(command, slot, stdout.append)
+    printed = [line for line in stdout if line.strip()]
+    if done.failed is not None:
+        got = {"failed": done.failed, "stderr": done.stderr}
+    else:
+        try:  # the child's last line is its result
+            got = json.loads(printed[-1])
+        except (IndexError, ValueError):
+            got = {"failed": "no result", "stderr": ("\n".join(stdout) + done.stderr)[-3000:]}
     result.clear()
     result.update(got)
     return result
-
-
-def _kill(proc: subprocess.Popen | None) -> None:
-    if proc is not None and proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except OSError:
-            proc.kill()
-        proc.wait()
 
 
 def result_line(config: str, name: str, r: dict, took: float) -> str:
@@ -498,9 +459,11 @@ def report(args, stamps: dict, results: dict) -> dict:
             say(f"stoker / ceiling ({config}): {headline[config]:.0%}{target}{flag}")
         else:
             missing = [
-                f"{n}: {'; '.join(sorted({r['failed'] for r in results[config][n]})) or 'not run'}"
+                f"{n}: {'; '.join(sorted({r['failed'] for r in results[config].get(n, [])}))}"
+                if results[config].get(n)
+                else f"{n}: not run"
                 for n in ("stoker", CEILING)
-                if not any("failed" not in r for r in results[config][n])
+                if not any("failed" not in r for r in results[config].get(n, []))
             ]
             say(f"stoker / ceiling ({config}): n/a ({', '.join(missing)}){target}")
     return headline
@@ -525,18 +488,14 @@ def main() -> None:
     parser.add_argument("--large-dtype", choices=["uint8", "float16"], default="uint8")
     parser.add_argument("--configs", nargs="+", choices=list(CONFIGS), default=list(CONFIGS))
     parser.add_argument("--only", nargs="*", help="substrings of the loader names to run")
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=600,
-        help="seconds per measurement (its process is killed and it is reported as timed out)",
+    _runner.add_arguments(
+        parser,
+        timeout=600,
+        timeout_help="seconds per measurement (its process is killed and it is reported as "
+        "timed out)",
+        measured="measurements",
+        json_help="write the raw results and the headline here",
     )
-    parser.add_argument(
-        "--budget",
-        type=float,
-        help="seconds for the whole run: measurements that do not fit are cut or not started",
-    )
-    parser.add_argument("--json", help="write the raw results and the headline here")
     parser.add_argument("--data", default=os.path.join("bench-data", "h2d"))
     parser.add_argument(
         "--quick", action="store_true", help="one round of fewer samples (gpu_check)"
@@ -544,12 +503,10 @@ def main() -> None:
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--config", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    began = time.monotonic()
+    limits = _runner.Limits(parser, args)
     samples = args.samples or ([8192, 2048] if args.quick else [40960, 8192])
     if len(samples) > 2 or min(samples) < 1 or args.batch < 1:
         parser.error("--samples takes one or two positive numbers; --batch must be positive")
-    if args.timeout <= 0 or (args.budget is not None and args.budget <= 0):
-        parser.error("--timeout and --budget must be positive")
     args.samples_of = {"small": samples[0], "large": samples[-1]}
     args.runs = args.runs or (1 if args.quick else 3)
     args.epochs = args.epochs or (2 if args.quick else 3)
@@ -558,32 +515,19 @@ def main() -> None:
     if args.child:
         child(args.child, args.config, args)
         return
-    try:
-        import torch
-    except ImportError:
-        say("h2d: skipped: torch is not installed")
+    missing = _runner.why_no_cuda()
+    if missing:
+        say(f"h2d: skipped: {missing}")
         return
-    if not torch.cuda.is_available():
-        say("h2d: skipped: no CUDA device (torch.cuda.is_available() is False)")
-        return
-    signal.signal(signal.SIGTERM, _on_sigterm)
     configs = [c for c in CONFIGS if c in args.configs]  # the headline's config first
     names = [n for n in NAMES if not args.only or any(o in n for o in args.only)]
     stamps: dict[str, dict] = {}
     results: dict[str, dict[str, list[dict]]] = {c: {n: [] for n in names} for c in configs}
-
-    def left() -> float:
-        if args.budget is None:
-            return math.inf
-        return args.budget - (time.monotonic() - began)
-
-    stopped = None
-    try:
+    with _runner.Interruptible("h2d") as measuring:
         for run in range(args.runs):
             for config in configs:
                 if config not in stamps:
-                    if left() < 15:
-                        raise Stop(f"the budget of {args.budget:g} s is spent")
+                    limits.require(15)  # writing the data takes a while
                     dtype = args.large_dtype if config == "large" else "uint8"
                     folder = os.path.join(args.data, folder_name(config, args))
                     t0 = time.monotonic()
@@ -593,13 +537,9 @@ def main() -> None:
                     warm_page_cache(stamps[config]["shards"])
                     say(f"[{config}] data ready in {folder} ({time.monotonic() - t0:.0f} s)")
                 for name in names:
-                    if left() < 5:
-                        raise Stop(f"the budget of {args.budget:g} s is spent")
-                    seconds = min(args.timeout, left())
+                    slot = limits.next_slot()
                     t0 = time.monotonic()
-                    r = measure(name, config, args, seconds, results[config][name])
-                    if r.get("failed", "").startswith("timed out") and seconds < args.timeout:
-                        r["failed"] += " (the budget ran out)"
+                    r = measure(name, config, args, slot, results[config][name])
                     line = result_line(config, name, r, time.monotonic() - t0)
                     done = {
                         n: results[config][n][-1]
@@ -616,15 +556,11 @@ def main() -> None:
                         )
                         line += f"; stoker / ceiling, this run: {ratio:.0%}"
                     say(f"run {run + 1}/{args.runs} {line}")
-    except (Stop, KeyboardInterrupt) as e:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a second one must not cut the tables
-        stopped = str(e) or type(e).__name__
-        say(f"\nh2d: stopped ({stopped}); the tables below hold what finished")
     headline = report(args, stamps, results)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(
-                {"results": results, "stoker_of_ceiling": headline, "stopped": stopped},
+                {"results": results, "stoker_of_ceiling": headline, "stopped": measuring.stopped},
                 f,
                 indent=1,
             )

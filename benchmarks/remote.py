@@ -62,6 +62,7 @@ import threading
 import time
 import zipfile
 
+import _runner
 import numpy as np
 
 SHAPE = (3, 64, 64)
@@ -77,12 +78,9 @@ def prepare(folder: str, n: int, per_shard: int) -> dict:
     there for these settings. Returns the stamp: shard names, bytes and the labels' sum."""
     stamp_path = os.path.join(folder, ".done")
     want = {"samples": n, "per_shard": per_shard}
-    if os.path.exists(stamp_path):
-        with open(stamp_path) as f:
-            stamp = json.load(f)
-        if all(stamp.get(k) == v for k, v in want.items()):
-            return stamp
-        os.unlink(stamp_path)
+    stamp = _runner.stamp_if_current(stamp_path, want)
+    if stamp is not None:
+        return stamp
     zips, tars = os.path.join(folder, "zip"), os.path.join(folder, "tar")
     for d in (zips, tars):
         shutil.rmtree(d, ignore_errors=True)
