@@ -985,3 +985,21 @@ def test_forked_child_gets_a_clear_error(standin_libs, tmp_path):
     assert child["cpu_ok"]
     assert r["parent"]["cuda"] is True
     assert child["status"]["cuda"] is False and "fork" in child["status"]["reason"]
+
+
+def test_device_stage_keeps_the_batch_structure():
+    """The structure around the tensors survives the trip (no device needed to check it)."""
+    import collections
+
+    import torch
+
+    from stoker.cuda import _rebuild
+
+    Pair = collections.namedtuple("Pair", "x y")
+    t = torch.arange(3)
+    batch = collections.OrderedDict(a=t, b=[t, "k"], c=(t,), d=Pair(t, 1))
+    out = _rebuild(batch, torch, {id(t): "moved"})
+    assert type(out) is collections.OrderedDict
+    assert out == collections.OrderedDict(
+        a="moved", b=["moved", "k"], c=("moved",), d=Pair("moved", 1)
+    )

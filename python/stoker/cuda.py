@@ -348,7 +348,11 @@ def _rebuild(value: Any, torch: Any, placed: dict[int, Any]) -> Any:
     if isinstance(value, torch.Tensor):
         return placed.get(id(value), value)
     if isinstance(value, Mapping):
-        return {k: _rebuild(v, torch, placed) for k, v in value.items()}
+        items = {k: _rebuild(v, torch, placed) for k, v in value.items()}
+        try:
+            return items if type(value) is dict else type(value)(items)
+        except TypeError:  # a mapping type that cannot be made from a dict
+            return items
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple
         return type(value)(*(_rebuild(v, torch, placed) for v in value))
     if isinstance(value, (list, tuple)):
