@@ -438,12 +438,6 @@ def _scenario_ordering(libs: list[str], delay_us: int, rounds: int) -> dict:
     out["refill"] = {"stats": fake.stats(), "dst_saw_refill": bool((dst == 2).all())}
     del slot
 
-    # device-to-device copies keep stream order too
-    src2 = np.arange(1000, dtype=np.uint8)
-    dst2 = np.zeros(1000, np.uint8)
-    stream.copy_device(src2.ctypes.data, dst2.ctypes.data, 1000, consumer.handle).wait()
-    out["dtod_exact"] = bool(np.array_equal(src2, dst2))
-
     del ring, plain, event
     gc.collect()
     out["final"] = fake.stats()
@@ -482,7 +476,6 @@ def test_ring_bounds_and_refusals(standin_libs):
     # the negative control: a refill while the copy is pending IS detected
     assert r["refill"]["stats"]["overwritten_sources"] > 0
     assert r["refill"]["dst_saw_refill"]
-    assert r["dtod_exact"]
     final = r["final"]
     assert final["registered_bytes"] == 0  # every slot unpinned when the ring went
     assert final["unregister_errors"] == 0 and final["no_context_calls"] == 0

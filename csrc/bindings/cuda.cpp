@@ -102,15 +102,6 @@ void register_cuda(py::module_& m) {
           "asynchronously; the slot is not reused before the copy completes, and work queued on "
           "`consumer_stream` afterwards sees the bytes. Returns the copy's Event.")
       .def(
-          "copy_device",
-          [](cuda::CopyStream& stream, uintptr_t src, uintptr_t dst, size_t size,
-             uintptr_t consumer) {
-            return stream.copy_device(src, dst, size, as_stream(consumer));
-          },
-          py::arg("src"), py::arg("dst"), py::arg("nbytes"), py::arg("consumer_stream"),
-          py::call_guard<py::gil_scoped_release>(),
-          "Copy `nbytes` between device addresses asynchronously, ordered like copy().")
-      .def(
           "wait_for",
           [](cuda::CopyStream& s, uintptr_t producer) { s.wait_for(as_stream(producer)); },
           py::arg("stream"), py::call_guard<py::gil_scoped_release>(),

@@ -113,11 +113,12 @@ def cuda_status() -> dict[str, Any]:
     return status
 
 
-def _torch() -> Any:
+def require_torch() -> Any:
+    """torch, which the Loader and the GPU path hand out tensors of."""
     try:
         import torch
     except ImportError as e:  # pragma: no cover - torch is a test dependency
-        raise StokerError("stoker's GPU path hands out torch tensors: pip install torch") from e
+        raise StokerError("stoker hands out torch tensors: pip install torch") from e
     return torch
 
 
@@ -126,23 +127,20 @@ def device_index(device: Any) -> int | None:
     text = str(device)
     if text == "cpu":
         return None
-    if text == "cuda" or text.startswith("cuda:"):
-        if text == "cuda":
-            torch = _torch()
-            return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
-        try:
-            index = int(text[5:])
-        except ValueError:
-            index = -1
-        if index < 0:
+    if text == "cuda":
+        torch = require_torch()
+        return torch.cuda.current_device() if torch.cuda.is_initialized() else 0
+    if text.startswith("cuda:"):
+        index = text[5:]
+        if not (index.isascii() and index.isdigit()):
             raise StokerError(f"device={device!r}: not a CUDA device")
-        return index
+        return int(index)
     raise StokerError(f"device={device!r}: stoker moves batches to 'cpu', 'cuda' or 'cuda:N'")
 
 
 def require_cuda(device: int) -> None:
     """Raise CudaError, saying why, unless `device` can be used in this process."""
-    torch = _torch()
+    torch = require_torch()
     in_bad_fork = getattr(torch.cuda, "_is_in_bad_fork", lambda: False)
     if in_bad_fork():
         raise CudaError(
@@ -187,7 +185,7 @@ class TorchMemory:
         self._streams: dict[tuple[int, int], Any] = {}
 
     def check(self, device: int) -> None:
-        torch = _torch()
+        torch = require_torch()
         if not torch.cuda.is_available():
             raise CudaError(
                 f"device 'cuda:{device}': this torch ({torch.__version__}) cannot use CUDA; "
@@ -198,12 +196,12 @@ class TorchMemory:
         key = (device, stream)
         found = self._streams.get(key)
         if found is None:
-            found = _torch().cuda.ExternalStream(stream, device=f"cuda:{device}")
+            found = require_torch().cuda.ExternalStream(stream, device=f"cuda:{device}")
             self._streams[key] = found
         return found
 
     def empty(self, nbytes: int, device: int, stream: int) -> tuple[Any, int]:
-        torch = _torch()
+        torch = require_torch()
         # Allocated for the copy stream, so the allocator orders its reuse after the copy;
         # hand_over then ties its release to the consumer's stream as well.
         with torch.cuda.stream(self._external(device, stream)):
@@ -211,10 +209,10 @@ class TorchMemory:
         return buffer, buffer.data_ptr()
 
     def consumer_stream(self, device: int) -> int:
-        return int(_torch().cuda.current_stream(device).cuda_stream)
+        return int(require_torch().cuda.current_stream(device).cuda_stream)
 
     def hand_over(self, buffer: Any, device: int) -> None:
-        buffer.record_stream(_torch().cuda.current_stream(device))
+        buffer.record_stream(require_torch().cuda.current_stream(device))
 
     def view(self, buffer: Any, offset: int, nbytes: int, dtype: Any, shape: tuple) -> Any:
         return buffer[offset : offset + nbytes].view(dtype).view(shape)
@@ -283,7 +281,7 @@ class DeviceStage:
             raise
 
     def to_device(self, batch: Any, slot: np.ndarray | None = None) -> Any:
-        torch = _torch()
+        torch = require_torch()
         leaves: list[Any] = []
         _collect(batch, torch, leaves)
         if not leaves:

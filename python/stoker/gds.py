@@ -12,7 +12,6 @@ from __future__ import annotations
 import io
 import os
 import re
-import tempfile
 import threading
 from collections import OrderedDict, deque
 from typing import Any, BinaryIO
@@ -22,6 +21,7 @@ import numpy as np
 from stoker import _core, cuda
 from stoker.dataset import shared_reader
 from stoker.errors import CuFileError, ReadError, ShardFormatError, StokerError, located
+from stoker.manifest import write_atomically
 
 PAGE = 4096  # GPUDirect reads whole 4 KiB pages at page-aligned device addresses
 _BOUNCE_CHUNK = 16 << 20  # bytes per pinned slot on the bounce path
@@ -42,8 +42,9 @@ def read_npy_header(stream: BinaryIO) -> tuple[np.dtype, tuple[int, ...], bool]:
     return dtype, tuple(shape), fortran
 
 
-def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int]:
-    """dtype, shape and data offset of the .npy at `path`, checked against its size."""
+def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
+    """dtype, shape, data offset and data bytes of the .npy at `path`, checked against its
+    size."""
     try:
         with open(path, "rb") as f:
             head = f.read(1 << 17)
@@ -87,11 +88,11 @@ def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int]:
             f"truncated: a {shape} {dtype} array needs "
             f"{offset + nbytes} bytes but the file has {size}",
         )
-    return dtype, shape, offset
+    return dtype, shape, offset, nbytes
 
 
 def _torch_dtype(dtype: np.dtype, path: str) -> Any:
-    torch = cuda._torch()
+    torch = cuda.require_torch()
     try:
         return torch.from_numpy(np.empty(0, dtype)).dtype
     except TypeError as e:
@@ -101,11 +102,10 @@ def _torch_dtype(dtype: np.dtype, path: str) -> Any:
 def load_npy(path: str | os.PathLike[str], device: Any = "cuda") -> Any:
     """The whole .npy at `path` as a tensor on `device` ("cpu", "cuda", "cuda:N")."""
     path = os.fspath(path)
-    dtype, shape, offset = _array_layout(path)
-    torch = cuda._torch()
+    dtype, shape, offset, nbytes = _array_layout(path)
+    torch = cuda.require_torch()
     index = cuda.device_index(device)
     tdtype = _torch_dtype(dtype, path)
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
     if index is None:
         out = torch.empty(shape, dtype=tdtype)
         _read_host(out, path, offset)
@@ -171,7 +171,7 @@ def _read_pieces(dest: np.ndarray, files: Any, offset: int) -> Any:
 
 
 def _read_host(tensor: Any, path: str, offset: int) -> None:
-    torch = cuda._torch()
+    torch = cuda.require_torch()
     raw = tensor.reshape(-1).view(torch.uint8).numpy()
     if raw.nbytes:
         _read_pieces(raw, _core.FileTable([path]), offset).wait()
@@ -437,21 +437,10 @@ class GDSCache:
         path = self.path(key)
         array = _host_array(tensor)
         header = _aligned_npy_header(array.dtype, array.shape)
-        fd, temp = tempfile.mkstemp(prefix=".put-", suffix=".tmp", dir=self.cache_dir)
         try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(header)
-                f.write(memoryview(array.reshape(-1).view(np.uint8)))
-                f.flush()
-                os.fsync(f.fileno())
-            os.chmod(temp, 0o644)
-            os.replace(temp, path)
+            write_atomically(path, [header, memoryview(array.reshape(-1).view(np.uint8))])
         except OSError as e:
-            os.unlink(temp)
             raise located(ReadError, path, 0, f"cannot write the cache file: {e}") from e
-        except BaseException:
-            os.unlink(temp)
-            raise
         return path
 
     def get(self, key: str, device: Any = "cuda") -> Any:

@@ -47,14 +47,6 @@ _CODEC_ASCII_INT = 2  # the reader parses the text into an int64 (io::Codec::kAs
 _DEFAULT_PINNED_BYTES = 1 << 30  # page-locked host memory a GPU loader may hold
 
 
-def _torch() -> Any:
-    try:
-        import torch
-    except ImportError as e:  # pragma: no cover - torch is a test dependency
-        raise StokerError("stoker.Loader hands out torch tensors: pip install torch") from e
-    return torch
-
-
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """rank and world size: as given, else torch.distributed's when it is initialised,
     else the RANK / WORLD_SIZE environment, else 0 and 1."""
@@ -248,13 +240,11 @@ class Loader:
         if prefetch < 1:
             raise ValueError(f"prefetch must be at least 1, not {prefetch}")
         self._device = cuda.device_index(device)
-        if self._device is not None:
-            cuda.require_cuda(self._device)
         if pinned_bytes is not None and pinned_bytes < 1:
             raise ValueError(f"pinned_bytes must be positive, not {pinned_bytes}")
         if fields is not None and (map is not None or collate is not None):
             raise StokerError("fields= is the declarative fast path; it takes no map= or collate=")
-        self._torch = _torch()
+        self._torch = cuda.require_torch()
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
@@ -286,12 +276,7 @@ class Loader:
         self._stats = _Stats()
         self._check_cache()
         self.pinned_bytes = pinned_bytes or _DEFAULT_PINNED_BYTES
-        # Slots for the reads in flight, one being copied and one being filled.
-        self._stage = (
-            cuda.DeviceStage(self._device, self.pinned_bytes, prefetch + 2)
-            if self._device is not None
-            else None
-        )
+        self._stage = self._device_stage()
 
     def __getstate__(self) -> dict[str, Any]:
         # What cannot cross a process boundary is rebuilt on the other side.
@@ -303,11 +288,17 @@ class Loader:
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
-        self._torch = _torch()
+        self._torch = cuda.require_torch()
         self._reader = shared_reader(self._num_threads)
-        if self._device is not None:  # a GPU loader sent to another process starts afresh
-            cuda.require_cuda(self._device)
-            self._stage = cuda.DeviceStage(self._device, self.pinned_bytes, self.prefetch + 2)
+        self._stage = self._device_stage()  # a GPU loader in another process starts afresh
+
+    def _device_stage(self) -> cuda.DeviceStage | None:
+        """What moves batches to the device (None for the CPU): slots for the reads in
+        flight, one being copied and one being filled."""
+        if self._device is None:
+            return None
+        cuda.require_cuda(self._device)
+        return cuda.DeviceStage(self._device, self.pinned_bytes, self.prefetch + 2)
 
     # -- order, epochs, resume ------------------------------------------------
 

@@ -8,7 +8,7 @@ import json
 import os
 import tempfile
 import zipfile
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from stoker import _core
@@ -69,16 +69,26 @@ def write_manifest(
     with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
         entries = list(pool.map(lambda p: shard_entry(p, base), paths))
     text = json.dumps({"version": MANIFEST_VERSION, **(extra or {}), "shards": entries}, indent=1)
-    fd, tmp = tempfile.mkstemp(prefix=".stoker-", suffix=".json", dir=base)
+    write_atomically(out, [(text + "\n").encode("utf-8")])
+    return out
+
+
+def write_atomically(out: str, parts: Iterable[bytes | memoryview]) -> None:
+    """Write `parts` to `out` through a temporary file beside it, synced, then renamed: a
+    reader sees the old file or the whole new one, and a crash leaves no short file under
+    the name. The file is readable as others are (the umask's mode, not mkstemp's 0600)."""
+    fd, tmp = tempfile.mkstemp(prefix=".stoker-", suffix=".tmp", dir=os.path.dirname(out) or ".")
     umask = os.umask(0)
     os.umask(umask)
-    os.fchmod(fd, 0o666 & ~umask)  # readable as the shards are (mkstemp makes it 0600)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text + "\n")
+        os.fchmod(fd, 0o666 & ~umask)
+        with os.fdopen(fd, "wb") as f:
+            for part in parts:
+                f.write(part)
+            f.flush()
+            os.fsync(f.fileno())
         os.replace(tmp, out)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
-    return out

@@ -113,10 +113,6 @@ CopyStream::~CopyStream() {
   }
 }
 
-void CopyStream::hand_to(CUstream consumer, const Event& event) {
-  check(driver().StreamWaitEvent(consumer, event.handle(), 0), "cuStreamWaitEvent");
-}
-
 void CopyStream::wait_for(CUstream producer) {
   DeviceScope scope(device_);
   Event done(device_, producer);
@@ -145,17 +141,7 @@ std::shared_ptr<Event> CopyStream::copy_to_device(const std::shared_ptr<io::Alig
   } else {
     slot->fence = event;
   }
-  hand_to(consumer, *event);
-  return event;
-}
-
-std::shared_ptr<Event> CopyStream::copy_device(CUdeviceptr src, CUdeviceptr dst, size_t size,
-                                               CUstream consumer) {
-  const DriverApi& api = driver();
-  DeviceScope scope(device_);
-  check(api.MemcpyDtoDAsync(dst, src, size, stream_), "cuMemcpyDtoDAsync");
-  auto event = std::make_shared<Event>(device_, stream_);
-  hand_to(consumer, *event);
+  check(api.StreamWaitEvent(consumer, event->handle(), 0), "cuStreamWaitEvent");
   return event;
 }
 

@@ -70,8 +70,6 @@ class CopyStream {
   std::shared_ptr<Event> copy_to_device(const std::shared_ptr<io::AlignedBuffer>& slot,
                                         const uint8_t* src, size_t size, CUdeviceptr dst,
                                         CUstream consumer);
-  std::shared_ptr<Event> copy_device(CUdeviceptr src, CUdeviceptr dst, size_t size,
-                                     CUstream consumer);
   // An event recorded on this stream now: done once everything queued is.
   std::shared_ptr<Event> record();
   // Copies queued from now on start after the work queued on `producer` so far
@@ -79,8 +77,6 @@ class CopyStream {
   void wait_for(CUstream producer);
 
  private:
-  void hand_to(CUstream consumer, const Event& event);
-
   int device_;
   CUstream stream_ = nullptr;
   pid_t owner_;

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <thread>
 
+#include "stoker/cuda/symbols.hpp"
 #include "stoker/errors.hpp"
 
 namespace stoker::cuda {
@@ -133,20 +134,18 @@ Loaded& load(const std::vector<std::string>& candidates) {
       return l;
     }
     CuFileApi& a = l->api;
-    a.DriverOpen = reinterpret_cast<decltype(a.DriverOpen)>(dlsym(library, "cuFileDriverOpen"));
-    a.DriverGetProperties = reinterpret_cast<decltype(a.DriverGetProperties)>(
-        dlsym(library, "cuFileDriverGetProperties"));
-    a.GetVersion = reinterpret_cast<decltype(a.GetVersion)>(dlsym(library, "cuFileGetVersion"));
-    a.HandleRegister =
-        reinterpret_cast<decltype(a.HandleRegister)>(dlsym(library, "cuFileHandleRegister"));
-    a.HandleDeregister =
-        reinterpret_cast<decltype(a.HandleDeregister)>(dlsym(library, "cuFileHandleDeregister"));
-    a.Read = reinterpret_cast<decltype(a.Read)>(dlsym(library, "cuFileRead"));
-    if (!a.DriverOpen || !a.DriverGetProperties || !a.HandleRegister || !a.HandleDeregister ||
-        !a.Read) {
-      l->status.reason = l->status.library + " lacks cuFile's entry points";
+    std::string missing;
+    bind(library, "cuFileDriverOpen", a.DriverOpen, missing);
+    bind(library, "cuFileDriverGetProperties", a.DriverGetProperties, missing);
+    bind(library, "cuFileHandleRegister", a.HandleRegister, missing);
+    bind(library, "cuFileHandleDeregister", a.HandleDeregister, missing);
+    bind(library, "cuFileRead", a.Read, missing);
+    if (!missing.empty()) {
+      l->status.reason = l->status.library + " has no " + missing;
       return l;
     }
+    std::string too_old;  // cuFileGetVersion came with cuFile 1.9: without it, version 0
+    bind(library, "cuFileGetVersion", a.GetVersion, too_old);
     CUfileError opened = a.DriverOpen();
     if (opened.err != 0) {
       l->status.reason = "cuFileDriverOpen failed: " + status_text(opened);

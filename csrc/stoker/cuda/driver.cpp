@@ -7,6 +7,7 @@
 #include <mutex>
 #include <vector>
 
+#include "stoker/cuda/symbols.hpp"
 #include "stoker/errors.hpp"
 
 namespace stoker::cuda {
@@ -20,13 +21,6 @@ struct Loaded {
   std::mutex contexts_mutex;
   std::vector<CUcontext> contexts;  // the retained primary context of each device
 };
-
-template <typename Fn>
-bool bind(void* library, const char* name, Fn*& slot, std::string& missing) {
-  slot = reinterpret_cast<Fn*>(dlsym(library, name));
-  if (slot == nullptr && missing.empty()) missing = name;
-  return slot != nullptr;
-}
 
 std::string describe(const DriverApi& api, CUresult result) {
   const char* text = nullptr;
@@ -76,7 +70,6 @@ Loaded& load() {
     bind(library, "cuEventSynchronize", a.EventSynchronize, missing);
     bind(library, "cuStreamWaitEvent", a.StreamWaitEvent, missing);
     bind(library, "cuMemcpyHtoDAsync_v2", a.MemcpyHtoDAsync, missing);
-    bind(library, "cuMemcpyDtoDAsync_v2", a.MemcpyDtoDAsync, missing);
     if (!missing.empty()) {
       l->status.reason = l->status.library + " has no " + missing + ": the driver is too old";
       return l;

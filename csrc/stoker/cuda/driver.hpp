@@ -50,7 +50,6 @@ struct DriverApi {
   CUresult (*EventSynchronize)(CUevent);
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
-  CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
 };
 
 struct DriverStatus {
