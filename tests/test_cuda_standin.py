@@ -646,12 +646,20 @@ def _scenario_loader(libs: list[str], root: str) -> dict:
         "equal": [i for i, (c, d) in enumerate(zip(want, got)) if not _same(c, d)],
     }
     out["allocations"] = len(memory.allocated)
+
+    # A batch larger than the whole pinned budget: a clear error that names the knob.
+    try:
+        next(iter(stoker.Loader(ds, 4, seed=9, device="cuda", pinned_bytes=1, **kwargs)))
+        out["too_big"] = "no error"
+    except stoker.StokerError as e:
+        out["too_big"] = str(e)
     return out
 
 
 def test_loader_device_batches_equal_cpu_batches(standin_libs, tmp_path):
     r = _run("loader", standin_libs, root=str(tmp_path), timeout=90)
     assert r["allocations"] > 0  # batches went through the memory provider
+    assert "raise Loader(pinned_bytes=...)" in r["too_big"]
     for name, case in r["cases"].items():
         assert case["batches"][0] == case["batches"][1] > 0, name
         assert case["keys"][0] == case["keys"][1], name
