@@ -18,7 +18,7 @@ each batch's images and labels onto the GPU:
 - DataLoader, pinned: a map-style dataset that finds each member's bytes once with tarfile
   and numpy's header reader and ``preadv``s one sample per ``__getitem__``, in
   ``torch.utils.data.DataLoader(pin_memory=True, num_workers=W, persistent_workers=True)``,
-  each batch moved with ``.to("cuda", non_blocking=True)`` (the seeds' trick);
+  each batch moved with ``.to("cuda", non_blocking=True)`` (the usual recipe);
 - DataLoader, plain: the same without ``pin_memory``, moved with ``.cuda()``;
 - the ceiling: no loading at all, one pinned host tensor copied into one device tensor with
   ``copy_(non_blocking=True)``, batch after batch (the same bytes per batch as the loaders

@@ -2,8 +2,8 @@
 
     python benchmarks/loaders.py [--samples 20000] [--runs 3] [--cold] [--only NAME ...]
 
-The seeds' workload: N samples of a 3x64x64 uint8 image and an integer label, written (once,
-under --data) four ways: one file per sample with a labels CSV (the seeds' layout), tar
+The workload: N samples of a 3x64x64 uint8 image and an integer label, written (once,
+under --data) four ways: one file per sample with a labels CSV (filename,label rows), tar
 shards in the WebDataset convention, LitData's optimized chunks and MosaicML's MDS shards.
 Every loader reads shuffled epochs in batches of 64 and turns each batch into an image
 tensor and a label tensor. Each measurement runs in a fresh process (clean peak RSS) and
@@ -125,7 +125,7 @@ def run_dataloader(folder: str, workers: int):
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    class CustomImageDataset(Dataset):  # the seeds' pattern, minus image decoding
+    class CustomImageDataset(Dataset):  # one file per sample, as torch's tutorial has it
         def __init__(self, annotations_file: str, img_dir: str) -> None:
             self.img_labels = pd.read_csv(annotations_file)
             self.img_dir = img_dir
@@ -256,7 +256,7 @@ def run_mosaic(folder: str, workers: int):
 def run_stoker(folder: str, mode: str):
     import stoker
 
-    if mode == "csv-fields":  # the seeds' own layout: one file per sample + CSV
+    if mode == "csv-fields":  # one file per sample + a filename,label CSV
         ds = stoker.Dataset.from_csv(
             os.path.join(folder, "labels.csv"), os.path.join(folder, "files")
         )
@@ -277,8 +277,8 @@ def run_stoker(folder: str, mode: str):
 
 
 LOADERS = {
-    "DataLoader, 0 workers (seeds' pattern)": lambda d: run_dataloader(d, 0),
-    "DataLoader, 2 workers (seeds' pattern)": lambda d: run_dataloader(d, 2),
+    "DataLoader, 0 workers (one file per sample)": lambda d: run_dataloader(d, 0),
+    "DataLoader, 2 workers (one file per sample)": lambda d: run_dataloader(d, 2),
     "SPDL, per-sample pipeline": lambda d: run_spdl(d, False),
     "SPDL, batched pipeline": lambda d: run_spdl(d, True),
     "WebDataset, 2 workers": lambda d: run_webdataset(d, 2),
@@ -287,10 +287,10 @@ LOADERS = {
     "MosaicML Streaming, 0 workers": lambda d: run_mosaic(d, 0),
     "MosaicML Streaming, 2 workers": lambda d: run_mosaic(d, 2),
     "stoker, fields= (tar shards)": lambda d: run_stoker(d, "fields"),
-    "stoker, fields= (seeds' CSV + files)": lambda d: run_stoker(d, "csv-fields"),
+    "stoker, fields= (CSV + files)": lambda d: run_stoker(d, "csv-fields"),
     "stoker, map= (tar shards)": lambda d: run_stoker(d, "map"),
 }
-BASELINE = "DataLoader, 0 workers (seeds' pattern)"
+BASELINE = "DataLoader, 0 workers (one file per sample)"
 
 
 def _peak_rss_mb() -> tuple[float, float]:

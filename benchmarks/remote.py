@@ -1,4 +1,4 @@
-"""Remote shards: stoker (cold cache) against the seeds' download-unzip-read pipeline and
+"""Remote shards: stoker (cold cache) against a download-unzip-read pipeline and
 WebDataset streaming, all over one local HTTP link of known speed.
 
     python benchmarks/remote.py [--samples 20000] [--runs 3] [--connections 4]
@@ -6,7 +6,7 @@ WebDataset streaming, all over one local HTTP link of known speed.
 
 The workload of benchmarks/loaders.py (N samples of a 3x64x64 uint8 image and an integer
 label, shuffled, batches of 64, each batch an image tensor and a label tensor) is written
-once under --data as the seeds' format, zip shards of per-sample files (``KEY.image``,
+once under --data as zip shards of per-sample files (``KEY.image``,
 ``KEY.cls``, stored) with a ``stoker.json`` beside them, and as tar shards in the
 WebDataset convention with the same samples. ``python -m stoker.serve`` serves both in its
 own process (no GIL shared with the loaders), with ``--latency`` seconds before every
@@ -17,7 +17,7 @@ The loaders, each measured in a fresh process reading one epoch:
 
 - stoker, cold cache: ``stoker.Dataset`` of the manifest's URL with an empty cache
   directory, ``stoker.Loader`` with ``fields=``;
-- the seeds' approach done correctly: an SPDL pipeline downloads each zip shard with
+- download, unzip, read, done correctly: an SPDL pipeline downloads each zip shard with
   aiohttp (``connections`` at once) to a temporary name and renames it when whole, unzips
   it (``zipfile.extractall``) into a temporary folder renamed when complete, reads the
   per-sample files into arrays, and deletes both. Unzipping and reading run in
@@ -35,7 +35,7 @@ The loaders, each measured in a fresh process reading one epoch:
 The clock starts after the imports: time to first batch covers opening the dataset and
 building the loader. MB/s is the shards' bytes (zip or tar, whichever the loader reads)
 over the whole epoch's wall time. The loaders take turns for --runs rounds and the table
-shows medians. Each measurement's scratch space (stoker's cache, the seeds' downloads) is
+shows medians. Each measurement's scratch space (stoker's cache, the pipeline's downloads) is
 a new temporary folder, deleted after it; the server is stopped however the run ends.
 """
 
@@ -48,11 +48,9 @@ import io
 import json
 import multiprocessing
 import os
-import re
 import resource
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -64,6 +62,8 @@ import zipfile
 
 import _runner
 import numpy as np
+
+from stoker.serve import ServerProcess
 
 SHAPE = (3, 64, 64)
 BATCH = 64
@@ -126,68 +126,6 @@ def prepare(folder: str, n: int, per_shard: int) -> dict:
 # -- the server ---------------------------------------------------------------
 
 
-class Server:
-    """``python -m stoker.serve`` in its own process group; stopped by ``stop()``."""
-
-    def __init__(self, root: str, latency: float, bandwidth: float, log: str) -> None:
-        self.log = log
-        with open(log, "w") as out:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "stoker.serve",
-                    root,
-                    "--port",
-                    "0",
-                    "--latency",
-                    repr(latency),
-                    "--bandwidth",
-                    repr(bandwidth),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=out,
-                start_new_session=True,
-            )
-        try:
-            self.url = self._wait_url(deadline=time.monotonic() + 60)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _wait_url(self, deadline: float) -> str:
-        """The URL the server logs once it listens, after its port answers."""
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                with open(self.log) as f:
-                    raise RuntimeError(f"the server exited early:\n{f.read()[-2000:]}")
-            with open(self.log) as f:
-                found = re.search(r" at (http://[\d.]+:(\d+))", f.read())
-            if found:
-                with contextlib.suppress(OSError):
-                    socket.create_connection(("127.0.0.1", int(found.group(2))), 1).close()
-                    return found.group(1)
-            time.sleep(0.05)
-        raise RuntimeError("the server did not answer within 60 s")
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time the server has used so far."""
-        with open(f"/proc/{self.proc.pid}/stat") as f:
-            fields = f.read().rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-
-
 # -- one loader, in a child process --------------------------------------------
 
 
@@ -210,7 +148,7 @@ def run_stoker(url: str, stamp: dict, scratch: str, args):
 
 
 def _unzip(path: str) -> str:
-    """The seeds' unzip stage: the shard's members as files in a folder beside it, which
+    """The unzip stage: the shard's members as files in a folder beside it, which
     appears (by rename) only once complete; the zip is deleted after."""
     folder = path[: -len(".zip")]
     part = folder + ".part"
@@ -222,7 +160,7 @@ def _unzip(path: str) -> str:
 
 
 def _read(folder: str) -> tuple[np.ndarray, np.ndarray]:
-    """The seeds' read stage: every sample's files of an unzipped shard decoded into an
+    """The read stage: every sample's files of an unzipped shard decoded into an
     image array and a label array; the folder is deleted after."""
     keys = sorted({name.split(".", 1)[0] for name in os.listdir(folder)})
     images = np.empty((len(keys), *SHAPE), np.uint8)
@@ -237,8 +175,8 @@ def _read(folder: str) -> tuple[np.ndarray, np.ndarray]:
     return images, labels
 
 
-def run_seeds(url: str, stamp: dict, scratch: str, args):
-    """The seeds' SPDL pipeline (download, unzip, read), written so that no stage ever sees
+def run_download_unzip_read(url: str, stamp: dict, scratch: str, args):
+    """The SPDL pipeline (download, unzip, read), written so that no stage ever sees
     a file another is still writing: downloads and extractions land under temporary names
     and are renamed when complete, and each stage only gets what the one before finished."""
     import aiohttp
@@ -252,8 +190,8 @@ def run_seeds(url: str, stamp: dict, scratch: str, args):
         final = os.path.join(scratch, names[i] + ".zip")
         part = final + ".part"
         got = 0
-        # One session per download, as the seeds write it (the server's latency is per
-        # request, so a reused connection would save nothing here).
+        # One session per download, as such pipelines are usually written (the server's
+        # latency is per request, so a reused connection would save nothing here).
         async with (
             aiohttp.ClientSession() as session,
             session.get(f"{url}/zip/{names[i]}.zip") as response,
@@ -424,12 +362,12 @@ def run_ceiling(url: str, stamp: dict, scratch: str, args):
 
 LOADERS = {
     "stoker, cold cache": ("zip", run_stoker),
-    "seeds' approach (SPDL: download, unzip, read)": ("zip", run_seeds),
+    "download, unzip, read (SPDL)": ("zip", run_download_unzip_read),
     "WebDataset over HTTP": ("tar", run_webdataset),
     "bare aiohttp download into memory (ceiling)": ("zip", run_ceiling),
 }
 CEILING = "bare aiohttp download into memory (ceiling)"
-BASELINE = "seeds' approach (SPDL: download, unzip, read)"
+BASELINE = "download, unzip, read (SPDL)"
 
 
 def child(name: str, url: str, stamp: dict, scratch: str, args) -> None:
@@ -473,7 +411,7 @@ def child(name: str, url: str, stamp: dict, scratch: str, args) -> None:
     )
 
 
-def measure(name: str, args, server: Server, work: str) -> dict:
+def measure(name: str, args, server: ServerProcess, work: str) -> dict:
     """One epoch of `name` in a fresh process, with fresh scratch space removed after: its
     result, or ``{"failed": exit status, "stderr": its end}``."""
     scratch = tempfile.mkdtemp(prefix="scratch-", dir=work)
@@ -521,7 +459,7 @@ def main() -> None:
     parser.add_argument("--json", help="write the raw results here")
     parser.add_argument(
         "--tmp",
-        help="where scratch space goes (stoker's cache, the seeds' downloads and "
+        help="where scratch space goes (stoker's cache, the pipeline's downloads and "
         "unzipped files); default: the system's temporary folder",
     )
     parser.add_argument("--data", default=os.path.join("bench-data", "remote"))
@@ -545,7 +483,12 @@ def main() -> None:
     work = tempfile.mkdtemp(prefix="stoker-remote-", dir=args.tmp)  # server log, scratch
     server = None
     try:
-        server = Server(folder, args.latency, args.bandwidth, os.path.join(work, "serve.log"))
+        server = ServerProcess(
+            folder,
+            latency=args.latency,
+            bandwidth=args.bandwidth,
+            log=os.path.join(work, "serve.log"),
+        )
         for _ in range(args.runs):
             for name in names:
                 result = measure(name, args, server, work)
@@ -595,7 +538,7 @@ def report(
         )
     print()
     print(
-        "| loader | 1st batch (s) | samples/s | MB/s | x seeds' | of link limit "
+        "| loader | 1st batch (s) | samples/s | MB/s | x download-unzip-read | of link limit "
         "| loader CPU (cores) | server CPU (cores) |"
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
@@ -626,7 +569,7 @@ def report(
     ours = "stoker, cold cache"
     if results.get(ours):
         fraction = statistics.median(stamp["zip_bytes"] / r["seconds"] for r in results[ours])
-        ratio = f", {rate(ours) / base:.1f}x the seeds' approach (target: 2x)" if base else ""
+        ratio = f", {rate(ours) / base:.1f}x download-unzip-read (target: 2x)" if base else ""
         ceiling = ""
         if results.get(CEILING):
             bare = statistics.median(stamp["zip_bytes"] / r["seconds"] for r in results[CEILING])

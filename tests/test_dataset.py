@@ -146,7 +146,7 @@ def test_torch_dataloader_workers(shards, context):
     assert got == [(k, f["raw"]) for k, f in samples]
 
 
-# -- the seeds' layout: a CSV and a folder of files -------------------------
+# -- a CSV of filename,label rows and a folder of files ---------------------
 
 
 def _csv_layout(tmp_path, n=12, header=True):

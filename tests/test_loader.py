@@ -290,7 +290,8 @@ def test_not_an_integer(tmp_path):
     path = write_tar(tmp_path / "ints.tar", samples)
     loader = stoker.Loader(stoker.Dataset(path), 10, fields={"cls": stoker.Int()})
     with pytest.raises(
-        stoker.ShardFormatError, match=r"ints\.tar: offset \d+: not an integer: 'twelve'"
+        stoker.ShardFormatError,
+        match=r"ints\.tar: offset \d+: field 'cls' of sample 'k5': not an integer: 'twelve'$",
     ):
         next(iter(loader))
 
@@ -437,11 +438,12 @@ def test_elastic_resume_at_an_epoch_boundary_is_a_plain_one(data):
     for _ in old:
         pass
     new = stoker.Loader(ds, 8, fields=FIELDS, rank=1, world_size=3)
-    new.load_state_dict(old.state_dict())  # epoch 1, nothing of it read yet
+    new.load_state_dict(old.state_dict())  # epoch 0 done: the next is epoch 1
     fresh = stoker.Loader(ds, 8, fields=FIELDS, rank=1, world_size=3)
     fresh.set_epoch(1)
     assert _keys(new) == _keys(fresh)
-    assert new.state_dict()["epoch"] == 2  # checkpointable again right away
+    state = new.state_dict()  # checkpointable again right away
+    assert (state["epoch"], state["batches_done"]) == (1, len(new))
 
 
 def test_loader_pickles_and_threads_are_its_own(data):
@@ -483,3 +485,132 @@ def test_empty_dataset(tmp_path):
         stoker.Dataset(str(tmp_path / "e.tar")), 4, fields={"x": stoker.Raw((1,))}
     )
     assert len(loader) == 0 and list(loader) == []
+
+
+def _take_len(loader):
+    """One epoch as Lightning and ``zip(range(len(L)), L)`` read it: len(L) batches, and
+    never the next() that would raise StopIteration."""
+    return [b["__key__"] for _, b in zip(range(len(loader)), loader)]
+
+
+def test_an_epoch_read_to_its_last_batch_is_over_without_stop_iteration(data):
+    ds, _ = data
+    loader = stoker.Loader(ds, 32, fields={"cls": stoker.Int()})
+    a, b, c = _take_len(loader), _take_len(loader), _take_len(loader)
+    assert a != b and b != c and a != c
+    reference = stoker.Loader(ds, 32, fields={"cls": stoker.Int()})
+    for epoch, seen in enumerate((a, b, c)):
+        reference.set_epoch(epoch)
+        assert [k["__key__"] for k in reference] == seen
+    state = loader.state_dict()  # every batch of epoch 2 done
+    assert (state["epoch"], state["batches_done"]) == (2, len(loader))
+
+
+def test_a_state_saved_after_the_last_batch_resumes_at_the_next_epoch(data):
+    ds, _ = data
+    first = stoker.Loader(ds, 15, fields=FIELDS, seed=3)
+    _take_len(first)
+    state = json.loads(json.dumps(first.state_dict()))
+    expected = _take_len(first)  # epoch 1
+    resumed = stoker.Loader(ds, 15, fields=FIELDS, seed=3)
+    resumed.load_state_dict(state)
+    assert _take_len(resumed) == expected
+    # A loop that names the saved epoch again finds it done, then goes on.
+    pinned = stoker.Loader(ds, 15, fields=FIELDS, seed=3)
+    pinned.load_state_dict(state)
+    pinned.set_epoch(0)
+    assert _keys(pinned) == []
+    pinned.set_epoch(1)
+    assert _take_len(pinned) == expected
+
+
+@pytest.mark.parametrize("stop_after", [1, 12, 13, 14, 26])
+def test_resume_is_exact_when_epochs_end_without_stop_iteration(data, stop_after):
+    ds, _ = data
+    first = stoker.Loader(ds, 15, fields=FIELDS, seed=9)  # 13 batches an epoch
+    stream, state = [], None
+    for _ in range(3):
+        for _, batch in zip(range(len(first)), first):
+            stream.append(batch["__key__"])
+            if len(stream) == stop_after:
+                state = json.loads(json.dumps(first.state_dict()))
+    resumed = stoker.Loader(ds, 15, fields=FIELDS, seed=9, prefetch=1)
+    resumed.load_state_dict(state)
+    got = []
+    while len(got) < len(stream) - stop_after:
+        got.extend(_take_len(resumed))
+    assert got[: len(stream) - stop_after] == stream[stop_after:]
+
+
+def test_breaking_out_early_still_starts_the_epoch_over(data):
+    ds, _ = data
+    loader = stoker.Loader(ds, 15, fields=FIELDS)
+    whole = _take_len(loader)
+    loader.set_epoch(0)
+    for _, _batch in zip(range(len(loader) - 1), loader):  # one batch short of the end
+        pass
+    assert _take_len(loader) == whole  # the epoch was not over: it starts again
+
+
+def _mixed_extensions(folder):
+    """ImageNet-like: .jpg, .JPEG and .png side by side, labels in .cls or .txt."""
+    samples, truth = [], {}
+    for i in range(30):
+        image = b"image-%d" % i
+        ext = ("jpg", "JPEG", "png")[i % 3]
+        label_ext = "cls" if i % 2 else "txt"
+        samples.append((f"k{i:02d}", {ext: image, label_ext: b"%d" % (i % 5)}))
+        truth[f"k{i:02d}"] = (image, i % 5)
+    return stoker.Dataset(write_tar(folder / "mixed.tar", samples)), truth
+
+
+def test_field_alternatives_take_the_first_a_sample_has(tmp_path):
+    ds, truth = _mixed_extensions(tmp_path)
+    loader = stoker.Loader(
+        ds, 8, fields={"jpg;jpeg;png": stoker.Bytes(), "cls;txt": stoker.Int()}, seed=2
+    )
+    seen = 0
+    for batch in loader:
+        assert set(batch) == {"jpg", "cls", "__key__"}  # named by the first alternative
+        for j, key in enumerate(batch["__key__"]):
+            assert bytes(batch["jpg"][j]) == truth[key][0]
+            assert int(batch["cls"][j]) == truth[key][1]
+            seen += 1
+    assert seen == len(truth)
+
+
+def test_field_alternatives_prefer_the_earlier_one(tmp_path):
+    both = [(f"k{i}", {"jpg": b"j%d" % i, "png": b"p%d" % i}) for i in range(4)]
+    ds = stoker.Dataset(write_tar(tmp_path / "both.tar", both))
+    batch = next(iter(stoker.Loader(ds, 4, shuffle=False, fields={"png;jpg": stoker.Bytes()})))
+    assert [bytes(v) for v in batch["png"]] == [b"p0", b"p1", b"p2", b"p3"]
+
+
+def test_a_sample_with_none_of_the_alternatives_is_named(tmp_path):
+    samples = [("a", {"jpg": b"1"}), ("b", {"txt": b"2"}), ("c", {"png": b"3"})]
+    ds = stoker.Dataset(write_tar(tmp_path / "none.tar", samples))
+    loader = stoker.Loader(ds, 3, shuffle=False, fields={"jpg;jpeg;png": stoker.Bytes()})
+    with pytest.raises(
+        stoker.ShardFormatError, match=r"sample 'b' \(#1\) has no field of 'jpg', 'jpeg', 'png'"
+    ):
+        next(iter(loader))
+    with pytest.raises(stoker.StokerError, match="no sample has any of the fields 'gif;bmp'"):
+        stoker.Loader(ds, 3, fields={"gif;bmp": stoker.Bytes()})
+
+
+def test_field_alternatives_that_cannot_be(tmp_path):
+    ds, _ = _mixed_extensions(tmp_path)
+    with pytest.raises(stoker.UsageError, match="empty name"):
+        stoker.Loader(ds, 8, fields={"jpg;": stoker.Bytes()})
+    with pytest.raises(stoker.UsageError, match="names the batch entry 'jpg' twice"):
+        stoker.Loader(ds, 8, fields={"jpg;png": stoker.Bytes(), "jpg": stoker.Bytes()})
+
+
+def test_sampler_set_epoch_is_the_loaders(data):
+    # Code written for a DataLoader with a DistributedSampler, and Lightning, call this.
+    ds, _ = data
+    loader = stoker.Loader(ds, 15, fields=FIELDS)
+    reference = stoker.Loader(ds, 15, fields=FIELDS)
+    loader.sampler.set_epoch(3)
+    reference.set_epoch(3)
+    assert _keys(loader) == _keys(reference)

@@ -72,13 +72,12 @@ def test_key_field_rule(tmp_path):
         add(".hidden", b"skipped")
         add("link.txt", kind=tarfile.SYMTYPE)
         add("b.cls", b"1")
-        add("a/x.txt", b"again")  # same key, not consecutive: a new sample
+        add("a/x.txt", b"again")  # same key, not adjacent: still the same sample
     ds = stoker.Dataset(str(path))
     got = [(s["__key__"], as_bytes(s)) for s in ds.get_batch(range(len(ds)))]
     assert got == [
-        ("a/x", {"seg.png": b"seg", "jpg": b"jpg"}),
+        ("a/x", {"seg.png": b"seg", "jpg": b"jpg", "txt": b"again"}),
         ("b", {"cls": b"1"}),
-        ("a/x", {"txt": b"again"}),
     ]
 
 

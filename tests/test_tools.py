@@ -6,6 +6,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import subprocess
 import sys
 
@@ -27,8 +28,8 @@ def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     )
 
 
-def seed_layout(folder, n: int = 60, bad: dict | None = None):
-    """The seeds' layout: labels_train.csv (filename,label) and labels_train/."""
+def files_and_csv(folder, n: int = 60, bad: dict | None = None):
+    """One file per sample in labels_train/, and labels_train.csv of filename,label rows."""
     root = folder / "labels_train"
     root.mkdir()
     rng = np.random.default_rng(1)
@@ -58,7 +59,7 @@ def tar_bytes(folder) -> dict[str, bytes]:
 def test_pack_csv_round_trips_through_stoker_and_webdataset(tmp_path):
     import webdataset as wds
 
-    csv, root = seed_layout(tmp_path)
+    csv, root = files_and_csv(tmp_path)
     out = tmp_path / "shards"
     assert pack_csv(csv, root, out, "--samples-per-shard", "25") == 0
     assert sorted(os.listdir(out)) == [
@@ -83,7 +84,7 @@ def test_pack_csv_round_trips_through_stoker_and_webdataset(tmp_path):
 
 
 def test_pack_is_deterministic(tmp_path):
-    csv, root = seed_layout(tmp_path)
+    csv, root = files_and_csv(tmp_path)
     outs = [tmp_path / "a", tmp_path / "b"]
     for out, threads in zip(outs, ("1", "3")):  # scheduling must not matter
         options = ("--shard-size", "3K", "--shuffle", "--seed", "7", "--threads", threads)
@@ -96,7 +97,7 @@ def test_pack_is_deterministic(tmp_path):
 
 
 def test_pack_stratify_spreads_each_label(tmp_path):
-    csv, root = seed_layout(tmp_path, n=90)
+    csv, root = files_and_csv(tmp_path, n=90)
     out = tmp_path / "shards"
     assert pack_csv(csv, root, out, "--samples-per-shard", "30", "--shuffle", "--stratify") == 0
     for name in sorted(n for n in os.listdir(out) if n.endswith(".tar")):
@@ -134,7 +135,7 @@ def test_pack_from_shards_and_npy(tmp_path):
 
 
 def test_manifest_checksums_are_true(tmp_path):
-    csv, root = seed_layout(tmp_path)
+    csv, root = files_and_csv(tmp_path)
     out = tmp_path / "shards"
     assert pack_csv(csv, root, out) == 0
     manifest = json.loads((out / "stoker.json").read_text())
@@ -146,7 +147,7 @@ def test_manifest_checksums_are_true(tmp_path):
 
 
 def test_bad_csv_rows_stop_the_run_with_one_line(tmp_path):
-    csv, root = seed_layout(tmp_path, bad={3: "img0002.png,three", 7: "nothere.png,1"})
+    csv, root = files_and_csv(tmp_path, bad={3: "img0002.png,three", 7: "nothere.png,1"})
     out = tmp_path / "shards"
     result = run_cli("pack", "--csv", str(csv), "--root", str(root), str(out))
     assert result.returncode == 1
@@ -239,8 +240,16 @@ def test_demo_end_to_end(tmp_path):
     result = run_cli("demo", "--samples", "600", env={"TMPDIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     out = result.stdout
-    assert "packed them into" in out and "serving them at http://127.0.0.1:" in out
-    assert "remote -> cache -> batches" in out and "DataLoader" in out
+    assert "packed them into" in out and "serving the shards at http://127.0.0.1:" in out
+    assert "from a process of its own" in out
+    # Each stoker line names the baseline its ratio is to: remote to remote, local to local.
+    remote = next(line for line in out.splitlines() if "remote -> node cache -> batches" in line)
+    assert re.search(r"[\d.]+x the download-first baseline$", remote)
+    cached = next(line for line in out.splitlines() if "from its node cache" in line)
+    assert re.search(r"[\d.]+x the DataLoader$", cached)
+    assert "baseline: download, then torch DataLoader" in out
+    assert "baseline: torch DataLoader, one file per sample" in out
+    assert "seed" not in out  # no word from the project's history
     assert os.listdir(tmp_path) == []  # nothing left behind
 
 
@@ -272,7 +281,7 @@ def test_a_manifest_opens_without_a_scan(tmp_path):
 
 
 def test_csv_rows_of_the_wrong_shape_are_one_line(tmp_path):
-    csv, root = seed_layout(tmp_path, n=4)
+    csv, root = files_and_csv(tmp_path, n=4)
     for text, expected in (
         ("filename,label\nimg0000.png,1\nimg0001.png,1,extra\n", "not a filename,label CSV"),
         ("filename,label\nimg0000.png,1\n,4\n", "line 3: '','4'"),
@@ -285,7 +294,7 @@ def test_csv_rows_of_the_wrong_shape_are_one_line(tmp_path):
 
 
 def test_repack_of_packed_shards_and_npy_uint8_rows(tmp_path):
-    csv, root = seed_layout(tmp_path, n=20)
+    csv, root = files_and_csv(tmp_path, n=20)
     assert pack_csv(csv, root, tmp_path / "a", "--samples-per-shard", "7") == 0
     assert main(["pack", str(tmp_path / "a"), str(tmp_path / "b"), "--quiet"]) == 0  # lazy
     assert len(stoker.Dataset(tmp_path / "b")) == 20

@@ -46,6 +46,7 @@ py::dict index_to_dict(format::ShardIndex&& index) {
     out["row_bytes"] = npy.row_bytes;
     return out;
   }
+  out["key_runs"] = index.key_runs;
   out["keys"] = names_to_python(index.keys);
   out["field_names"] = names_to_python(index.field_names);
   out["sample_start"] = vector_to_numpy(std::move(index.sample_start));

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <stdexcept>
 #include <string>
+#include <string_view>
 
 namespace stoker {
 
@@ -25,6 +26,17 @@ class Error : public std::runtime_error {
   std::string path_;
   uint64_t offset_;
 };
+
+// Text read from outside (a member's name, a header field, a server's bytes)
+// in quotes for a message, cut after `limit` bytes: a megabyte-long name or a
+// body of garbage never ends up whole in an error.
+inline std::string quoted(std::string_view text, size_t limit = 200) {
+  std::string out = "'";
+  out.append(text.substr(0, limit));
+  out += '\'';
+  if (text.size() > limit) out += "... (" + std::to_string(text.size()) + " bytes)";
+  return out;
+}
 
 // The bytes of a shard are not what its format (or its index) says.
 class FormatError : public Error {

@@ -16,6 +16,7 @@ from stoker._core import (
 from stoker._core import __version__ as __version__
 from stoker.cuda import FallbackWarning, cuda_status
 from stoker.dataset import Dataset
+from stoker.errors import UsageError
 from stoker.fields import Bytes, Int, Npy, Raw
 from stoker.gds import GDSCache, load_npy, read_into
 from stoker.loader import Loader
@@ -42,6 +43,7 @@ __all__ = [
     "ShardFormatError",
     "ShardReader",
     "StokerError",
+    "UsageError",
     "cuda_status",
     "load_npy",
     "read_into",

@@ -13,16 +13,26 @@ from concurrent.futures import ThreadPoolExecutor
 
 import stoker
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGTkmgt])(iB|B)?|(B))?\s*")
+_SIZE_RULE = (
+    "write bytes (5000000), or a number and a unit: K, M, G, T or KiB, MiB, GiB, TiB "
+    "(powers of 1024), kB, MB, GB, TB (powers of 1000); a lower-case b would mean bits"
+)
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``123``, ``500M``, ``20G`` or ``1.5T`` (binary units; a trailing B or iB
-    is allowed)."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([KMGT]?)(?:i?B)?\s*", text, re.IGNORECASE)
+    """Bytes from a size on the command line, by GNU dd's rule: ``500M`` and ``500MiB`` are
+    powers of 1024, ``500MB`` powers of 1000 (as stoker prints sizes), plain numbers bytes.
+    Anything else (``8Mb``, ``8 megs``) is refused rather than guessed."""
+    match = _SIZE.fullmatch(text)
     if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 500M or 20G")
-    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size: {_SIZE_RULE}")
+    number, prefix, suffix, _ = match.groups()
+    power = "KMGT".index(prefix.upper()) + 1 if prefix else 0
+    base = 1000 if suffix == "B" else 1024
+    if power == 0 and "." in number:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes")
+    return round(float(number) * base**power)
 
 
 def _count(text: str) -> int:
@@ -92,13 +102,17 @@ def _inspect(args: argparse.Namespace) -> int:
         ds = stoker.Dataset(args.source)
         print(f"{len(ds.shards)} remote shard(s), {len(ds):,} samples, fields: {ds.fields}")
         return 0
-    reports = pack.inspect_shards(pack.local_shards(args.source), args.threads)
-    print(pack.format_inspection(args.source, reports))
+    notes = pack.manifest_notes(args.source)  # a manifest's missing shards are said there
+    shards = pack.local_shards(args.source, allow_missing=bool(notes))
+    reports = pack.inspect_shards(shards, args.threads)
+    print(pack.format_inspection(args.source, reports, notes))
     return 1 if any(r.error for r in reports) else 0
 
 
 def _fetch(args: argparse.Namespace) -> int:
     from tqdm import tqdm
+
+    from stoker.pack import human
 
     options = stoker.FetchOptions(connections=args.connections)
     ds = stoker.Dataset(
@@ -114,8 +128,8 @@ def _fetch(args: argparse.Namespace) -> int:
         count -= 1
     if count < len(sizes):
         print(
-            f"stoker fetch: the cache limit ({remote.limit} bytes) holds the first {count} of "
-            f"{len(sizes)} shards ({sum(sizes)} bytes); fetching those",
+            f"stoker fetch: the cache limit ({human(remote.limit)}) holds the first {count} of "
+            f"{len(sizes)} shards ({human(sum(sizes))}); fetching those",
             file=sys.stderr,
         )
     with tqdm(
@@ -140,7 +154,7 @@ def _fetch(args: argparse.Namespace) -> int:
         with ThreadPoolExecutor(args.connections) as pool:
             for future in [pool.submit(one, i) for i in range(count)]:
                 future.result()
-    print(f"{count} shard(s), {sum(sizes[:count])} bytes, in {remote.cache.root}")
+    print(f"{count} shard(s), {human(sum(sizes[:count]))}, in {remote.cache.root}")
     return 0
 
 
@@ -201,7 +215,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     pack.add_argument("source", nargs="?", help="a class-per-folder tree or a stoker source")
     pack.add_argument("out", help="the output folder (new or empty)")
-    pack.add_argument("--csv", help="a CSV of filename,label rows (the seeds' layout)")
+    pack.add_argument("--csv", help="a CSV of filename,label rows, beside --root")
     pack.add_argument("--root", help="the folder the CSV's file names are in")
     size = pack.add_mutually_exclusive_group()
     size.add_argument("--shard-size", type=parse_size, help="bytes per shard (default 256M)")

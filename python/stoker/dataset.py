@@ -10,15 +10,23 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import csv as csv_module
+import logging
 import os
 import threading
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 
 from stoker import _core
-from stoker.errors import FetchError, ReadError, ShardFormatError, StokerError, located
+from stoker.errors import (
+    FetchError,
+    ReadError,
+    ShardFormatError,
+    StokerError,
+    UsageError,
+    located,
+)
 from stoker.remote import (
     FetchOptions,
     Hold,
@@ -29,6 +37,8 @@ from stoker.remote import (
     wait_result,
 )
 from stoker.sources import Source, format_of, is_url, resolve
+
+log = logging.getLogger("stoker.dataset")
 
 #: Where each piece starts in a batch buffer: aligned so that any dtype can be
 #: viewed in place.
@@ -173,7 +183,7 @@ class Dataset:
         *,
         num_threads: int | None = None,
     ) -> Dataset:
-        """The seeds' layout: a CSV of ``filename,label`` rows and a folder of files.
+        """A CSV of ``filename,label`` rows and the folder of files it names.
 
         Each sample holds the file's bytes under its extension (``"png"``, ...) and the
         integer label under ``"label"``. A header row is detected and skipped.
@@ -263,6 +273,7 @@ class Dataset:
         self._key_array: np.ndarray | None = None
         self._field_tables: dict[str, np.ndarray] = {}
         self._fields_known = True
+        self._regroup_noted = False  # said once per dataset: see _note_regrouped
         counts = []
         for index in indexes:
             if "samples" in index:  # a placeholder
@@ -346,6 +357,18 @@ class Dataset:
                 }
                 per_sample = np.diff(index["sample_start"].astype(np.int64))
                 self._shard_keys[shard] = index["keys"]
+                runs = int(index.get("key_runs", n))
+                if runs > n:
+                    self._note_regrouped(shard, n, runs)
+                if n != expected and runs == expected:
+                    raise located(
+                        ShardFormatError,
+                        self._shard_name(shard),
+                        0,
+                        f"holds {n} samples but its manifest says {expected}: the manifest was "
+                        "written by a stoker that did not yet put a sample's scattered members "
+                        "together; write it again with `stoker index`",
+                    )
             if n != expected:
                 raise located(
                     ShardFormatError,
@@ -378,6 +401,21 @@ class Dataset:
             for shard in shards:
                 self._fill_keys(shard)
         self._indexed[shards] = True
+
+    def _note_regrouped(self, shard: int, samples: int, runs: int) -> None:
+        """Say once per dataset that a shard stored samples' members apart."""
+        if self._regroup_noted:
+            return
+        self._regroup_noted = True
+        log.warning(
+            "%s: some samples' members are stored apart (as `zip -r` and tar without "
+            "--sort=name store them); stoker groups them by key into %d samples, where "
+            "WebDataset, which groups adjacent members only, would read %d. (Said once per "
+            "dataset; `stoker inspect` lists every such shard.)",
+            self._shard_name(shard),
+            samples,
+            runs,
+        )
 
     def _append_rows(self, new: dict[str, np.ndarray], added: int) -> None:
         # Amortised growth: a remote dataset adds one shard's members at a time.
@@ -451,8 +489,27 @@ class Dataset:
             keys = [f"{stem}/{row}" for row in range(end - first)]
         self._key_array[first:end] = keys
 
-    def __getitem__(self, i: int) -> dict[str, Any]:
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        """Sample `i`, or the samples of a slice (read as one batch)."""
+        if isinstance(i, slice):
+            return self.get_batch(np.arange(len(self))[i])
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise UsageError(
+                f"a Dataset is indexed by an int or a slice, not a {type(i).__name__}: use "
+                "ds.get_batch(indices) for a list of samples"
+            )
         return self.get_batch([i])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """What torch's DataLoader asks a dataset for a whole batch: one read, not one
+        per sample."""
+        return self.get_batch(indices)
 
     def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
         """Samples `indices`, read with one call to the C++ reader.

@@ -24,7 +24,11 @@ __all__ = [
     "ReadError",
     "ShardFormatError",
     "StokerError",
+    "UsageError",
+    "clip",
     "located",
+    "plural",
+    "quoted",
 ]
 
 E = TypeVar("E", bound=StokerError)
@@ -37,3 +41,31 @@ def located(cls: type[E], path: str | os.PathLike[str], offset: int, what: str) 
     error.path = path  # type: ignore[attr-defined]
     error.offset = offset  # type: ignore[attr-defined]
     return error
+
+
+def plural(n: int, noun: str) -> str:
+    """``1 shard``, ``2 shards``, ``1,200 samples``."""
+    return f"{n:,} {noun}" + ("" if n == 1 else "s")
+
+
+def quoted(text: object, limit: int = 200) -> str:
+    """`text` (a key, a member name, bytes a server sent) quoted for a message, cut after
+    `limit` characters: whatever comes from outside, a message stays readable."""
+    if isinstance(text, (bytes, bytearray)):  # shown as C++ messages show them
+        text = bytes(text).decode("utf-8", "backslashreplace")
+    return clip(repr(text), limit, len(text) if isinstance(text, str) else None)
+
+
+def clip(text: str, limit: int = 200, size: int | None = None) -> str:
+    """`text` cut after `limit` characters, saying so: a message that quotes what another
+    program said (a server's bytes in aiohttp's error) stays one readable line."""
+    text = " ".join(text.split())  # one line, whatever it held
+    if len(text) <= limit:
+        return text
+    return text[:limit] + f"... ({size if size is not None else len(text):,} characters in all)"
+
+
+class UsageError(StokerError, TypeError):  # type: ignore[misc]
+    """stoker was called with the wrong kind of argument; the message says what to pass."""
+
+    __module__ = "stoker"  # raised and pickled as stoker.UsageError, as the others are

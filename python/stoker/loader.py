@@ -26,7 +26,7 @@ import numpy as np
 
 from stoker import cuda
 from stoker.dataset import ALIGN, Dataset, _release_when_done, aligned_offsets, shared_reader
-from stoker.errors import ReadError, ShardFormatError, StokerError, located
+from stoker.errors import ReadError, ShardFormatError, StokerError, UsageError, located, quoted
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
 from stoker.gds import read_npy_header
 from stoker.remote import wait_result
@@ -69,6 +69,45 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return found
 
 
+def _check_dataset(dataset: object) -> None:
+    if not isinstance(dataset, Dataset):
+        raise UsageError(
+            f"stoker.Loader reads a stoker.Dataset, not a {type(dataset).__name__}: open your "
+            "data with stoker.Dataset(shards or folder), Dataset.from_csv(csv, folder) or "
+            "Dataset.from_files(folder, names); a map-style torch dataset of your own goes "
+            "to torch.utils.data.DataLoader"
+        )
+
+
+def _check_fields_argument(fields: object) -> dict[str, FieldSpec] | None:
+    if fields is None:
+        return None
+    if not isinstance(fields, Mapping):
+        names = [fields] if isinstance(fields, str) else fields
+        if isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names):
+            example = ", ".join(f"{n!r}: stoker.Bytes()" for n in names[:3])
+        else:
+            example = "'raw': stoker.Raw((3, 64, 64), 'uint8'), 'cls': stoker.Int()"
+        raise UsageError(
+            f"fields= maps each field to its decoder, not a {type(fields).__name__} "
+            f"({quoted(fields, 80)}): pass a dict such as {{{example}}}, with the decoder "
+            "each field needs: stoker.Raw(shape, dtype), Int(), Npy() or Bytes()"
+        )
+    wrong = [key for key in fields if not isinstance(key, str)]
+    if wrong:
+        raise UsageError(
+            f"fields= keys are field names (str), not {type(wrong[0]).__name__}: {wrong[0]!r}"
+        )
+    return dict(fields)
+
+
+class _EpochSetter:
+    """A Loader's ``sampler``: only ``set_epoch``, for frameworks that drive samplers."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.set_epoch = loader.set_epoch
+
+
 @dataclass
 class _Stats:
     samples: int = 0
@@ -87,9 +126,12 @@ class _Layout:
     fixed: list[tuple[str, int, np.dtype, tuple[int, ...]]] = field(default_factory=list)
     ints: list[tuple[str, int, np.ndarray, np.ndarray, int]] = field(default_factory=list)
     blobs: list[tuple[str, np.ndarray, np.ndarray]] = field(default_factory=list)
-    extras: list[tuple[str, int]] = field(default_factory=list)
+    extras: list[tuple[str, str, int]] = field(default_factory=list)
     headers: list[tuple[str, int, bytes, np.ndarray]] = field(default_factory=list)
     nbytes: int = 0
+    # every piece read: its member row and the file offset it starts at (errors name them)
+    rows: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    offsets: np.ndarray = field(default_factory=lambda: np.zeros(0, np.uint64))
 
 
 class _RingFull(Exception):
@@ -244,6 +286,7 @@ class Loader:
             raise ValueError(f"pinned_bytes must be positive, not {pinned_bytes}")
         if fields is not None and (map is not None or collate is not None):
             raise StokerError("fields= is the declarative fast path; it takes no map= or collate=")
+        _check_dataset(dataset)
         self._torch = cuda.require_torch()
         self.dataset = dataset
         self.batch_size = batch_size
@@ -256,18 +299,25 @@ class Loader:
         self.log_every = log_every
         self.map = map
         self.collate = collate or default_collate
-        self.fields = dict(fields) if fields is not None else None
-        if self.fields is not None:
-            self._check_fields()
+        self.fields = _check_fields_argument(fields)
+        # (batch entry, the dataset fields it may come from in order, decoder) per field
+        self._field_plan = self._plan_fields() if self.fields is not None else []
         self._reader = shared_reader(num_threads)
         self._num_threads = num_threads or self._reader.num_threads
         self._executor: ThreadPoolExecutor | None = None
         self._executor_pid = 0
         self._epoch = 0
         self._position = 0  # batches of the current epoch already handed out
+        # Every batch of the epoch is handed out: the next iterator begins the next epoch,
+        # whether or not this one was run to StopIteration (Lightning and zip(range(len(L)),
+        # L) stop after len(L) batches without asking for more).
+        self._epoch_done = False
         # Where the next iteration starts, when a state was loaded; otherwise every new
         # iterator starts its epoch at the beginning, as a DataLoader's does.
         self._resume_at: int | None = None
+        # set_epoch() named the epoch of a loaded state: the next iterator stays in it,
+        # even where that epoch is done (it then yields nothing).
+        self._epoch_pinned = False
         self._generation = 0  # only the newest iterator moves the position
         self._plans: dict[int, EpochPlan] = {}
         # Set by loading a state saved with another world size: (epoch, what the old ranks
@@ -333,23 +383,40 @@ class Loader:
         epoch = int(epoch)
         self._generation += 1  # iterators still alive no longer move the position
         if epoch == self._epoch and self._resume_at is not None:
+            self._epoch_pinned = True
             return
+        self._start_epoch(epoch)
+
+    @property
+    def sampler(self) -> _EpochSetter:
+        """What code written for a DataLoader with a DistributedSampler calls each epoch:
+        ``loader.sampler.set_epoch(n)`` is ``loader.set_epoch(n)``. Lightning calls it with
+        its own epoch number, which keeps the two in step even where it resumes without
+        the loader's state (a checkpoint taken at an epoch's end)."""
+        return _EpochSetter(self)
+
+    def _start_epoch(self, epoch: int) -> None:
         self._epoch, self._position, self._resume_at = epoch, 0, None
+        self._epoch_done = self._epoch_pinned = False
         self._elastic = None
         self._plans = {}
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: small and JSON-serialisable. A Loader loaded with it yields
         exactly the batches this one would have yielded next."""
-        if self._elastic is not None and self._elastic[0] == self._epoch:
-            raise StokerError(
-                "this epoch was itself resumed with another world size; save the state "
-                "again after it ends"
-            )
+        epoch, position = self._epoch, self._position
+        if self._elastic is not None and self._elastic[0] == epoch:
+            if not self._epoch_done:
+                raise StokerError(
+                    "this epoch was itself resumed with another world size; save the state "
+                    "again after it ends"
+                )
+            # Its batches are counted in another split: say where the next one begins.
+            epoch, position = epoch + 1, 0
         return {
             "version": _STATE_VERSION,
-            "epoch": self._epoch,
-            "batches_done": self._position,
+            "epoch": epoch,
+            "batches_done": position,
             "seed": self.seed,
             "shuffle": self.shuffle,
             "batch_size": self.batch_size,
@@ -389,6 +456,8 @@ class Loader:
             self._elastic = (self._epoch, old)
             self._position = 0
         self._resume_at = self._position
+        self._epoch_done = self._position >= len(self._plan(self._epoch))
+        self._epoch_pinned = False
         self._generation += 1
 
     def stats(self) -> dict[str, float]:
@@ -460,12 +529,18 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         self._generation += 1
         generation = self._generation
+        if self._epoch_done and not self._epoch_pinned:
+            self._start_epoch(self._epoch + 1)
         epoch = self._epoch
         plan = self._plan(epoch)
         if self._stats.started is None:
             self._stats.started = time.perf_counter()
-        self._position = self._resume_at if self._resume_at is not None else 0
+        if self._resume_at is not None:
+            self._position = self._resume_at
+        elif not self._epoch_done:
+            self._position = 0
         self._resume_at = None
+        self._epoch_pinned = False
         next_batch = self._position
         in_flight: deque[tuple[Any, Any]] = deque()
         fetch = (
@@ -507,6 +582,7 @@ class Loader:
                 done += 1
                 if generation == self._generation:
                     self._position += 1
+                    self._epoch_done = self._position >= len(plan)
                 yield batch
         finally:
             for pending, _ in in_flight:  # a loop left early: stop reading ahead
@@ -514,8 +590,7 @@ class Loader:
             if fetch is not None:
                 fetch.close()
         if generation == self._generation:
-            self._epoch, self._position = epoch + 1, 0
-            self._elastic = None
+            self._epoch_done = True  # (an epoch of no batches ends here)
 
     def _submit(self, indices: np.ndarray, can_wait: bool = True) -> tuple[Any, Any]:
         """Start reading a batch. A device loader's fields= batch needs a pinned slot: when
@@ -528,7 +603,17 @@ class Loader:
         return ds._submit_members(rows, reader=self._reader), (indices, rows, bounds)
 
     def _finish(self, pending: Any, layout: Any) -> dict[str, Any]:
-        buffer = pending.wait()
+        try:
+            buffer = pending.wait()
+        except ShardFormatError as error:  # the reader knows files and offsets, not samples
+            if layout is None:  # a batch that failed before any read: its error says it all
+                raise
+            if isinstance(layout, _Layout):
+                rows, offsets = layout.rows, layout.offsets
+            else:
+                rows = layout[1]
+                offsets = self.dataset._m_offset[rows]
+            raise self._name_member(error, rows, offsets) from error
         self._stats.read_busy_s += pending.busy_seconds()
         self._stats.bytes += int(buffer.nbytes)
         if self.fields is not None:
@@ -565,31 +650,94 @@ class Loader:
 
     # -- the fields= fast path ------------------------------------------------
 
-    def _check_fields(self) -> None:
-        have = set(self.dataset.fields)
-        for name, spec in self.fields.items():
+    def _plan_fields(self) -> list[tuple[str, tuple[str, ...], FieldSpec]]:
+        """Each fields= entry checked against the dataset: its name in the batch, the
+        alternatives it reads (``"jpg;jpeg;png"``: the first a sample has), its decoder."""
+        ds = self.dataset
+        have = set(ds.fields)
+        plan = []
+        for key, spec in self.fields.items():
+            alternatives = tuple(a.strip() for a in key.split(";"))
+            name = alternatives[0]
+            if not all(alternatives):
+                raise UsageError(
+                    f"fields= key {key!r} has an empty name; alternatives are written "
+                    "'jpg;jpeg;png'"
+                )
             if not isinstance(spec, (Raw, Int, Npy, Bytes)):
-                raise StokerError(f"field {name!r}: {spec!r} is not a stoker field decoder")
-            if name not in have and len(self.dataset) and self.dataset._fields_known:
-                raise StokerError(f"field {name!r} is in no sample; the dataset has {sorted(have)}")
-            if name in self.dataset._extras and not isinstance(spec, Int):
+                raise UsageError(
+                    f"fields={{{key!r}: {spec!r}}}: the value is not a stoker field decoder; "
+                    "use stoker.Raw(shape, dtype), stoker.Int(), stoker.Npy() or stoker.Bytes()"
+                )
+            if any(p[0] == name for p in plan):
+                raise UsageError(f"fields= names the batch entry {name!r} twice")
+            lookup = tuple(a.lower() for a in alternatives)
+            extras = [a for a in lookup if a in ds._extras]
+            if extras and len(lookup) > 1:
+                raise UsageError(
+                    f"fields= key {key!r}: {extras[0]!r} is an integer column of the dataset, "
+                    "which every sample has; name it alone"
+                )
+            if extras and not isinstance(spec, Int):
                 raise StokerError(f"field {name!r} is an integer column: use stoker.Int()")
+            known = len(ds) and ds._fields_known
+            if known and not any(a in have for a in lookup):
+                what = (
+                    f"field {name!r} is in no sample"
+                    if len(lookup) == 1
+                    else f"no sample has any of the fields {key!r}"
+                )
+                raise StokerError(f"{what}; the dataset has {sorted(have)}")
+            plan.append((name, lookup, spec))
+        return plan
 
     def _field_rows(self, indices: np.ndarray) -> dict[str, np.ndarray]:
-        """For each named field read from shards, the member row of every sample."""
+        """For each named field read from shards, the member row of every sample: of the
+        first of its alternatives the sample has."""
         ds = self.dataset
         out = {}
-        for name in self.fields:
-            if name in ds._extras:
+        for name, alternatives, _ in self._field_plan:
+            if alternatives[0] in ds._extras:
                 continue
-            chosen = ds._field_rows(name, indices)
+            chosen = ds._field_rows(alternatives[0], indices)
+            for alternative in alternatives[1:]:
+                lacking = np.flatnonzero(chosen < 0)
+                if not len(lacking):
+                    break
+                chosen[lacking] = ds._field_rows(alternative, indices[lacking])
             if (chosen < 0).any():
                 i = int(indices[np.flatnonzero(chosen < 0)[0]])
+                which = (
+                    f"field {name!r}"
+                    if len(alternatives) == 1
+                    else f"field of {', '.join(map(repr, alternatives))}"
+                )
                 raise self._bad_member(
-                    int(ds._sample_first[i]), f"sample {ds.key(i)!r} (#{i}) has no field {name!r}"
+                    int(ds._sample_first[i]), f"sample {quoted(ds.key(i))} (#{i}) has no {which}"
                 )
             out[name] = chosen
         return out
+
+    def _name_member(
+        self, error: ShardFormatError, rows: np.ndarray, offsets: np.ndarray
+    ) -> ShardFormatError:
+        """`error` from the reader, said of the field and sample whose bytes it is about."""
+        ds = self.dataset
+        path, offset = getattr(error, "path", None), getattr(error, "offset", None)
+        hits = np.flatnonzero(offsets == np.uint64(offset or 0)) if path is not None else []
+        for hit in hits:
+            row = int(rows[hit])
+            if ds._paths[int(ds._m_file[row])] == path:
+                field = ds._field_names[int(ds._m_field[row])]
+                key = ds.key(int(ds._m_sample[row]))
+                what = str(error).removeprefix(f"{path}: offset {offset}: ")
+                return located(
+                    ShardFormatError,
+                    path,
+                    offset,
+                    f"field {field!r} of sample {quoted(key)}: {what}",
+                )
+        return error
 
     def _bad_member(self, row: int, what: str) -> ShardFormatError:
         ds = self.dataset
@@ -611,8 +759,9 @@ class Loader:
             at += (size + ALIGN - 1) // ALIGN * ALIGN
             return base
 
+        specs = {name: spec for name, _, spec in self._field_plan}
         for name, member_rows in self._field_rows(indices).items():
-            spec = self.fields[name]
+            spec = specs[name]
             out = ds._m_out[member_rows]
             if isinstance(spec, Npy) and not ds._m_decoder[member_rows].any():
                 # .npy files as members of a tar or zip: each member is split into its
@@ -690,7 +839,11 @@ class Loader:
                 layout.blobs.append((name, base + starts.astype(np.int64), out.astype(np.int64)))
         # Integer columns of the dataset are written into the buffer too: a batch for a
         # device then goes over in one copy of one buffer.
-        layout.extras = [(name, region(n * 8)) for name in self.fields if name in ds._extras]
+        layout.extras = [
+            (name, alternatives[0], region(n * 8))
+            for name, alternatives, _ in self._field_plan
+            if alternatives[0] in ds._extras
+        ]
         layout.nbytes = at
         # Pieces read as whole members take their file range from the index.
         parts = [p if len(p) == 6 else (*p, ds._m_offset[p[0]], ds._m_length[p[0]]) for p in parts]
@@ -700,6 +853,7 @@ class Loader:
             if parts
             else [np.zeros(0, t) for t in kinds]
         )
+        layout.rows, layout.offsets = rows, offsets
         slot = None
         if self._stage is not None:
             # Read straight into a pinned slot: the batch then goes over in one copy.
@@ -787,9 +941,11 @@ class Loader:
             values, bad = parse_ascii_ints(text, lengths)
             if bad.any():
                 i = int(np.flatnonzero(bad)[0])
-                shown = bytes(text[i, : lengths[i]])
+                shown = quoted(bytes(text[i, : lengths[i]]))
+                key = quoted(ds.key(int(layout.indices[i])))
                 raise self._bad_member(
-                    int(member_rows[i]), f"field {name!r} is not an integer: {shown!r}"
+                    int(member_rows[i]),
+                    f"field {name!r} of sample {key}: not an integer: {shown}",
                 )
             column = buffer[value_base : value_base + n * 8].view(np.int64)
             column[:] = values
@@ -798,9 +954,9 @@ class Loader:
             views = (buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist()))
             # On a device loader the buffer is a pinned slot the ring needs back soon.
             batch[name] = [v.copy() for v in views] if self._stage else list(views)
-        for name, value_base in layout.extras:
+        for name, extra, value_base in layout.extras:
             column = buffer[value_base : value_base + n * 8].view(np.int64)
-            column[:] = ds._extras[name][layout.indices]
+            column[:] = ds._extras[extra][layout.indices]
             batch[name] = torch.from_numpy(column)
         batch["__key__"] = ds.keys(layout.indices)
         return batch

@@ -1,9 +1,10 @@
 """Writing and describing shards: ``stoker pack``, ``stoker index``, ``stoker inspect``.
 
-``pack`` turns any stoker source (the seeds' CSV + folder, a class-per-folder tree, or
-shards) into tar shards in the WebDataset convention plus a ``stoker.json``. The
-assignment of samples to shards is a pure function of the input and the options, and every
-tar header is fixed (mtime, owner, mode), so the same input packs to the same bytes.
+``pack`` turns any stoker source (a CSV of filename,label rows and a folder of files, a
+class-per-folder tree, or shards) into tar shards in the WebDataset convention plus a
+``stoker.json``. The assignment of samples to shards is a pure function of the input and
+the options, and every tar header is fixed (mtime, owner, mode), so the same input packs to
+the same bytes.
 """
 
 from __future__ import annotations
@@ -24,14 +25,17 @@ import numpy as np
 
 from stoker import _core
 from stoker.dataset import Dataset
-from stoker.errors import StokerError
+from stoker.errors import StokerError, plural, quoted
 from stoker.manifest import write_manifest
 from stoker.sources import (
     MANIFEST_NAME,
     SHARD_FORMATS,
     _shards_in_folder,
+    describe_drift,
     format_of,
     is_url,
+    manifest_drift,
+    read_manifest,
     resolve,
 )
 
@@ -249,7 +253,7 @@ def write_shard(
                     # Nothing in stoker extracts members, but other tools do: a packed
                     # shard never names a place outside the folder it is unpacked in.
                     raise StokerError(
-                        f"sample key {key!r} (from {ds.source}) is not a safe relative name: "
+                        f"sample key {quoted(key)} (from {ds.source}) is not a safe relative name: "
                         "refusing to pack it"
                     )
                 if labels is not None:  # a column, not a member: written as KEY.cls
@@ -279,7 +283,7 @@ def _check_unique_keys(ds: Dataset) -> None:
     unique, counts = np.unique(keys.astype(str), return_counts=True)
     repeated = unique[counts > 1]
     if len(repeated):
-        shown = ", ".join(repr(k) for k in repeated[:5])
+        shown = ", ".join(quoted(str(k)) for k in repeated[:5])
         raise StokerError(
             f"{len(repeated)} sample key(s) appear more than once ({shown}); keys are file "
             "names up to their first dot, so x.png and x.jpg collide: rename them"
@@ -389,13 +393,16 @@ def pack(
 # -- index and inspect -------------------------------------------------------------------
 
 
-def local_shards(source: str) -> list[str]:
-    """The local shard files of `source` (a folder, glob, brace pattern, list, manifest)."""
-    paths = [path for path, _ in resolve(source)]
+def local_shards(source: str, allow_missing: bool = False) -> list[str]:
+    """The local shard files of `source` (a folder, glob, brace pattern, list, manifest);
+    those that do not exist are an error, or left out with `allow_missing`."""
+    paths = [path for path, _ in resolve(source, note_drift=False)]
     remote = [p for p in paths if is_url(p)]
     if remote:
         raise StokerError(f"{remote[0]}: this command reads local shards only")
     missing = [p for p in paths if not os.path.exists(p)]
+    if allow_missing:
+        return [p for p in paths if os.path.exists(p)]
     if missing:
         raise StokerError(
             f"{missing[0]}: no such file"
@@ -423,8 +430,6 @@ def index(source: str, out: str | None = None, num_threads: int = 0) -> tuple[st
         else:
             out = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
     written = write_manifest(paths, out, num_threads=num_threads, extra=extra or None)
-    from stoker.sources import read_manifest
-
     return written, [entry for _, entry in read_manifest(written)]
 
 
@@ -436,6 +441,18 @@ class ShardReport:
     samples: int = 0
     fields: dict[str, np.ndarray] | None = None  # field -> member sizes
     error: str | None = None
+    keys: list[str] | None = None
+    key_runs: int = 0  # samples a reader of adjacent members only would see
+
+
+def manifest_notes(source: str) -> list[str]:
+    """What is wrong with the local manifest `source` names (or the folder's stoker.json):
+    shards it lists that are gone, shard files beside it it does not list."""
+    manifest = os.path.join(source, MANIFEST_NAME) if os.path.isdir(source) else source
+    if not (manifest.lower().endswith(".json") and os.path.isfile(manifest)):
+        return []
+    missing, unlisted = manifest_drift(manifest, read_manifest(manifest))
+    return [describe_drift(manifest, missing, unlisted)] if missing or unlisted else []
 
 
 def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:
@@ -456,7 +473,8 @@ def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:
             name: found["member_out_length"][found["member_field"] == i].astype(np.int64)
             for i, name in enumerate(found["field_names"])
         }
-        return ShardReport(path, fmt, size, len(found["keys"]), fields)
+        keys = found["keys"]
+        return ShardReport(path, fmt, size, len(keys), fields, None, keys, found["key_runs"])
 
     with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
         return list(pool.map(one, paths))
@@ -470,7 +488,51 @@ def human(n: float) -> str:
     return f"{n:.1f} TB"  # pragma: no cover
 
 
-def format_inspection(source: str, reports: list[ShardReport]) -> str:
+def inspection_notes(reports: list[ShardReport], names: list[str]) -> list[str]:
+    """Things about readable shards a user should know: samples whose members were stored
+    apart, keys that more than one shard holds, fields only some samples have."""
+    notes = []
+    apart = [
+        (name, r) for name, r in zip(names, reports) if r.error is None and r.key_runs > r.samples
+    ]
+    if apart:
+        shown = ", ".join(name for name, _ in apart[:3]) + (" ..." if len(apart) > 3 else "")
+        notes.append(
+            f"some samples' members are stored apart in {len(apart):,} of "
+            f"{plural(len(reports), 'shard')} ({shown}); stoker groups them by key into "
+            f"{sum(r.samples for _, r in apart):,} samples, where WebDataset, which groups "
+            f"adjacent members only, would read {sum(r.key_runs for _, r in apart):,}"
+        )
+    where: dict[str, int] = {}
+    split = []
+    for i, r in enumerate(reports):
+        for key in r.keys or ():
+            first = where.setdefault(key, i)
+            if first != i:
+                split.append((key, first, i))
+    if split:
+        key, a, b = split[0]
+        count = len({k for k, _, _ in split})
+        notes.append(
+            f"keys in more than one shard: {count:,} (first: {quoted(key)} in {names[a]} and "
+            f"{names[b]}); each shard's part is a sample of its own"
+        )
+    good = [r for r in reports if r.error is None]
+    total = sum(r.samples for r in good)
+    counts: dict[str, int] = {}
+    for r in good:
+        for field, sizes in (r.fields or {}).items():
+            counts[field] = counts.get(field, 0) + len(sizes)
+    partial = sorted(f for f, n in counts.items() if n < total)
+    if partial:
+        shown = ", ".join(f"{f} ({counts[f]:,})" for f in partial)
+        notes.append(f"fields that not all {total:,} samples have: {shown}")
+    return notes
+
+
+def format_inspection(
+    source: str, reports: list[ShardReport], manifest: list[str] | None = None
+) -> str:
     good = [r for r in reports if r.error is None]
     bad = [r for r in reports if r.error is not None]
     formats: dict[str, int] = {}
@@ -510,6 +572,9 @@ def format_inspection(source: str, reports: list[ShardReport]) -> str:
                 f"{field:<10}  {len(sizes):>9,}  {human(sizes.min()):>9}  "
                 f"{human(sizes.mean()):>9}  {human(sizes.max()):>9}  {human(sizes.sum())}"
             )
+    notes = (manifest or []) + inspection_notes(reports, shown)
+    if notes:
+        lines += ["", "notes:"] + [f"  {note}" for note in notes]
     if bad:
         lines += ["", f"{len(bad)} malformed shard(s):"]
         lines += [f"  {r.error}" for r in bad]

@@ -47,7 +47,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.errors import ChecksumError, FetchError, StokerError, located
+from stoker.errors import ChecksumError, FetchError, StokerError, clip, located, plural
 
 log = logging.getLogger("stoker.remote")
 
@@ -263,24 +263,34 @@ class Fetcher:
             except asyncio.IncompleteReadError as e:
                 last = f"short body: {len(e.partial)} of {e.expected} bytes"
             except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as e:
-                raise located(FetchError, url, offset(), f"TLS: {e}") from e
+                raise located(FetchError, url, offset(), f"TLS: {clip(str(e))}") from e
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
-                last = f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
+                last = f"{type(e).__name__}: {clip(str(e))}" if str(e) else type(e).__name__
             except aiohttp.TooManyRedirects as e:
-                raise located(FetchError, url, offset(), f"too many redirects: {e}") from e
+                raise located(
+                    FetchError, url, offset(), f"too many redirects: {clip(str(e))}"
+                ) from e
             except aiohttp.RedirectClientError as e:
                 raise located(
-                    FetchError, url, offset(), f"refused redirect (only http(s) is followed): {e}"
+                    FetchError,
+                    url,
+                    offset(),
+                    f"refused redirect (only http(s) is followed): {clip(str(e))}",
                 ) from e
             except aiohttp.ClientError as e:
-                raise located(FetchError, url, offset(), f"{type(e).__name__}: {e}") from e
+                raise located(
+                    FetchError, url, offset(), f"{type(e).__name__}: {clip(str(e))}"
+                ) from e
             if n < o.retries:
                 backoff = _retry_delay(o, n)
                 wait = max(delay, backoff) if delay is not None else backoff
                 log.info("%s: %s; retry %d/%d in %.2f s", url, last, n + 1, o.retries, wait)
                 await asyncio.sleep(wait)
         raise located(
-            FetchError, url, offset(), f"gave up after {o.retries + 1} attempts; last: {last}"
+            FetchError,
+            url,
+            offset(),
+            f"gave up after {plural(o.retries + 1, 'attempt')}; last: {last}",
         )
 
     def _check_response(self, url: str, offset: int, response: Any) -> None:
@@ -1090,7 +1100,15 @@ class RemoteShards:
                 listed = dict(parse_manifest(fetcher.call(fetcher.read_all(url)), url))
             except FetchError as e:
                 if getattr(e, "status", None) is None:
-                    raise  # the server is not answering: the shards would fail too
+                    # The server is not answering: the shards would fail too. Said of the
+                    # shard the user named, not of a manifest they never typed.
+                    what = str(e).removeprefix(f"{url}: offset {getattr(e, 'offset', 0)}: ")
+                    raise located(
+                        FetchError,
+                        members[0].url,
+                        0,
+                        f"{what} (while looking for a {MANIFEST_NAME} beside it)",
+                    ) from e
                 log.debug("%s: no manifest (%s)", url, e)
                 continue
             for shard in members:

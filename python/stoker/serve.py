@@ -27,8 +27,13 @@ import logging
 import mimetypes
 import os
 import re
+import shutil
+import signal
 import socket
 import struct
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from dataclasses import dataclass, field
@@ -223,8 +228,7 @@ class ShardServer:
 
     def url_for(self, relpath: str | os.PathLike[str]) -> str:
         """URL of a file given by its path relative to the root."""
-        rel = os.fspath(relpath).replace(os.sep, "/").lstrip("/")
-        return f"{self.url}/{quote(rel)}"
+        return url_under(self.url, relpath)
 
     # -- faults ------------------------------------------------------------------------
 
@@ -575,6 +579,88 @@ def _abort(transport: asyncio.BaseTransport) -> None:
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     transport.abort()
+
+
+def url_under(base: str, relpath: str | os.PathLike[str]) -> str:
+    """The URL a server at `base` serves the file at `relpath` of its root under."""
+    rel = os.fspath(relpath).replace(os.sep, "/").lstrip("/")
+    return f"{base}/{quote(rel)}"
+
+
+class ServerProcess:
+    """``python -m stoker.serve ROOT`` in a process (and process group) of its own, so that
+    what it costs is not charged to the client being measured. ``url`` is known once it
+    answers; ``stop()`` (or leaving the ``with`` block) ends it. Its log goes to `log`
+    (default: a temporary file, removed at stop)."""
+
+    def __init__(
+        self,
+        root: str | os.PathLike[str],
+        *,
+        latency: float = 0.0,
+        bandwidth: float | None = None,
+        log: str | None = None,
+        timeout: float = 60.0,
+    ) -> None:
+        self._scratch = None if log is not None else tempfile.mkdtemp(prefix="stoker-serve-")
+        self.log = log if log is not None else os.path.join(self._scratch, "serve.log")
+        command = [sys.executable, "-m", "stoker.serve", os.fspath(root), "--port", "0"]
+        command += ["--latency", repr(latency)]
+        if bandwidth is not None:
+            command += ["--bandwidth", repr(bandwidth)]
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(
+                command, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
+            )
+        try:
+            self.url = self._wait_url(deadline=time.monotonic() + timeout)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_url(self, deadline: float) -> str:
+        """The URL the server logs once it listens, after its port answers."""
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                with open(self.log) as f:
+                    raise RuntimeError(f"the server exited early:\n{f.read()[-2000:]}")
+            with open(self.log) as f:
+                found = re.search(r" at (http://[\d.]+:(\d+))", f.read())
+            if found:
+                with contextlib.suppress(OSError):
+                    socket.create_connection(("127.0.0.1", int(found.group(2))), 1).close()
+                    return found.group(1)
+            time.sleep(0.05)
+        raise RuntimeError("the server did not answer in time")
+
+    def url_for(self, relpath: str | os.PathLike[str]) -> str:
+        """URL of a file given by its path relative to the root."""
+        return url_under(self.url, relpath)
+
+    def cpu_seconds(self) -> float:
+        """User + system CPU time the server has used so far."""
+        with open(f"/proc/{self.proc.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+        if self._scratch is not None:
+            shutil.rmtree(self._scratch, ignore_errors=True)
+
+    def __enter__(self) -> ServerProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
 
 
 def main(argv: list[str] | None = None) -> None:

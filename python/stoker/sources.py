@@ -2,15 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
+import logging
 import os
 import re
 import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Union
 
-from stoker.errors import ShardFormatError, StokerError, located
+from stoker.errors import ShardFormatError, StokerError, located, plural
+
+log = logging.getLogger("stoker.sources")
 
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
@@ -126,6 +130,53 @@ def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
     return shards
 
 
+def manifest_drift(manifest: str, shards: list[tuple[str, dict]]) -> tuple[list[str], list[str]]:
+    """What a local manifest no longer says right: the shards it lists that are not there,
+    and, for a folder's ``stoker.json``, the shard files beside it (in its folder, or in a
+    folder a listed shard is in) that it does not list. Only those folders are listed, never
+    a whole tree. (A manifest of another name may describe a part of its folder.)"""
+    listed = {os.path.abspath(path) for path, _ in shards}
+    missing = sorted(p for p in listed if not os.path.exists(p))
+    if os.path.basename(manifest) != MANIFEST_NAME:
+        return missing, []
+    folders = {os.path.dirname(os.path.abspath(manifest))} | {os.path.dirname(p) for p in listed}
+    present = set()
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                is_shard = os.path.splitext(entry.name.lower())[1] in SHARD_FORMATS
+                if is_shard and entry.is_file():
+                    present.add(entry.path)
+    return missing, sorted(present - listed)
+
+
+def describe_drift(manifest: str, missing: list[str], unlisted: list[str]) -> str:
+    """One line on a manifest's drift (see manifest_drift), saying how to fix it."""
+
+    def some(paths: list[str]) -> str:
+        names = ", ".join(os.path.basename(p) for p in paths[:3])
+        return names + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+    parts = []
+    if missing:
+        parts.append(f"lists {plural(len(missing), 'missing shard')} ({some(missing)})")
+    if unlisted:
+        parts.append(
+            f"does not list {plural(len(unlisted), 'shard file')} beside it ({some(unlisted)})"
+        )
+    folder = os.path.dirname(manifest) or "."
+    return f"{manifest} {' and '.join(parts)}: run `stoker index {folder}` to write it again"
+
+
+def _read_local_manifest(path: str, note_drift: bool) -> list[tuple[str, dict]]:
+    shards = read_manifest(path)
+    if note_drift:
+        missing, unlisted = manifest_drift(path, shards)
+        if missing or unlisted:
+            log.warning("%s", describe_drift(path, missing, unlisted))
+    return shards
+
+
 def _shards_in_folder(folder: str) -> list[str]:
     found = []
     for root, dirs, files in os.walk(folder):
@@ -137,25 +188,26 @@ def _shards_in_folder(folder: str) -> list[str]:
 
 
 def resolve(
-    source: Source, read_url: Callable[[str], bytes] | None = None
+    source: Source, read_url: Callable[[str], bytes] | None = None, note_drift: bool = True
 ) -> list[tuple[str, dict | None]]:
     """Shard paths and URLs for `source`, each with its manifest entry (or None), in order.
 
     `source` may be a folder (its ``stoker.json`` if it has one, else every shard under it,
     sorted), a manifest, a glob, a brace pattern, a path, an http(s) URL (of a shard or a
-    manifest, read with `read_url`), or a list of any of these.
+    manifest, read with `read_url`), or a list of any of these. A local manifest that no
+    longer matches its folder is logged (`note_drift`).
     """
     if isinstance(source, (list, tuple)):
         out: list[tuple[str, dict | None]] = []
         for item in source:
-            out.extend(resolve(item, read_url))
+            out.extend(resolve(item, read_url, note_drift))
         return out
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"a source is a path, pattern or list of them, not {type(source)!r}")
     text = os.fspath(source)
     names = expand_braces(text)
     if len(names) > 1:
-        return [entry for name in names for entry in resolve(name, read_url)]
+        return [entry for name in names for entry in resolve(name, read_url, note_drift)]
     if is_url(text):
         if urllib.parse.urlsplit(text).path.lower().endswith(".json"):
             if read_url is None:
@@ -172,7 +224,7 @@ def resolve(
     if os.path.isdir(text):
         manifest = os.path.join(text, MANIFEST_NAME)
         if os.path.isfile(manifest):
-            return list(read_manifest(manifest))
+            return list(_read_local_manifest(manifest, note_drift))
         shards = _shards_in_folder(text)
         if not shards:
             raise StokerError(
@@ -182,5 +234,5 @@ def resolve(
     if text.endswith(("/", os.sep)):
         raise StokerError(f"{text}: no such folder")
     if text.lower().endswith(".json"):
-        return list(read_manifest(text))
+        return list(_read_local_manifest(text, note_drift))
     return [(text, None)]

@@ -40,7 +40,7 @@ class HeaderParser {
         header.shape = shape_value();
         has_shape = true;
       } else {
-        fail("unexpected key '" + key + "'");
+        fail("unexpected key " + quoted(key));
       }
       skip_space();
       if (peek() == ',') {
@@ -217,8 +217,8 @@ ShardIndex index_npy(WindowReader& in) {
   header.itemsize = itemsize_of(header.descr);
   if (header.itemsize == 0) {
     throw FormatError(path, header_start,
-                      "dtype '" + header.descr +
-                          "' is not supported (numeric, bool, bytes, "
+                      "dtype " + quoted(header.descr) +
+                          " is not supported (numeric, bool, bytes, "
                           "unicode, datetime; not object or structured)");
   }
   if (header.shape.empty()) {

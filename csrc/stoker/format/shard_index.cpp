@@ -30,25 +30,26 @@ void SampleBuilder::add(const std::string& raw_name, uint64_t header_offset, uin
   std::string field(base.substr(dot + 1));
   for (char& c : field) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
 
-  if (index_.keys.empty() || index_.keys.back() != key) {
-    if (!index_.keys.empty()) {
-      index_.sample_start.push_back(static_cast<uint32_t>(index_.member_field.size()));
-    }
-    index_.keys.push_back(std::move(key));
-    fields_in_sample_.clear();
-  }
-  uint16_t id = field_id(field, header_offset);
-  if (std::find(fields_in_sample_.begin(), fields_in_sample_.end(), id) !=
-      fields_in_sample_.end()) {
-    throw FormatError(
-        path_, header_offset,
-        "sample '" + index_.keys.back() + "' has two members with field '" + field + "'");
-  }
-  fields_in_sample_.push_back(id);
   if (index_.member_field.size() >= UINT32_MAX) {
     throw FormatError(path_, header_offset, "too many members in one shard");
   }
-  index_.member_field.push_back(id);
+  uint32_t sample;
+  if (!member_sample_.empty() && index_.keys[member_sample_.back()] == key) {
+    sample = member_sample_.back();  // the common case: the run goes on
+  } else {
+    auto [it, is_new] =
+        sample_of_key_.try_emplace(std::move(key), static_cast<uint32_t>(index_.keys.size()));
+    sample = it->second;
+    if (is_new) {
+      index_.keys.push_back(it->first);
+    } else {
+      grouped_ = false;
+    }
+    ++index_.key_runs;
+  }
+  member_sample_.push_back(sample);
+  member_header_.push_back(header_offset);
+  index_.member_field.push_back(field_id(field, header_offset));
   index_.member_offset.push_back(offset);
   index_.member_length.push_back(length);
   index_.member_out_length.push_back(out_length);
@@ -56,9 +57,45 @@ void SampleBuilder::add(const std::string& raw_name, uint64_t header_offset, uin
   index_.member_crc.push_back(crc);
 }
 
+// A stable counting sort of the members by sample: O(members), and nothing
+// moves when the shard was in key order already.
+void SampleBuilder::group_by_sample() {
+  size_t samples = index_.keys.size();
+  std::vector<uint32_t> start(samples + 1, 0);
+  for (uint32_t s : member_sample_) ++start[s + 1];
+  for (size_t s = 0; s < samples; ++s) start[s + 1] += start[s];
+  index_.sample_start = start;
+  if (grouped_) return;
+  std::vector<uint32_t> order(member_sample_.size());
+  for (size_t m = 0; m < member_sample_.size(); ++m) order[start[member_sample_[m]]++] = m;
+  auto permute = [&order](auto& column) {
+    std::remove_reference_t<decltype(column)> sorted(column.size());
+    for (size_t i = 0; i < order.size(); ++i) sorted[i] = column[order[i]];
+    column.swap(sorted);
+  };
+  permute(index_.member_field);
+  permute(index_.member_offset);
+  permute(index_.member_length);
+  permute(index_.member_out_length);
+  permute(index_.member_codec);
+  permute(index_.member_crc);
+  permute(member_header_);
+}
+
 void SampleBuilder::finish() {
-  if (!index_.keys.empty()) {
-    index_.sample_start.push_back(static_cast<uint32_t>(index_.member_field.size()));
+  group_by_sample();
+  // One field twice in a sample: say where the second one is.
+  std::vector<uint32_t> last_sample(index_.field_names.size(), UINT32_MAX);
+  for (uint32_t s = 0; s + 1 < index_.sample_start.size(); ++s) {
+    for (uint32_t m = index_.sample_start[s]; m < index_.sample_start[s + 1]; ++m) {
+      uint16_t field = index_.member_field[m];
+      if (last_sample[field] == s) {
+        throw FormatError(path_, member_header_[m],
+                          "sample " + quoted(index_.keys[s]) + " has two members with field " +
+                              quoted(index_.field_names[field]));
+      }
+      last_sample[field] = s;
+    }
   }
 }
 

@@ -41,14 +41,21 @@ struct ShardIndex {
   std::vector<uint64_t> member_out_length;  // bytes once decoded
   std::vector<uint8_t> member_codec;        // io::Codec
   std::vector<uint32_t> member_crc;         // zip's CRC-32; checked for compressed members
+  // Runs of consecutive members that share a key: the samples a reader that
+  // groups only adjacent members (WebDataset) would see. More runs than keys
+  // means a sample's members were stored apart and have been put together.
+  uint64_t key_runs = 0;
 
   // npy: the rows are the samples.
   NpyHeader npy;
 };
 
-// Groups members into samples by the WebDataset rule: the key is the member's
-// path up to the first dot of its base name, the field is the rest. Members
-// with the same key that follow each other form one sample.
+// Groups members into samples. The key is the member's path up to the first
+// dot of its base name, the field is the rest (WebDataset's naming). Every
+// member of a key in the shard joins one sample, wherever it lies: archives
+// written by `zip -r` or by tar without --sort=name store a sample's files
+// apart. Samples keep the order in which their keys first appear, and each
+// sample's members keep their order in the shard.
 class SampleBuilder {
  public:
   SampleBuilder(ShardIndex& index, const std::string& path) : index_(index), path_(path) {}
@@ -56,15 +63,21 @@ class SampleBuilder {
   // `header_offset` is where the member's header is, for error messages.
   void add(const std::string& name, uint64_t header_offset, uint64_t offset, uint64_t length,
            uint64_t out_length, io::Codec codec, uint32_t crc);
+  // Puts each sample's members together and checks that no sample has one
+  // field twice.
   void finish();
 
  private:
   uint16_t field_id(const std::string& field, uint64_t header_offset);
+  void group_by_sample();
 
   ShardIndex& index_;
   const std::string& path_;
   std::unordered_map<std::string, uint16_t> field_ids_;
-  std::vector<uint16_t> fields_in_sample_;
+  std::unordered_map<std::string, uint32_t> sample_of_key_;
+  std::vector<uint32_t> member_sample_;
+  std::vector<uint64_t> member_header_;  // where each member's header is
+  bool grouped_ = true;                  // no key has come back after another one
 };
 
 // Each parser reads only headers, never the members' bytes, and throws

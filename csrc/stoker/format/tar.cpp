@@ -164,7 +164,7 @@ ShardIndex index_tar(WindowReader& in) {
     uint64_t data = pos + kBlock;
     if (size > in.size() - data) {
       throw FormatError(path, pos,
-                        "member '" + name + "' of " + std::to_string(size) +
+                        "member " + quoted(name) + " of " + std::to_string(size) +
                             " bytes runs past the end of the file (" + std::to_string(in.size()) +
                             " bytes): truncated shard");
     }
@@ -191,7 +191,7 @@ ShardIndex index_tar(WindowReader& in) {
         pos = next;
         continue;
       case 'S':
-        throw FormatError(path, pos, "GNU sparse member '" + name + "' is not supported");
+        throw FormatError(path, pos, "GNU sparse member " + quoted(name) + " is not supported");
       case '0':
       case '\0':
       case '7':  // contiguous file: a regular file everywhere that matters

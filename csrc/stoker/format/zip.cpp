@@ -172,14 +172,15 @@ ShardIndex index_zip(WindowReader& in, bool locate_members) {
   for (const Entry& e : entries) {
     if (e.is_link || e.name.empty() || e.name.back() == '/') continue;
     if (e.flags & 0x1) {
-      throw FormatError(path, e.entry_pos, "member '" + e.name + "' is encrypted (not supported)");
+      throw FormatError(path, e.entry_pos,
+                        "member " + quoted(e.name) + " is encrypted (not supported)");
     }
     io::Codec codec;
     if (e.method == 0) {
       codec = io::Codec::kStored;
       if (e.compressed != e.uncompressed) {
         throw FormatError(path, e.entry_pos,
-                          "stored member '" + e.name + "' has compressed size " +
+                          "stored member " + quoted(e.name) + " has compressed size " +
                               std::to_string(e.compressed) + " but size " +
                               std::to_string(e.uncompressed));
       }
@@ -189,20 +190,20 @@ ShardIndex index_zip(WindowReader& in, bool locate_members) {
       // that would only make us allocate for bytes that cannot come.
       if (e.uncompressed / 1032 > e.compressed + 1) {
         throw FormatError(path, e.entry_pos,
-                          "deflated member '" + e.name + "' declares " +
+                          "deflated member " + quoted(e.name) + " declares " +
                               std::to_string(e.uncompressed) + " bytes from " +
                               std::to_string(e.compressed) +
                               " compressed, more than deflate can produce");
       }
     } else {
       throw FormatError(path, e.entry_pos,
-                        "member '" + e.name + "' uses compression method " +
+                        "member " + quoted(e.name) + " uses compression method " +
                             std::to_string(e.method) +
                             "; only stored (0) and deflate (8) are supported");
     }
     if (e.local_header >= cd.offset) {
       throw FormatError(path, e.entry_pos,
-                        "member '" + e.name + "' has its local header at " +
+                        "member " + quoted(e.name) + " has its local header at " +
                             std::to_string(e.local_header) + ", past the central directory");
     }
     if (!locate_members) {
@@ -212,12 +213,12 @@ ShardIndex index_zip(WindowReader& in, bool locate_members) {
     const uint8_t* local = in.at(e.local_header, 30, "zip local header");
     if (le32(local) != kLocalHeader) {
       throw FormatError(path, e.local_header,
-                        "bad local header signature for member '" + e.name + "'");
+                        "bad local header signature for member " + quoted(e.name));
     }
     uint64_t data = e.local_header + 30 + le16(local + 26) + le16(local + 28);
     if (data > cd.offset || e.compressed > cd.offset - data) {
       throw FormatError(path, e.local_header,
-                        "member '" + e.name + "' (" + std::to_string(e.compressed) +
+                        "member " + quoted(e.name) + " (" + std::to_string(e.compressed) +
                             " bytes at offset " + std::to_string(data) +
                             ") runs into the central directory: truncated or corrupt");
     }

@@ -112,7 +112,7 @@ void parse_ascii_int(const uint8_t* src, uint64_t length, uint8_t* dest, const s
   }
   if (!ok) {
     std::string text(reinterpret_cast<const char*>(src), std::min<uint64_t>(length, 40));
-    throw FormatError(path, offset, "not an integer: '" + text + "'");
+    throw FormatError(path, offset, "not an integer: " + quoted(text));
   }
   value = negative ? -value : value;
   std::memcpy(dest, &value, sizeof value);
