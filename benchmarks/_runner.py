@@ -22,6 +22,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stoker.serve import kill_process_group
+
 STDERR_TAIL = 3000  # bytes of a failed child's stderr kept for the report
 
 
@@ -190,20 +192,6 @@ def _read_lines(proc: subprocess.Popen, deadline: float, on_line: Callable[[str]
             *lines, pending = (pending + chunk).split(b"\n")
             for line in lines:
                 on_line(line.decode(errors="replace"))
-
-
-def kill_process_group(proc: subprocess.Popen | None) -> None:
-    """SIGKILL the process group of a child started with start_new_session, and reap the
-    child. The group is killed even when the child itself has exited: workers it left behind
-    would hold its stdout and the GPU. (The child's pid names the group, and Linux does not
-    give that pid to a new process while any member of the group lives.)"""
-    if proc is None:
-        return
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:  # the group is gone, or not all of it may be signalled
-        proc.kill()  # a no-op once the child is reaped
-    proc.wait()
 
 
 def stamp_if_current(path: str, want: dict) -> dict | None:

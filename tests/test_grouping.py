@@ -177,14 +177,19 @@ def test_one_field_twice_in_a_scattered_sample_names_the_second(tmp_path):
     assert error.value.offset == offsets["a.jpg"][1]
 
 
-def test_a_manifest_written_before_grouping_is_explained(tmp_path):
-    # A manifest counting the runs of adjacent members, as stoker 0.1 wrote it for a
-    # scattered archive: opening says what to do, not that the shard changed.
-    path = tmp_path / "old.zip"
+def _zip_field_by_field(path):
+    """Five samples k0..k4 of a jpg and a cls, every jpg first: written by zipfile."""
     with zipfile.ZipFile(path, "w") as z:
         for field in ("jpg", "cls"):
             for i in range(5):
                 z.writestr(f"k{i}.{field}", b"%d" % i)
+    return path
+
+
+def test_a_manifest_written_before_grouping_is_explained(tmp_path, capsys):
+    # A manifest counting the runs of adjacent members, as stoker 0.1 wrote it for a
+    # scattered archive: opening says what to do, not that the shard changed.
+    path = _zip_field_by_field(tmp_path / "old.zip")
     stoker.manifest.write_manifest([str(path)], tmp_path)
     manifest = json.loads((tmp_path / "stoker.json").read_text())
     assert manifest["shards"][0]["samples"] == 5
@@ -193,6 +198,20 @@ def test_a_manifest_written_before_grouping_is_explained(tmp_path):
     ds = stoker.Dataset(str(tmp_path))
     with pytest.raises(stoker.ShardFormatError, match="write it again with `stoker index`"):
         ds.get_batch([0])
+    assert main(["inspect", str(tmp_path)]) == 0  # inspect says so too
+    assert "old.zip holds 5 samples, not 10" in capsys.readouterr().out
+
+
+def test_a_manifest_says_at_open_that_members_lie_apart(tmp_path, caplog):
+    path = _zip_field_by_field(tmp_path / "apart.zip")
+    stoker.manifest.write_manifest([str(path)], tmp_path)
+    assert json.loads((tmp_path / "stoker.json").read_text())["shards"][0]["key_runs"] == 10
+    with caplog.at_level(logging.WARNING, "stoker"):
+        ds = stoker.Dataset(str(tmp_path))  # nothing read yet: the manifest says it
+        said = [r.getMessage() for r in caplog.records]
+        assert len(said) == 1 and "apart.zip" in said[0] and "into 5 samples" in said[0]
+        assert [s["__key__"] for s in ds[:]] == [f"k{i}" for i in range(5)]
+    assert len(caplog.records) == 1  # and not again when the shard is read
 
 
 def test_a_remote_tar_without_manifest_groups_as_a_local_one(tmp_path):

@@ -398,7 +398,8 @@ def test_elastic_resume_across_world_sizes(data, old_world, new_world, drop_last
         loader.load_state_dict(state)
         lengths.add(len(loader))
         after.extend(k for batch in loader for k in batch["__key__"])
-        assert loader.state_dict()["epoch"] == 1  # the next epoch is an ordinary one
+        state_after = loader.state_dict()  # saved again once the shared-out epoch is over
+        assert (state_after["epoch"], state_after["batches_done"]) == (0, len(loader))
     assert len(lengths) == 1  # every new rank has the same number of batches
     everything = before + after
     if drop_last:
@@ -614,3 +615,63 @@ def test_sampler_set_epoch_is_the_loaders(data):
     loader.sampler.set_epoch(3)
     reference.set_epoch(3)
     assert _keys(loader) == _keys(reference)
+
+
+@pytest.mark.parametrize("drop_last", [False, True])
+@pytest.mark.parametrize("old_world,new_world", [(3, 1), (2, 3)])
+def test_an_epoch_saved_at_its_end_is_over_in_any_world_size(data, drop_last, old_world, new_world):
+    # What the old ranks dropped stays dropped: the next batches are the next epoch's.
+    ds, _ = data
+    kw = dict(fields=FIELDS, seed=5, drop_last=drop_last)
+    old = stoker.Loader(ds, 8, rank=0, world_size=old_world, **kw)
+    _take_len(old)
+    state = json.loads(json.dumps(old.state_dict()))
+    assert (state["epoch"], state["batches_done"]) == (0, len(old))
+    for r in range(new_world):
+        new = stoker.Loader(ds, 8, rank=r, world_size=new_world, **kw)
+        new.load_state_dict(state)
+        fresh = stoker.Loader(ds, 8, rank=r, world_size=new_world, **kw)
+        fresh.set_epoch(1)
+        assert _take_len(new) == _take_len(fresh)
+        pinned = stoker.Loader(ds, 8, rank=r, world_size=new_world, **kw)
+        pinned.load_state_dict(state)
+        pinned.set_epoch(0)  # a loop that counts epochs itself, resuming epoch 0
+        assert _keys(pinned) == []
+
+
+def test_an_elastic_epoch_saved_at_its_end_says_it_is_over(data):
+    ds, _ = data
+    kw = dict(fields=FIELDS, seed=5, drop_last=True)
+    old = stoker.Loader(ds, 8, rank=0, world_size=2, **kw)
+    it = iter(old)
+    for _ in range(3):
+        next(it)
+    state = old.state_dict()
+    new = stoker.Loader(ds, 8, rank=0, world_size=3, **kw)
+    new.load_state_dict(state)
+    for _ in new:  # the rest of epoch 0, shared out over three ranks
+        pass
+    done = json.loads(json.dumps(new.state_dict()))
+    assert (done["epoch"], done["batches_done"]) == (0, len(new))
+    again = stoker.Loader(ds, 8, rank=0, world_size=3, **kw)
+    again.load_state_dict(done)
+    again.set_epoch(0)
+    assert _keys(again) == []  # epoch 0 is over: an empty pass, not a replay
+    fresh = stoker.Loader(ds, 8, rank=0, world_size=3, **kw)
+    fresh.set_epoch(1)
+    assert _take_len(again) == _take_len(fresh)
+
+
+def test_an_old_iterator_that_ends_late_does_not_move_the_epoch(data):
+    ds, _ = data
+    loader = stoker.Loader(ds, 15, fields=FIELDS)
+    old = iter(loader)
+    first = [next(old)["__key__"] for _ in range(len(loader))]  # all of epoch 0
+    new_epoch = iter(loader)  # epoch 0 is done: this one begins epoch 1
+    second = next(new_epoch)["__key__"]
+    assert list(old) == []  # the old one reaches StopIteration now
+    rest = [b["__key__"] for b in new_epoch]
+    reference = stoker.Loader(ds, 15, fields=FIELDS)
+    assert _take_len(reference) == first
+    assert _take_len(reference) == [second, *rest]
+    assert loader.state_dict()["epoch"] == 1

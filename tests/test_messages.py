@@ -4,6 +4,7 @@ pass instead, quoting at most a few hundred characters of anything read from out
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import logging
 import os
@@ -39,7 +40,7 @@ def test_fields_as_a_list_says_to_pass_a_dict(shard):
     text = one_line(error.value)
     assert isinstance(error.value, stoker.StokerError)
     assert "not a list (['raw', 'cls'])" in text
-    assert "{'raw': stoker.Bytes(), 'cls': stoker.Bytes()}" in text
+    assert "{'raw': stoker.Bytes(), 'cls': stoker.Int()}" in text
 
 
 def test_a_field_value_that_is_not_a_decoder(shard):
@@ -190,7 +191,15 @@ def test_pack_says_keys_as_text_not_numpy(tmp_path, capsys):
 
 @pytest.mark.parametrize(
     "text,size",
-    [("8M", 8 << 20), ("8MiB", 8 << 20), ("8MB", 8_000_000), ("8kB", 8000), ("200G", 200 << 30)],
+    [
+        ("8M", 8 << 20),
+        ("8MiB", 8 << 20),
+        ("8MB", 8_000_000),
+        ("8kB", 8000),
+        ("200G", 200 << 30),
+        ("2.", 2),
+        ("1.5K", 1536),
+    ],
 )
 def test_size_units(text, size):
     assert parse_size(text) == size
@@ -236,15 +245,18 @@ def test_a_manifest_that_no_longer_matches_its_folder(tmp_path, caplog, capsys):
     stoker.manifest.write_manifest(
         [str(tmp_path / "a.tar"), str(tmp_path / "b.tar")], tmp_path
     )  # c.tar is not listed
-    os.unlink(tmp_path / "b.tar")  # and b.tar is gone
     with caplog.at_level(logging.WARNING, "stoker"):
         ds = stoker.Dataset(str(tmp_path))
     said = [r.getMessage() for r in caplog.records]
     assert len(said) == 1
-    assert "lists 1 missing shard (b.tar)" in said[0]
     assert "does not list 1 shard file beside it (c.tar)" in said[0]
     assert f"run `stoker index {tmp_path}`" in said[0]
     assert len(ds) == 6
+    os.unlink(tmp_path / "b.tar")  # and now b.tar is gone: the dataset cannot be read whole
+    with pytest.raises(stoker.ReadError) as error:
+        stoker.Dataset(str(tmp_path))
+    assert error.value.errno == errno.ENOENT and error.value.path == str(tmp_path / "b.tar")
+    assert "the manifest lists this shard but it is not there" in one_line(error.value)
     assert main(["inspect", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "lists 1 missing shard (b.tar)" in out and "(c.tar)" in out
@@ -257,6 +269,16 @@ def test_a_manifest_that_no_longer_matches_its_folder(tmp_path, caplog, capsys):
     assert listed == ["a.tar", "c.tar"]
 
 
+def test_inspect_says_when_a_manifest_counts_otherwise(tmp_path, capsys):
+    write_tar(tmp_path / "a.tar", [(f"a{i}", {"cls": b"1"}) for i in range(3)])
+    stoker.manifest.write_manifest([str(tmp_path / "a.tar")], tmp_path)
+    write_tar(tmp_path / "a.tar", [(f"a{i}", {"cls": b"1"}) for i in range(5)])  # rewritten
+    assert main(["inspect", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "the manifest is out of date for 1 shard (a.tar holds 5 samples, not 3)" in out
+    assert f"run `stoker index {tmp_path}`" in out
+
+
 def test_a_manifest_of_another_name_may_describe_part_of_its_folder(tmp_path, caplog):
     for name in ("a", "b"):
         write_tar(tmp_path / f"{name}.tar", [(f"{name}{i}", {"cls": b"1"}) for i in range(3)])
@@ -264,3 +286,37 @@ def test_a_manifest_of_another_name_may_describe_part_of_its_folder(tmp_path, ca
     with caplog.at_level(logging.WARNING, "stoker"):
         assert len(stoker.Dataset(str(tmp_path / "train.json"))) == 3
     assert not caplog.records
+
+
+def test_an_html_page_where_a_manifest_would_be_is_not_one(tmp_path):
+    # A server that answers any name with a page (a single-page app's fallback): stoker
+    # looks at the shards themselves instead.
+    from stoker.serve import ShardServer
+
+    folder = tmp_path / "served"
+    folder.mkdir()
+    write_tar(folder / "a.tar", [(f"k{i}", {"cls": b"%d" % i}) for i in range(4)])
+    (folder / "stoker.json").write_text("<!doctype html><html><body>Welcome</body></html>")
+    with ShardServer(str(folder)) as server:
+        ds = stoker.Dataset(server.url_for("a.tar"), cache_dir=str(tmp_path / "cache"))
+        assert len(ds) == 4 and bytes(ds[3]["cls"]) == b"3"
+
+
+def test_a_member_name_with_a_newline_stays_on_one_line(tmp_path):
+    import tarfile
+
+    path = tmp_path / "nl.tar"
+    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
+        info = tarfile.TarInfo("evil\nname.bin")
+        info.size = 10_000  # runs past the end: the error quotes the name
+        tar.addfile(info)
+    with pytest.raises(stoker.ShardFormatError) as error:
+        stoker.Dataset(str(path))
+    assert "'evil\\x0aname.bin'" in one_line(error.value)
+
+
+def test_a_decoder_class_instead_of_a_decoder(shard):
+    with pytest.raises(stoker.UsageError, match=r"call it: stoker.Int\(\)"):
+        stoker.Loader(stoker.Dataset(shard), 4, fields={"cls": stoker.Int})
+    with pytest.raises(ValueError, match="empty name"):  # a value problem: a ValueError too
+        stoker.Loader(stoker.Dataset(shard), 4, fields={"cls;": stoker.Int()})

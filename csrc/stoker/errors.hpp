@@ -28,11 +28,22 @@ class Error : public std::runtime_error {
 };
 
 // Text read from outside (a member's name, a header field, a server's bytes)
-// in quotes for a message, cut after `limit` bytes: a megabyte-long name or a
-// body of garbage never ends up whole in an error.
+// in quotes for a message, cut after `limit` bytes, control characters shown
+// as \xNN: a megabyte-long name, or one with a newline in it, never makes an
+// error longer than a line. (Bytes that are not UTF-8 are escaped where the
+// message becomes a Python string.)
 inline std::string quoted(std::string_view text, size_t limit = 200) {
+  static constexpr char kHex[] = "0123456789abcdef";
   std::string out = "'";
-  out.append(text.substr(0, limit));
+  for (unsigned char c : text.substr(0, limit)) {
+    if (c < 0x20 || c == 0x7f) {
+      out += "\\x";
+      out += kHex[c >> 4];
+      out += kHex[c & 15];
+    } else {
+      out += static_cast<char>(c);
+    }
+  }
   out += '\'';
   if (text.size() > limit) out += "... (" + std::to_string(text.size()) + " bytes)";
   return out;

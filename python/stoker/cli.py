@@ -21,18 +21,20 @@ _SIZE_RULE = (
 
 
 def parse_size(text: str) -> int:
-    """Bytes from a size on the command line, by GNU dd's rule: ``500M`` and ``500MiB`` are
-    powers of 1024, ``500MB`` powers of 1000 (as stoker prints sizes), plain numbers bytes.
-    Anything else (``8Mb``, ``8 megs``) is refused rather than guessed."""
+    """Bytes from a size on the command line, as GNU dd and coreutils read sizes: ``500M``
+    and ``500MiB`` are powers of 1024, ``500MB`` powers of 1000 (as stoker prints sizes),
+    plain numbers bytes; the prefix letter may be lower-case. Anything else (``8Mb``,
+    ``8 megs``) is refused rather than guessed."""
     match = _SIZE.fullmatch(text)
     if match is None:
         raise argparse.ArgumentTypeError(f"{text!r} is not a size: {_SIZE_RULE}")
     number, prefix, suffix, _ = match.groups()
     power = "KMGT".index(prefix.upper()) + 1 if prefix else 0
     base = 1000 if suffix == "B" else 1024
-    if power == 0 and "." in number:
+    size = float(number) * base**power
+    if size != int(size):
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of bytes")
-    return round(float(number) * base**power)
+    return int(size)
 
 
 def _count(text: str) -> int:
@@ -105,6 +107,7 @@ def _inspect(args: argparse.Namespace) -> int:
     notes = pack.manifest_notes(args.source)  # a manifest's missing shards are said there
     shards = pack.local_shards(args.source, allow_missing=bool(notes))
     reports = pack.inspect_shards(shards, args.threads)
+    notes += pack.manifest_mismatches(args.source, reports)
     print(pack.format_inspection(args.source, reports, notes))
     return 1 if any(r.error for r in reports) else 0
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import csv as csv_module
+import errno
 import logging
 import os
 import threading
@@ -174,6 +175,10 @@ class Dataset:
                     f"once (one being read, one arriving): it needs at least {2 * largest}"
                 )
         self._build(paths, identities, indexes)
+        for shard, (_, entry) in enumerate(shards):
+            runs = (entry or {}).get("key_runs")
+            if isinstance(runs, int) and runs > entry.get("samples", runs):
+                self._note_regrouped(shard, entry["samples"], runs)
 
     @classmethod
     def from_csv(
@@ -838,13 +843,24 @@ def _describes(entry: dict | None) -> bool:
 
 
 def _check_manifest_size(path: str, entry: dict | None) -> None:
-    if not entry or "bytes" not in entry:
-        return
+    """A shard a manifest lists is there, and as large as the manifest says."""
+    if entry is None:
+        return  # not from a manifest: the index parser reports a missing file
     try:
         actual = os.stat(path).st_size
+    except FileNotFoundError:
+        folder = os.path.dirname(path) or "."
+        raise located(
+            ReadError,
+            path,
+            0,
+            "the manifest lists this shard but it is not there; run `stoker index "
+            f"{folder}` to write the manifest again",
+            errno.ENOENT,
+        ) from None
     except OSError:
-        return  # the index parser reports a missing file with its errno
-    if actual != entry["bytes"]:
+        return  # the index parser reports it with its errno
+    if "bytes" in entry and actual != entry["bytes"]:
         raise located(
             ShardFormatError,
             path,

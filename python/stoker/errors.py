@@ -34,10 +34,14 @@ __all__ = [
 E = TypeVar("E", bound=StokerError)
 
 
-def located(cls: type[E], path: str | os.PathLike[str], offset: int, what: str) -> E:
-    """An exception of `cls` about byte `offset` of `path`, worded as the C++ core words them."""
+def located(
+    cls: type[E], path: str | os.PathLike[str], offset: int, what: str, errno: int | None = None
+) -> E:
+    """An exception of `cls` about byte `offset` of `path`, worded as the C++ core words them
+    (`errno`, for a ReadError, as the C++ core sets it)."""
     path = os.fspath(path)
-    error = cls(f"{path}: offset {offset}: {what}")
+    message = f"{path}: offset {offset}: {what}"
+    error = cls(message) if errno is None else cls(errno, message)
     error.path = path  # type: ignore[attr-defined]
     error.offset = offset  # type: ignore[attr-defined]
     return error
@@ -65,7 +69,9 @@ def clip(text: str, limit: int = 200, size: int | None = None) -> str:
     return text[:limit] + f"... ({size if size is not None else len(text):,} characters in all)"
 
 
-class UsageError(StokerError, TypeError):  # type: ignore[misc]
-    """stoker was called with the wrong kind of argument; the message says what to pass."""
+class UsageError(StokerError, TypeError, ValueError):  # type: ignore[misc]
+    """stoker was called with an argument it cannot use, of the wrong kind or value; the
+    message says what to pass instead. Caught by ``except TypeError`` and ``except
+    ValueError`` alike, as the built-in error for the same mistake would be."""
 
     __module__ = "stoker"  # raised and pickled as stoker.UsageError, as the others are

@@ -69,6 +69,12 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     return found
 
 
+def _epoch_batches(samples: int, world_size: int, drop_last: bool, batch_size: int) -> int:
+    """Batches each rank reads in a whole epoch of `samples` split over `world_size`."""
+    begin, end = rank_stretch(samples, 0, world_size, drop_last)
+    return batch_count(end - begin, batch_size, drop_last)
+
+
 def _check_dataset(dataset: object) -> None:
     if not isinstance(dataset, Dataset):
         raise UsageError(
@@ -79,13 +85,24 @@ def _check_dataset(dataset: object) -> None:
         )
 
 
+def _some(names: list[str], most: int = 20) -> str:
+    """Field names for a message: all of a few, the first `most` of many."""
+    shown = ", ".join(quoted(n, 60) for n in names[:most])
+    return shown + (f" and {len(names) - most:,} more" if len(names) > most else "")
+
+
+def _likely_decoder(name: str) -> str:
+    """The decoder a field of this name usually needs, for an example in a message."""
+    return "Int" if name.lower() in ("cls", "label", "target", "index") else "Bytes"
+
+
 def _check_fields_argument(fields: object) -> dict[str, FieldSpec] | None:
     if fields is None:
         return None
     if not isinstance(fields, Mapping):
         names = [fields] if isinstance(fields, str) else fields
         if isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names):
-            example = ", ".join(f"{n!r}: stoker.Bytes()" for n in names[:3])
+            example = ", ".join(f"{n!r}: stoker.{_likely_decoder(n)}()" for n in names[:3])
         else:
             example = "'raw': stoker.Raw((3, 64, 64), 'uint8'), 'cls': stoker.Int()"
         raise UsageError(
@@ -373,8 +390,7 @@ class Loader:
 
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank (also while resuming mid-epoch)."""
-        begin, end = rank_stretch(len(self.dataset), self.rank, self.world_size, self.drop_last)
-        return batch_count(end - begin, self.batch_size, self.drop_last)
+        return _epoch_batches(len(self.dataset), self.world_size, self.drop_last, self.batch_size)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch `epoch` (its own shuffle) from the next iteration on. Setting the epoch
@@ -404,18 +420,17 @@ class Loader:
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: small and JSON-serialisable. A Loader loaded with it yields
         exactly the batches this one would have yielded next."""
-        epoch, position = self._epoch, self._position
-        if self._elastic is not None and self._elastic[0] == epoch:
-            if not self._epoch_done:
-                raise StokerError(
-                    "this epoch was itself resumed with another world size; save the state "
-                    "again after it ends"
-                )
-            # Its batches are counted in another split: say where the next one begins.
-            epoch, position = epoch + 1, 0
+        position = self._position
+        if self._epoch_done:  # every batch done, however this epoch's rest was shared out
+            position = len(self)
+        elif self._elastic is not None and self._elastic[0] == self._epoch:
+            raise StokerError(
+                "this epoch was itself resumed with another world size; save the state "
+                "again after it ends"
+            )
         return {
             "version": _STATE_VERSION,
-            "epoch": epoch,
+            "epoch": self._epoch,
             "batches_done": position,
             "seed": self.seed,
             "shuffle": self.shuffle,
@@ -446,17 +461,25 @@ class Loader:
                 )
         self._plans = {}
         self._epoch = int(state["epoch"])
-        same_split = state["world_size"] == self.world_size and state["drop_last"] == self.drop_last
-        if same_split or int(state["batches_done"]) == 0:  # nothing read: nothing to share out
-            self._elastic = None
-            self._position = int(state["batches_done"]) if same_split else 0
+        old_world, old_drop_last = int(state["world_size"]), bool(state["drop_last"])
+        batches_done = int(state["batches_done"])
+        same_split = old_world == self.world_size and old_drop_last == self.drop_last
+        # An epoch whose every batch was handed out is over in any split: what its ranks
+        # dropped (drop_last) stays dropped, and the next iteration begins the next epoch.
+        finished = batches_done >= _epoch_batches(
+            len(self.dataset), old_world, old_drop_last, self.batch_size
+        )
+        self._elastic = None
+        if finished:
+            self._position = len(self)
+        elif same_split or batches_done == 0:  # nothing read: nothing to share out
+            self._position = batches_done if same_split else 0
         else:  # elastic: what the old ranks read is known; share out the rest of the epoch
-            done = int(state["batches_done"]) * self.batch_size
-            old = (int(state["world_size"]), bool(state["drop_last"]), done)
-            self._elastic = (self._epoch, old)
+            done = batches_done * self.batch_size
+            self._elastic = (self._epoch, (old_world, old_drop_last, done))
             self._position = 0
         self._resume_at = self._position
-        self._epoch_done = self._position >= len(self._plan(self._epoch))
+        self._epoch_done = finished or self._position >= len(self._plan(self._epoch))
         self._epoch_pinned = False
         self._generation += 1
 
@@ -664,10 +687,17 @@ class Loader:
                     f"fields= key {key!r} has an empty name; alternatives are written "
                     "'jpg;jpeg;png'"
                 )
+            if isinstance(spec, type) and spec in (Raw, Int, Npy, Bytes):
+                call = "Raw(shape, dtype)" if spec is Raw else f"{spec.__name__}()"
+                raise UsageError(
+                    f"fields={{{key!r}: stoker.{spec.__name__}}}: that is the decoder's class; "
+                    f"call it: stoker.{call}"
+                )
             if not isinstance(spec, (Raw, Int, Npy, Bytes)):
                 raise UsageError(
-                    f"fields={{{key!r}: {spec!r}}}: the value is not a stoker field decoder; "
-                    "use stoker.Raw(shape, dtype), stoker.Int(), stoker.Npy() or stoker.Bytes()"
+                    f"fields={{{key!r}: {quoted(spec, 80)}}}: the value is not a stoker field "
+                    "decoder; use stoker.Raw(shape, dtype), stoker.Int(), stoker.Npy() or "
+                    "stoker.Bytes()"
                 )
             if any(p[0] == name for p in plan):
                 raise UsageError(f"fields= names the batch entry {name!r} twice")
@@ -679,7 +709,7 @@ class Loader:
                     "which every sample has; name it alone"
                 )
             if extras and not isinstance(spec, Int):
-                raise StokerError(f"field {name!r} is an integer column: use stoker.Int()")
+                raise UsageError(f"field {name!r} is an integer column: use stoker.Int()")
             known = len(ds) and ds._fields_known
             if known and not any(a in have for a in lookup):
                 what = (
@@ -687,7 +717,7 @@ class Loader:
                     if len(lookup) == 1
                     else f"no sample has any of the fields {key!r}"
                 )
-                raise StokerError(f"{what}; the dataset has {sorted(have)}")
+                raise StokerError(f"{what}; the dataset has {_some(sorted(have))}")
             plan.append((name, lookup, spec))
         return plan
 
@@ -779,7 +809,7 @@ class Loader:
                 if len(wrong):
                     raise self._bad_member(
                         int(member_rows[wrong[0]]),
-                        f"field {name!r} of sample {ds.key(int(indices[wrong[0]]))!r} does "
+                        f"field {name!r} of sample {quoted(ds.key(int(indices[wrong[0]])))} does "
                         f"not hold a {shape} {dtype} array like the batch's first sample",
                     )
                 steps = np.arange(n, dtype=np.uint64)
@@ -805,7 +835,7 @@ class Loader:
                     row = int(member_rows[wrong[0]])
                     raise self._bad_member(
                         row,
-                        f"field {name!r} of sample {ds.key(int(indices[wrong[0]]))!r} is "
+                        f"field {name!r} of sample {quoted(ds.key(int(indices[wrong[0]])))} is "
                         f"{int(out[wrong[0]])} bytes, not the {nbytes} of {shape} {dtype}",
                     )
                 base = region(n * nbytes)

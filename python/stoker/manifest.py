@@ -28,7 +28,7 @@ def sha256_of(path: str, block: int = 1 << 20) -> str:
 
 def shard_entry(path: str, relative_to: str) -> dict:
     """A manifest entry for the shard at `path`: path (relative), bytes, samples, fields,
-    sha256."""
+    sha256, and key_runs where some samples' members lie apart."""
     fmt = format_of(path)
     index = _core.index_shards([path], [fmt], 1)[0]
     if fmt == "zip":  # stored members' CRCs are not checked on every read: check them once
@@ -42,13 +42,18 @@ def shard_entry(path: str, relative_to: str) -> dict:
         samples, fields = int(index["shape"][0]), ["npy"]
     else:
         samples, fields = len(index["keys"]), list(index["field_names"])
-    return {
+    entry = {
         "path": os.path.relpath(path, relative_to),
         "bytes": int(index["file_size"]),
         "samples": samples,
         "fields": fields,
         "sha256": sha256_of(path),
     }
+    if index.get("key_runs", samples) > samples:
+        # Samples whose members lie apart: said when the dataset opens, not at its first
+        # read of this shard mid-epoch.
+        entry["key_runs"] = int(index["key_runs"])
+    return entry
 
 
 def write_manifest(

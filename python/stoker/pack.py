@@ -278,7 +278,7 @@ def write_shard(
 def _check_unique_keys(ds: Dataset) -> None:
     """Two samples with one key would be merged (or refused) by readers of the shards."""
     if ds._remote is not None:
-        return  # known once fetched; the manifest writer refuses a shard that repeats one
+        return  # remote shards' keys are known only once fetched
     keys = np.array(ds.keys(np.arange(len(ds))), dtype=object)
     unique, counts = np.unique(keys.astype(str), return_counts=True)
     repeated = unique[counts > 1]
@@ -453,6 +453,41 @@ def manifest_notes(source: str) -> list[str]:
         return []
     missing, unlisted = manifest_drift(manifest, read_manifest(manifest))
     return [describe_drift(manifest, missing, unlisted)] if missing or unlisted else []
+
+
+def manifest_mismatches(source: str, reports: list[ShardReport]) -> list[str]:
+    """Shards whose manifest entry gives other sizes or sample counts than the shard has
+    (a shard rewritten since, or a manifest written before stoker grouped a sample's
+    scattered members)."""
+    try:
+        entries = {
+            os.path.abspath(path): entry
+            for path, entry in resolve(source, note_drift=False)
+            if entry is not None
+        }
+    except StokerError:
+        return []
+    wrong = []
+    for r in reports:
+        entry = entries.get(os.path.abspath(r.path))
+        if r.error is not None or entry is None:
+            continue
+        if entry.get("bytes", r.bytes) != r.bytes:
+            wrong.append(
+                f"{os.path.basename(r.path)} has {r.bytes:,} bytes, not {entry['bytes']:,}"
+            )
+        elif entry.get("samples", r.samples) != r.samples:
+            wrong.append(
+                f"{os.path.basename(r.path)} holds {r.samples:,} samples, not {entry['samples']:,}"
+            )
+    if not wrong:
+        return []
+    shown = "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+    folder = source if os.path.isdir(source) else os.path.dirname(source) or "."
+    return [
+        f"the manifest is out of date for {plural(len(wrong), 'shard')} ({shown}): run "
+        f"`stoker index {folder}` to write it again"
+    ]
 
 
 def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:

@@ -47,7 +47,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.errors import ChecksumError, FetchError, StokerError, clip, located, plural
+from stoker.errors import (
+    ChecksumError,
+    FetchError,
+    ShardFormatError,
+    StokerError,
+    clip,
+    located,
+    plural,
+)
 
 log = logging.getLogger("stoker.remote")
 
@@ -248,9 +256,17 @@ class Fetcher:
         self._free += 1
 
     async def _attempts(self, url: str, offset: Callable[[], int], attempt: Any) -> Any:
-        """Call `attempt()` until it succeeds, retrying what may pass; FetchError after."""
+        """Call `attempt()` until it succeeds, retrying what may pass; FetchError after.
+        An error of the connection's (no answer, or no HTTP in what came back) has
+        ``transport`` set; one about what the server answered comes from `attempt`."""
         aiohttp = self._aiohttp
         o = self.options
+
+        def failed(what: str) -> FetchError:
+            error = located(FetchError, url, offset(), what)
+            error.transport = True  # type: ignore[attr-defined]
+            return error
+
         last = "no attempt made"
         for n in range(o.retries + 1):
             delay: float | None = None
@@ -263,39 +279,25 @@ class Fetcher:
             except asyncio.IncompleteReadError as e:
                 last = f"short body: {len(e.partial)} of {e.expected} bytes"
             except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientSSLError) as e:
-                raise located(FetchError, url, offset(), f"TLS: {clip(str(e))}") from e
+                raise failed(f"TLS: {clip(str(e))}") from e
             except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as e:
                 last = f"{type(e).__name__}: {clip(str(e))}" if str(e) else type(e).__name__
             except aiohttp.TooManyRedirects as e:
-                raise located(
-                    FetchError, url, offset(), f"too many redirects: {clip(str(e))}"
-                ) from e
+                raise failed(f"too many redirects: {clip(str(e))}") from e
             except aiohttp.RedirectClientError as e:
-                raise located(
-                    FetchError,
-                    url,
-                    offset(),
-                    f"refused redirect (only http(s) is followed): {clip(str(e))}",
-                ) from e
+                raise failed(f"refused redirect (only http(s) is followed): {clip(str(e))}") from e
             except aiohttp.ClientError as e:
-                raise located(
-                    FetchError, url, offset(), f"{type(e).__name__}: {clip(str(e))}"
-                ) from e
+                raise failed(f"{type(e).__name__}: {clip(str(e))}") from e
             if n < o.retries:
                 backoff = _retry_delay(o, n)
                 wait = max(delay, backoff) if delay is not None else backoff
                 log.info("%s: %s; retry %d/%d in %.2f s", url, last, n + 1, o.retries, wait)
                 await asyncio.sleep(wait)
-        raise located(
-            FetchError,
-            url,
-            offset(),
-            f"gave up after {plural(o.retries + 1, 'attempt')}; last: {last}",
-        )
+        raise failed(f"gave up after {plural(o.retries + 1, 'attempt')}; last: {last}")
 
     def _check_response(self, url: str, offset: int, response: Any) -> None:
         status = response.status
-        reason = f"HTTP {status} {response.reason or ''}".strip()
+        reason = f"HTTP {status} {clip(response.reason or '')}".strip()
         if status == 429 or status == 408 or status >= 500:
             raise _Retryable(
                 reason, _retry_after(response.headers.get("Retry-After"), self.options)
@@ -1099,7 +1101,7 @@ class RemoteShards:
             try:
                 listed = dict(parse_manifest(fetcher.call(fetcher.read_all(url)), url))
             except FetchError as e:
-                if getattr(e, "status", None) is None:
+                if getattr(e, "transport", False):
                     # The server is not answering: the shards would fail too. Said of the
                     # shard the user named, not of a manifest they never typed.
                     what = str(e).removeprefix(f"{url}: offset {getattr(e, 'offset', 0)}: ")
@@ -1110,6 +1112,9 @@ class RemoteShards:
                         f"{what} (while looking for a {MANIFEST_NAME} beside it)",
                     ) from e
                 log.debug("%s: no manifest (%s)", url, e)
+                continue
+            except ShardFormatError as e:  # something else answers to that name: a web page
+                log.debug("%s: not a manifest (%s)", url, e)
                 continue
             for shard in members:
                 entry = listed.get(shard.url)

@@ -581,6 +581,26 @@ def _abort(transport: asyncio.BaseTransport) -> None:
     transport.abort()
 
 
+def kill_process_group(proc: subprocess.Popen | None, grace: float = 0.0) -> None:
+    """End the process group of a child started with start_new_session, and reap the
+    child: SIGTERM and up to `grace` seconds to exit first, if `grace`, then SIGKILL. The
+    group is killed even when the child itself has exited: workers it left behind would
+    hold its pipes (and a GPU). (The child's pid names the group, and Linux does not give
+    that pid to a new process while any member of the group lives.)"""
+    if proc is None:
+        return
+    if grace > 0 and proc.poll() is None:
+        with contextlib.suppress(OSError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=grace)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except OSError:  # the group is gone, or not all of it may be signalled
+        proc.kill()  # a no-op once the child is reaped
+    proc.wait()
+
+
 def url_under(base: str, relpath: str | os.PathLike[str]) -> str:
     """The URL a server at `base` serves the file at `relpath` of its root under."""
     rel = os.fspath(relpath).replace(os.sep, "/").lstrip("/")
@@ -644,15 +664,7 @@ class ServerProcess:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
+        kill_process_group(self.proc, grace=5.0)
         if self._scratch is not None:
             shutil.rmtree(self._scratch, ignore_errors=True)
 

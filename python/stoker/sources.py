@@ -130,13 +130,16 @@ def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
     return shards
 
 
-def manifest_drift(manifest: str, shards: list[tuple[str, dict]]) -> tuple[list[str], list[str]]:
-    """What a local manifest no longer says right: the shards it lists that are not there,
-    and, for a folder's ``stoker.json``, the shard files beside it (in its folder, or in a
-    folder a listed shard is in) that it does not list. Only those folders are listed, never
-    a whole tree. (A manifest of another name may describe a part of its folder.)"""
+def manifest_drift(
+    manifest: str, shards: list[tuple[str, dict]], check_missing: bool = True
+) -> tuple[list[str], list[str]]:
+    """What a local manifest no longer says right: the shards it lists that are not there
+    (if `check_missing`), and, for a folder's ``stoker.json``, the shard files beside it (in
+    its folder, or in a folder a listed shard is in) that it does not list. Only those
+    folders are listed, never a whole tree. (A manifest of another name may describe a part
+    of its folder.)"""
     listed = {os.path.abspath(path) for path, _ in shards}
-    missing = sorted(p for p in listed if not os.path.exists(p))
+    missing = sorted(p for p in listed if not os.path.exists(p)) if check_missing else []
     if os.path.basename(manifest) != MANIFEST_NAME:
         return missing, []
     folders = {os.path.dirname(os.path.abspath(manifest))} | {os.path.dirname(p) for p in listed}
@@ -170,10 +173,10 @@ def describe_drift(manifest: str, missing: list[str], unlisted: list[str]) -> st
 
 def _read_local_manifest(path: str, note_drift: bool) -> list[tuple[str, dict]]:
     shards = read_manifest(path)
-    if note_drift:
-        missing, unlisted = manifest_drift(path, shards)
-        if missing or unlisted:
-            log.warning("%s", describe_drift(path, missing, unlisted))
+    if note_drift:  # (a listed shard that is missing is an error when the dataset opens)
+        _, unlisted = manifest_drift(path, shards, check_missing=False)
+        if unlisted:
+            log.warning("%s", describe_drift(path, [], unlisted))
     return shards
 
 
