@@ -22,7 +22,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stoker.serve import kill_process_group
+from stoker.tools.serve import kill_process_group
 
 STDERR_TAIL = 3000  # bytes of a failed child's stderr kept for the report
 

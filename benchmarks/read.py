@@ -93,10 +93,11 @@ def main() -> None:
     n = len(ds)
     order = np.random.default_rng(1).permutation(n)
     batches = [order[i : i + args.batch_size] for i in range(0, n, args.batch_size)]
-    rows = [ds._member_rows(b)[0] for b in batches]
-    files, offsets, lengths = ds._m_file, ds._m_offset, ds._m_length
+    members = ds.members
+    rows = [members.member_rows(b)[0] for b in batches]
+    files, offsets, lengths = members.file, members.offset, members.length
     reader = _core.ShardReader(args.threads)
-    table = ds._files
+    table = members.files
     plans = []
     for r in rows:
         dest = np.arange(len(r), dtype=np.uint64) * np.uint64(args.record_bytes)
@@ -117,7 +118,7 @@ def main() -> None:
 
     in_order = []
     for start in range(0, n, args.batch_size):
-        r = ds._member_rows(np.arange(start, min(n, start + args.batch_size)))[0]
+        r = members.member_rows(np.arange(start, min(n, start + args.batch_size)))[0]
         dest = np.arange(len(r), dtype=np.uint64) * np.uint64(args.record_bytes)
         in_order.append((files[r], offsets[r], lengths[r], dest, len(r) * args.record_bytes))
 

@@ -8,7 +8,7 @@ The workload of benchmarks/loaders.py (N samples of a 3x64x64 uint8 image and an
 label, shuffled, batches of 64, each batch an image tensor and a label tensor) is written
 once under --data as zip shards of per-sample files (``KEY.image``,
 ``KEY.cls``, stored) with a ``stoker.json`` beside them, and as tar shards in the
-WebDataset convention with the same samples. ``python -m stoker.serve`` serves both in its
+WebDataset convention with the same samples. ``python -m stoker.tools.serve`` serves both in its
 own process (no GIL shared with the loaders), with ``--latency`` seconds before every
 response and ``--bandwidth`` bytes/s paced per response, that is per connection. Every
 loader gets ``--connections`` connections, so the link limit is connections x bandwidth.
@@ -63,7 +63,7 @@ import zipfile
 import _runner
 import numpy as np
 
-from stoker.serve import ServerProcess
+from stoker.tools.serve import ServerProcess
 
 SHAPE = (3, 64, 64)
 BATCH = 64

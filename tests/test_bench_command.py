@@ -12,7 +12,7 @@ import pytest
 from shards import make_samples, write_tar
 
 import stoker
-import stoker.bench as bench
+import stoker.tools.bench as bench
 
 GRID = ["--threads", "1,2", "--batch-sizes", "8,32", "--samples", "100"]
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -75,19 +75,19 @@ def test_reads_the_sample_limit(data):
     def count(batch: dict) -> tuple[int, int]:
         return len(batch["__key__"]), sum(sum(map(len, batch[f])) for f in fields)
 
-    samples, nbytes, seconds, first = bench._timed(loader, count, 100)
+    samples, nbytes, seconds, first = bench.timed(loader, count, 100)
     assert samples == 128 and nbytes > 0 and 0 < first <= seconds
-    samples, _, _, _ = bench._timed(loader, count, 10_000)
+    samples, _, _, _ = bench.timed(loader, count, 10_000)
     assert samples == len(ds)
 
 
 def test_sequential_read_stops_at_its_budget(data):
     paths = stoker.Dataset(data).shards
     total = sum(os.path.getsize(p) for p in paths)
-    got, seconds, first = bench._sequential(paths, total)
+    got, seconds, first = bench.sequential_read(paths, total)
     assert got == total and 0 <= first <= seconds
-    got, _, _ = bench._sequential(paths, 1000)
-    assert 1000 <= got <= bench._CHUNK
+    got, _, _ = bench.sequential_read(paths, 1000)
+    assert 1000 <= got <= bench.CHUNK
 
 
 def suggested(rates: dict[int, float]) -> str:
@@ -164,7 +164,7 @@ def test_as_a_separate_process(data, tmp_path):
     """Outside pytest, with a real forked DataLoader worker."""
     argv = [data, *GRID, "--dataloader-workers", "0,1"]
     code = (
-        "import argparse, stoker.bench as b; p = argparse.ArgumentParser(); b.add_arguments(p); "
+        "import argparse, stoker.tools.bench as b; p = argparse.ArgumentParser(); b.add_arguments(p); "
         f"raise SystemExit(b.run(p.parse_args({argv!r})))"
     )
     result = subprocess.run(

@@ -4,7 +4,7 @@ import sys
 from shards import make_samples, write_tar
 
 import stoker
-from stoker.cli import main
+from stoker.tools.cli import main
 
 
 def test_version(capsys):

@@ -607,7 +607,7 @@ def _scenario_loader(libs: list[str], root: str) -> dict:
     data = _write_loader_data(Path(root))
     consumer = _core.CopyStream(0)
     memory = HostMemory(consumer.handle)
-    stoker.cuda._use_memory(memory)
+    stoker.cuda.use_device_memory(memory)
     out: dict[str, Any] = {"cases": {}}
 
     fake.set_copy_delay_us(0)
@@ -790,11 +790,11 @@ def _scenario_arrays(
 
     fake, fake_file = _hooks(libs)
     fake.set_copy_delay_us(0)
-    if nvme is not None:
-        stoker.gds._on_nvme = lambda device: nvme
+    if nvme is not None:  # read when GDS mode is first judged, which is after this
+        os.environ["STOKER_GDS_ASSUME_NVME"] = "1" if nvme else "0"
     consumer = _core.CopyStream(0)
     memory = HostMemory(consumer.handle)
-    stoker.cuda._use_memory(memory)
+    stoker.cuda.use_device_memory(memory)
     paths = _write_arrays(Path(root), few)
     fake.reset()
     out = _read_all(paths, memory, consumer, few)
@@ -870,9 +870,9 @@ def _scenario_failed_read(libs: list[str], root: str) -> dict:
 
     fake, fake_file = _hooks(libs)
     fake.set_copy_delay_us(0)
-    stoker.gds._on_nvme = lambda device: True  # the file's disk counts as NVMe
+    os.environ["STOKER_GDS_ASSUME_NVME"] = "1"  # the file's disk counts as NVMe
     consumer = _core.CopyStream(0)
-    stoker.cuda._use_memory(HostMemory(consumer.handle))
+    stoker.cuda.use_device_memory(HostMemory(consumer.handle))
     rng = np.random.default_rng(12)
     arrays = {
         "big": rng.standard_normal(BIG_ITEMS).astype(np.float32),  # more than two chunks

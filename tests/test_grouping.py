@@ -18,7 +18,7 @@ import pytest
 from shards import as_bytes, write_tar
 
 import stoker
-from stoker.cli import main
+from stoker.tools.cli import main
 
 FIELDS = ("jpg", "cls", "json")
 
@@ -215,7 +215,7 @@ def test_a_manifest_says_at_open_that_members_lie_apart(tmp_path, caplog):
 
 
 def test_a_remote_tar_without_manifest_groups_as_a_local_one(tmp_path):
-    from stoker.serve import ShardServer
+    from stoker.tools.serve import ShardServer
 
     truth = {f"k{i}": {"jpg": b"j%d" % i, "cls": b"%d" % i} for i in range(12)}
     folder = tmp_path / "served"

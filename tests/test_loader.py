@@ -15,7 +15,6 @@ from concurrency import run_in_fork
 from shards import write_tar, write_zip
 
 import stoker
-from stoker.loader import parse_ascii_ints
 
 SHAPE = (3, 4, 4)
 
@@ -356,7 +355,10 @@ def test_stats(data):
     assert stats["bytes"] > 0 and 0 <= stats["input_bound_fraction"] <= 1
 
 
-def test_parse_ascii_ints():
+@pytest.mark.parametrize("stored", [True, False])
+def test_ascii_int_rule(tmp_path, stored):
+    # The C++ reader parses Int() members, stored (straight from disk) and deflated
+    # (inflated first): an optional sign and 1 to 18 digits, whitespace around allowed.
     texts = [
         b"0",
         b"-12",
@@ -369,13 +371,17 @@ def test_parse_ascii_ints():
         b"9" * 19,
         b"123456789012345678",
     ]
-    width = 24
-    mat = np.zeros((len(texts), width), np.uint8)
-    for i, t in enumerate(texts):
-        mat[i, : len(t)] = np.frombuffer(t, np.uint8)
-    values, bad = parse_ascii_ints(mat, np.array([len(t) for t in texts]))
-    assert bad.tolist() == [False, False, False, False, True, True, True, True, True, False]
-    assert values[[0, 1, 2, 3, 9]].tolist() == [0, -12, 42, 7, 123456789012345678]
+    bad = [False, False, False, False, True, True, True, True, True, False]
+    values = {0: 0, 1: -12, 2: 42, 3: 7, 9: 123456789012345678}
+    method = zipfile.ZIP_STORED if stored else zipfile.ZIP_DEFLATED
+    for i, text in enumerate(texts):
+        path = write_zip(tmp_path / f"{stored}-{i}.zip", [("k", {"cls": text})], method)
+        loader = stoker.Loader(stoker.Dataset(path), 1, fields={"cls": stoker.Int()})
+        if bad[i]:
+            with pytest.raises(stoker.ShardFormatError, match="not an integer"):
+                next(iter(loader))
+        else:
+            assert int(next(iter(loader))["cls"][0]) == values[i]
 
 
 @pytest.mark.parametrize("old_world,new_world", [(2, 3), (4, 2), (3, 1)])
@@ -452,7 +458,7 @@ def test_loader_pickles_and_threads_are_its_own(data):
 
     ds, _ = data
     loader = stoker.Loader(ds, 16, fields=FIELDS, num_threads=3)
-    assert loader._reader.num_threads == 3
+    assert loader.num_threads == 3
     again = pickle.loads(pickle.dumps(loader))
     assert _keys(again) == _keys(stoker.Loader(ds, 16, fields=FIELDS))
 

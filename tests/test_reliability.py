@@ -19,7 +19,7 @@ from shards import make_samples, write_tar
 
 import stoker
 from stoker.manifest import write_manifest
-from stoker.serve import ShardServer
+from stoker.tools.serve import ShardServer
 
 HERE = os.path.dirname(__file__)
 FAST = dict(backoff=0.05, max_backoff=0.5, stall_timeout=2.0)

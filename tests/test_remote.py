@@ -19,7 +19,7 @@ from shards import make_samples, write_tar, write_zip
 import stoker
 from stoker.manifest import write_manifest
 from stoker.remote import ShardCache, cache_name
-from stoker.serve import ShardServer
+from stoker.tools.serve import ShardServer
 
 SHARDS = 6
 PER_SHARD = 30
@@ -324,18 +324,18 @@ def test_cache_limit_holds_at_every_moment(server, data, tmp_path):
 
 def test_eviction_never_removes_a_held_shard(server, data, tmp_path):
     ds = manifest_dataset(server, tmp_path)
-    holder = ds._remote
+    holder = ds.remote
     holder.acquire(0)  # held by this dataset
     held = holder.cache.path_of(holder.shards[0].name)
     # Another cache object on the same folder (as another process would have) that needs
     # room for everything else.
     other = ShardCache(str(tmp_path))
     need = limit = os.path.getsize(held)  # room for one shard: only by evicting ours
-    assert not other._evict(held)
-    other._evict_for(need, limit)
+    assert not other.evict(held)
+    other.evict_for(need, limit)
     assert os.path.exists(held)
     holder.release(0)
-    other._evict_for(need, limit)
+    other.evict_for(need, limit)
     assert not os.path.exists(held)
 
 
@@ -400,7 +400,7 @@ def test_two_processes_fetch_each_shard_once(server, data, tmp_path):
 _FETCH_ONE = """
 import sys, stoker
 ds = stoker.Dataset(sys.argv[1], cache_dir=sys.argv[2])
-ds._remote.acquire(0)
+ds.remote.acquire(0)
 """
 
 
@@ -567,7 +567,7 @@ def test_a_dead_downloads_part_does_not_count_against_the_limit(server, data, tm
         cache_limit=2 * largest,
         fetch=stoker.FetchOptions(**{**FAST.__dict__, "cache_wait": 2}),
     )
-    remote = ds._remote
+    remote = ds.remote
     remote.acquire(1)  # one shard held
     stale = remote.path_of(0) + ".part"
     os.makedirs(os.path.dirname(stale), exist_ok=True)
@@ -579,7 +579,7 @@ def test_a_dead_downloads_part_does_not_count_against_the_limit(server, data, tm
 
 def test_a_forked_child_does_not_keep_the_parents_locks(server, data, tmp_path):
     ds = manifest_dataset(server, tmp_path)
-    remote = ds._remote
+    remote = ds.remote
     remote.acquire(0)
     path = remote.path_of(0)
     ready, tell = os.pipe()
@@ -591,7 +591,7 @@ def test_a_forked_child_does_not_keep_the_parents_locks(server, data, tmp_path):
     try:
         os.read(ready, 1)
         remote.release(0)
-        assert ShardCache(str(tmp_path))._evict(path)  # no copy of the lock left behind
+        assert ShardCache(str(tmp_path)).evict(path)  # no copy of the lock left behind
     finally:
         os.waitpid(pid, 0)
         os.close(ready)
@@ -637,16 +637,16 @@ def test_the_process_exits_promptly_with_downloads_in_flight(server, data, tmp_p
 
 
 def test_retry_after_values():
-    from stoker.remote import _retry_after
+    from stoker.remote.http import retry_after_seconds
 
     o = stoker.FetchOptions(max_retry_after=60)
-    assert _retry_after("2", o) == 2
-    assert _retry_after("soon", o) is None
-    assert _retry_after("nan", o) is None
-    assert _retry_after("100000", o) == 60
-    assert _retry_after("Wed, 21 Oct 2015 07:28:00 GMT", o) == 0  # in the past
+    assert retry_after_seconds("2", o) == 2
+    assert retry_after_seconds("soon", o) is None
+    assert retry_after_seconds("nan", o) is None
+    assert retry_after_seconds("100000", o) == 60
+    assert retry_after_seconds("Wed, 21 Oct 2015 07:28:00 GMT", o) == 0  # in the past
     future = time.strftime("%a, %d %b %Y %H:%M:%S GMT", time.gmtime(time.time() + 30))
-    assert 25 < _retry_after(future, o) <= 31
+    assert 25 < retry_after_seconds(future, o) <= 31
 
 
 def test_cache_names_of_distinct_urls_differ():

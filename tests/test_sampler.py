@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from stoker.sampler import global_order, plan_epoch
+from stoker.loader.sampler import global_order, plan_epoch
 
 
 def _sizes(n_shards, seed=0):

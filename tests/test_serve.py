@@ -11,7 +11,7 @@ import urllib.request
 import numpy as np
 import pytest
 
-from stoker.serve import ShardServer, main
+from stoker.tools.serve import ShardServer, main
 
 SIZE = 2 * 1024 * 1024
 # What a client may see when the server hangs up mid-body.

@@ -15,7 +15,7 @@ import pytest
 from shards import make_samples, write_tar, write_zip
 
 import stoker
-from stoker.cli import main
+from stoker.tools.cli import main
 
 
 def run_cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
@@ -264,11 +264,11 @@ def test_a_manifest_opens_without_a_scan(tmp_path):
         f.write(b"\xff" * 100)
     ds = stoker.Dataset(tmp_path)
     assert len(ds) == 60 and sorted(ds.fields) == ["cls", "raw"]
-    assert not ds._indexed.any()
+    assert not ds.members.indexed.any()
     got = ds.get_batch(range(40))
     want = scanned.get_batch(range(40))
     assert [bytes(s["raw"]) for s in got] == [bytes(s["raw"]) for s in want]
-    assert ds._indexed.tolist() == [True, True, False]
+    assert ds.members.indexed.tolist() == [True, True, False]
     with pytest.raises(stoker.ShardFormatError, match="s2.tar"):
         ds.get_batch([45])
     (tmp_path / "s2.tar").unlink()

@@ -10,5 +10,6 @@ void register_reader(pybind11::module_& m);
 void register_ring(pybind11::module_& m);
 void register_formats(pybind11::module_& m);
 void register_cuda(pybind11::module_& m);
+void register_plan(pybind11::module_& m);
 
 }  // namespace stoker::bindings

@@ -79,6 +79,27 @@ void register_formats(py::module_& m) {
       py::arg("paths"), py::arg("formats"), py::arg("num_threads") = 0,
       "Index shards (formats: 'tar', 'zip', 'npy') on a few threads; one dict per shard.");
   m.def(
+      "npy_header",
+      [](const std::string& path) {
+        format::NpyHeader header;
+        {
+          py::gil_scoped_release release;
+          format::WindowReader in(path, 4096);
+          header = format::read_npy_header(in, 0, in.size());
+        }
+        py::dict out;
+        out["descr"] = header.descr;
+        out["fortran_order"] = header.fortran_order;
+        out["shape"] = py::tuple(py::cast(header.shape));
+        out["data_offset"] = header.data_offset;
+        out["itemsize"] = header.itemsize;
+        out["data_bytes"] = header.data_bytes;
+        return out;
+      },
+      py::arg("path"),
+      "The header of the .npy file at `path`, checked against its size: descr, shape, "
+      "fortran_order, data_offset, itemsize, data_bytes. The one .npy header reader.");
+  m.def(
       "index_remote",
       [](const std::string& label, uint64_t size, const std::string& format, py::function read,
          uint64_t window) {

@@ -10,6 +10,7 @@
 
 #include "bindings.hpp"
 #include "numpy_util.hpp"
+#include "pending.hpp"
 #include "stoker/errors.hpp"
 #include "stoker/io/shard_reader.hpp"
 
@@ -23,76 +24,6 @@ template <typename T>
 using Column = py::array_t<T, py::array::c_style | py::array::forcecast>;
 template <typename T>
 using OptionalColumn = std::optional<Column<T>>;
-
-constexpr int64_t kWaitSliceMs = 50;
-
-class PyPendingRead {
- public:
-  PyPendingRead(std::shared_ptr<io::PendingRead> pending, py::object result,
-                std::unique_ptr<py::buffer_info> export_hold = nullptr)
-      : pending_(std::move(pending)),
-        result_(std::move(result)),
-        export_hold_(std::move(export_hold)),
-        pid_(getpid()) {}
-  // Moved-from handles own nothing, so their destructor cancels nothing.
-  PyPendingRead(PyPendingRead&&) = default;
-  PyPendingRead(const PyPendingRead&) = delete;
-
-  ~PyPendingRead() {
-    // Nobody can see this batch any more: skip what has not started, and let
-    // the chunks in flight finish before `result_` (their memory) is freed.
-    if (pending_ && getpid() == pid_ && !pending_->done()) {
-      pending_->cancel();
-      py::gil_scoped_release release;
-      try {
-        pending_->wait(-1);
-      } catch (...) {  // the error belongs to a batch nobody wants any more
-      }
-    }
-  }
-
-  py::object wait(std::optional<double> timeout) {
-    using Clock = std::chrono::steady_clock;
-    // Beyond a year (or not a number) means no timeout; it would overflow a
-    // clock's integer duration.
-    if (timeout && !(*timeout < 365.0 * 24 * 3600)) timeout.reset();
-    auto deadline = Clock::now() + std::chrono::duration_cast<Clock::duration>(
-                                       std::chrono::duration<double>(timeout.value_or(0.0)));
-    for (;;) {
-      int64_t slice = kWaitSliceMs;
-      if (timeout) {
-        auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-        slice = std::clamp<int64_t>(left.count(), 0, kWaitSliceMs);
-      }
-      bool finished;
-      {
-        py::gil_scoped_release release;
-        finished = pending_->wait(slice);
-      }
-      if (finished) {
-        export_hold_.reset();
-        return result_;
-      }
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
-      if (timeout && Clock::now() >= deadline) {
-        PyErr_SetString(PyExc_TimeoutError, "the batch is still being read");
-        throw py::error_already_set();
-      }
-    }
-  }
-
-  bool done() const { return pending_->done(); }
-  void cancel() { pending_->cancel(); }
-  double busy_seconds() const { return pending_->busy_seconds(); }
-
- private:
-  std::shared_ptr<io::PendingRead> pending_;
-  py::object result_;  // what wait() returns: the batch buffer
-  // For read_into: the caller's buffer stays exported (a bytearray cannot be
-  // resized, an mmap not closed) while threads write into it.
-  std::unique_ptr<py::buffer_info> export_hold_;
-  pid_t pid_;
-};
 
 std::vector<io::ReadRequest> make_requests(
     const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,

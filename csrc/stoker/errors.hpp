@@ -15,16 +15,20 @@ class Error : public std::runtime_error {
   Error(std::string path, uint64_t offset, const std::string& what)
       : std::runtime_error(path + ": offset " + std::to_string(offset) + ": " + what),
         path_(std::move(path)),
-        offset_(offset) {}
+        offset_(offset),
+        detail_(what) {}
   // For errors that are about no file in particular (bad arguments, misuse).
-  explicit Error(const std::string& what) : std::runtime_error(what), offset_(0) {}
+  explicit Error(const std::string& what) : std::runtime_error(what), offset_(0), detail_(what) {}
 
   const std::string& path() const { return path_; }
   uint64_t offset() const { return offset_; }
+  // What went wrong, without the file and offset.
+  const std::string& detail() const { return detail_; }
 
  private:
   std::string path_;
   uint64_t offset_;
+  std::string detail_;
 };
 
 // Text read from outside (a member's name, a header field, a server's bytes)

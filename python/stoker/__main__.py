@@ -1,5 +1,5 @@
 import sys
 
-from stoker.cli import main
+from stoker.tools.cli import main
 
 sys.exit(main())

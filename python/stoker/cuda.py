@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import importlib.util
 import os
-import threading
 import warnings
 from collections.abc import Mapping
 from typing import Any, Protocol
@@ -18,9 +17,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from stoker import _core
+from stoker._process import per_process
 from stoker.errors import CudaError, StokerError
 
-ALIGN = 64  # bytes between tensors packed into one slot: any dtype's alignment
+ALIGN = _core.ALIGN  # bytes between tensors packed into one slot: any dtype's alignment
 
 _GDS_SETTINGS = ("auto", "on", "off")
 
@@ -225,26 +225,19 @@ def memory() -> DeviceMemory:
     return _memory
 
 
-def _use_memory(provider: DeviceMemory) -> DeviceMemory:
-    """Swap the device memory provider (tests with the host stand-in); returns the old one."""
+def use_device_memory(provider: DeviceMemory) -> DeviceMemory:
+    """For tests: where device buffers come from (by default torch's caching allocator).
+    The tests with the host stand-in for the driver give host memory here. Returns the
+    provider used until now."""
     global _memory
     previous, _memory = _memory, provider
     return previous
 
 
-_copy_streams: dict[tuple[int, int], Any] = {}
-_copy_streams_lock = threading.Lock()
-
-
 def copy_stream(device: int) -> Any:
     """This process's copy stream for `device` (made again in a forked child, where the
     driver then refuses with a clear error)."""
-    key = (os.getpid(), device)
-    with _copy_streams_lock:
-        stream = _copy_streams.get(key)
-        if stream is None:
-            stream = _copy_streams[key] = _core.CopyStream(device)
-        return stream
+    return per_process(("copy-stream", device), lambda: _core.CopyStream(device))
 
 
 def _aligned(n: int) -> int:

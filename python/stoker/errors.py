@@ -26,6 +26,7 @@ __all__ = [
     "StokerError",
     "UsageError",
     "clip",
+    "human",
     "located",
     "plural",
     "quoted",
@@ -45,6 +46,15 @@ def located(
     error.path = path  # type: ignore[attr-defined]
     error.offset = offset  # type: ignore[attr-defined]
     return error
+
+
+def human(n: float) -> str:
+    """A size as stoker prints sizes, in powers of 1000: ``20.1 MB``."""
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} TB"  # pragma: no cover
 
 
 def plural(n: int, noun: str) -> str:

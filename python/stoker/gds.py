@@ -9,17 +9,17 @@ fallback from the path asked for is reported once, with its reason, as a Fallbac
 
 from __future__ import annotations
 
-import io
 import os
 import re
 import threading
 from collections import OrderedDict, deque
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
 from stoker import _core, cuda
-from stoker.dataset import shared_reader
+from stoker._process import per_process
+from stoker.dataset.reads import shared_reader
 from stoker.errors import CuFileError, ReadError, ShardFormatError, StokerError, located
 from stoker.manifest import write_atomically
 
@@ -29,41 +29,17 @@ _BOUNCE_DEPTH = 4  # slots in flight: being read, and being copied
 _READ_PIECE = 4 << 20  # one pread's share of a chunk, so threads split it
 
 
-def read_npy_header(stream: BinaryIO) -> tuple[np.dtype, tuple[int, ...], bool]:
-    """(dtype, shape, fortran_order) of the .npy whose header starts `stream`; the stream
-    is left at the data. Raises ValueError when it is not a .npy header."""
-    version = np.lib.format.read_magic(stream)
-    read_header = (
-        np.lib.format.read_array_header_1_0
-        if version == (1, 0)
-        else np.lib.format.read_array_header_2_0  # 3.0 differs only in encoding
-    )
-    shape, fortran, dtype = read_header(stream)
-    return dtype, tuple(shape), fortran
-
-
 def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
     """dtype, shape, data offset and data bytes of the .npy at `path`, checked against its
-    size."""
+    size (by the one .npy header reader, in C++)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(1 << 17)
-            size = os.fstat(f.fileno()).st_size
-    except OSError as e:
-        raise located(ReadError, path, 0, f"cannot read: {e.strerror or e}") from e
-    stream = io.BytesIO(head)
-    try:
-        dtype, shape, fortran = read_npy_header(stream)
-    except (ValueError, OSError, SyntaxError) as e:
-        raise located(ShardFormatError, path, 0, f"not a .npy file: {e}") from e
-    if dtype.hasobject:
+        header = _core.npy_header(path)
+    except ShardFormatError as e:
         raise located(
-            ShardFormatError,
-            path,
-            0,
-            f"a .npy of Python objects ({dtype}) has no bytes to load; save a numeric array",
-        )
-    if fortran and sum(d > 1 for d in shape) > 1:
+            ShardFormatError, path, getattr(e, "offset", 0), f"not a .npy file: {_detail(e)}"
+        ) from e
+    dtype, shape = np.dtype(header["descr"]), tuple(header["shape"])
+    if header["fortran_order"] and sum(d > 1 for d in shape) > 1:
         raise located(
             ShardFormatError,
             path,
@@ -78,17 +54,14 @@ def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
             f"a .npy of byte-swapped {dtype} has no torch "
             "type; save a.astype(a.dtype.newbyteorder('='))",
         )
-    offset = stream.tell()
-    nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
-    if offset + nbytes > size:
-        raise located(
-            ShardFormatError,
-            path,
-            size,
-            f"truncated: a {shape} {dtype} array needs "
-            f"{offset + nbytes} bytes but the file has {size}",
-        )
-    return dtype, shape, offset, nbytes
+    return dtype, shape, int(header["data_offset"]), int(header["data_bytes"])
+
+
+def _detail(error: Exception) -> str:
+    """An error's message without the file and offset it starts with."""
+    text = str(error)
+    prefix = f"{getattr(error, 'path', '')}: offset {getattr(error, 'offset', 0)}: "
+    return text[len(prefix) :] if text.startswith(prefix) else text
 
 
 def _torch_dtype(dtype: np.dtype, path: str) -> Any:
@@ -180,21 +153,16 @@ def _read_host(tensor: Any, path: str, offset: int) -> None:
 # -- the device paths -------------------------------------------------------
 
 
-_lock = threading.Lock()  # guards the tables below
-_bounce_rings: dict[tuple[int, int], tuple[Any, threading.Lock]] = {}
-
-
 def _bounce_ring(device: int) -> tuple[Any, threading.Lock]:
     """This process's bounce ring for `device`, and the lock that gives one read at a time
     all of its slots (two reads sharing four slots could each hold some and wait for the
     rest forever)."""
-    key = (os.getpid(), device)
-    with _lock:
-        found = _bounce_rings.get(key)
-        if found is None:
-            ring = _core.PinnedRing(_BOUNCE_DEPTH, _BOUNCE_DEPTH * _BOUNCE_CHUNK, device=device)
-            found = _bounce_rings[key] = (ring, threading.Lock())
-        return found
+
+    def make() -> tuple[Any, threading.Lock]:
+        ring = _core.PinnedRing(_BOUNCE_DEPTH, _BOUNCE_DEPTH * _BOUNCE_CHUNK, device=device)
+        return ring, threading.Lock()
+
+    return per_process(("bounce-ring", device), make)
 
 
 def _bounce(address: int, nbytes: int, path: str, offset: int, device: int) -> None:
@@ -244,30 +212,38 @@ def _cufile(address: int, nbytes: int, path: str, offset: int, device: int) -> N
 
 
 _MAX_HANDLES = 64  # registered files kept open (an O_DIRECT descriptor each)
-_handles: OrderedDict[tuple[int, str, int], tuple[tuple[int, int, int], Any]] = OrderedDict()
+
+
+class _Handles:
+    """This process's registered cuFile handles: one per file (again if the file
+    changed), the least recently used closed beyond _MAX_HANDLES."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.open: OrderedDict[tuple[str, int], tuple[tuple[int, int, int], Any]] = OrderedDict()
+
+    def get(self, path: str, device: int) -> Any:
+        st = os.stat(path)
+        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
+        key = (os.path.realpath(path), device)
+        with self.lock:
+            found = self.open.get(key)
+            if found is not None and found[0] == identity:
+                self.open.move_to_end(key)
+                return found[1]
+        handle = _core.CuFile(path, device)
+        with self.lock:
+            stale = self.open.pop(key, None)
+            self.open[key] = (identity, handle)
+            while len(self.open) > _MAX_HANDLES:
+                self.open.pop(next(iter(self.open)))[1].close()
+        if stale is not None:
+            stale[1].close()
+        return handle
 
 
 def _cufile_handle(path: str, device: int) -> Any:
-    """A registered cuFile handle: made once per file (again if the file changed), the
-    least recently used closed beyond _MAX_HANDLES."""
-    st = os.stat(path)
-    identity = (st.st_ino, st.st_size, st.st_mtime_ns)
-    key = (os.getpid(), os.path.realpath(path), device)
-    with _lock:
-        found = _handles.get(key)
-        if found is not None and found[0] == identity:
-            _handles.move_to_end(key)
-            return found[1]
-    handle = _core.CuFile(path, device)
-    with _lock:
-        stale = _handles.pop(key, None)
-        _handles[key] = (identity, handle)
-        while len(_handles) > _MAX_HANDLES:
-            stale_key = next(iter(_handles))
-            _handles.pop(stale_key)[1].close()
-    if stale is not None:
-        stale[1].close()
-    return handle
+    return per_process("cufile-handles", _Handles).get(path, device)
 
 
 def _read_device(
@@ -294,7 +270,7 @@ def _read_device(
             if cuda.gds_setting() == "on":
                 raise
             # Not tried again on this file system: its next reads go straight to the ring.
-            with _lock:
+            with _verdicts_lock:
                 _cufile_failed[_mount_of(path)[1]] = str(e)
             cuda.warn_once(
                 "cufile-failed",
@@ -342,7 +318,10 @@ def _mount_of(path: str) -> tuple[str, str, str]:
 def _on_nvme(device: str) -> bool:
     """Whether block device `device` (major:minor) is an NVMe namespace or partition, or
     an md array built only of them: its sysfs path, or each member's, runs through an
-    nvme controller. (Device-mapper volumes, LVM, are not read by GPUDirect.)"""
+    nvme controller. (Device-mapper volumes, LVM, are not read by GPUDirect.) For tests on
+    machines without NVMe, STOKER_GDS_ASSUME_NVME=1 (or 0) decides instead."""
+    if os.environ.get("STOKER_GDS_ASSUME_NVME") in ("0", "1"):
+        return os.environ["STOKER_GDS_ASSUME_NVME"] == "1"  # a test's machine
     real = os.path.realpath(f"/sys/dev/block/{device}")
     if "/nvme" in real:
         return True
@@ -355,6 +334,8 @@ def _on_nvme(device: str) -> bool:
     )
 
 
+# What is known of file systems holds in every process: kept across forks.
+_verdicts_lock = threading.Lock()
 _cufile_failed: dict[str, str] = {}  # by device: the cuFile failure that ruled it out
 _fs_verdicts: dict[str, str] = {}  # by device: why GPUDirect cannot read it ("" if it can)
 
@@ -397,7 +378,7 @@ def _file_mode(path: str) -> tuple[str, str]:
             )
         else:
             why = ""
-        with _lock:
+        with _verdicts_lock:
             _fs_verdicts[device] = why
     if not why:
         return "gds", ""

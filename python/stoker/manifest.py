@@ -1,21 +1,134 @@
-"""Writing ``stoker.json``: what each shard holds, so a dataset opens without a scan and
-remote shards are checked byte for byte (sha256) when they arrive."""
+"""``stoker.json``, read and written in one place: what each shard holds, so a dataset
+opens without a scan and remote shards are checked byte for byte (sha256) when they
+arrive; and whether a local one still matches its folder."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
+import logging
 import os
+import re
 import tempfile
+import urllib.parse
 import zipfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from stoker import _core
-from stoker.errors import ShardFormatError, located
-from stoker.sources import MANIFEST_NAME, format_of
+from stoker.errors import ShardFormatError, located, plural
+from stoker.formats import SHARD_FORMATS, format_of, is_url
 
+log = logging.getLogger("stoker.manifest")
+
+MANIFEST_NAME = "stoker.json"
 MANIFEST_VERSION = 1
+_SHA256 = re.compile(r"[0-9a-fA-F]{64}")
+
+
+def read_manifest(path: str) -> list[tuple[str, dict]]:
+    """The shards a local ``stoker.json`` lists, as (location, entry) pairs."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as e:
+        raise located(ShardFormatError, path, 0, f"cannot read the manifest: {e}") from e
+    return parse_manifest(data, os.path.abspath(path))
+
+
+def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
+    """The shards of a manifest read from `where` (a path or URL), as (location, entry)
+    pairs; locations are relative to the manifest, so a served manifest lists URLs."""
+    try:
+        manifest = json.loads(data)
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        pos = getattr(e, "pos", getattr(e, "start", 0))
+        raise located(ShardFormatError, where, pos, f"manifest is not valid JSON: {e}") from e
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("shards"), list):
+        raise located(ShardFormatError, where, 0, "manifest has no 'shards' list")
+    if manifest.get("version", 1) != 1:
+        raise located(
+            ShardFormatError, where, 0, f"manifest version {manifest['version']} is not supported"
+        )
+    shards = []
+    for i, entry in enumerate(manifest["shards"]):
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise located(ShardFormatError, where, 0, f"manifest shard {i} has no 'path'")
+        for key in ("bytes", "samples"):
+            if key in entry and (not isinstance(entry[key], int) or entry[key] < 0):
+                raise located(
+                    ShardFormatError, where, 0, f"manifest shard {i}: {key!r} is not a count"
+                )
+        if "sha256" in entry:
+            digest = entry["sha256"]
+            if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
+                raise located(
+                    ShardFormatError, where, 0, f"manifest shard {i}: 'sha256' is not a digest"
+                )
+            entry = {**entry, "sha256": digest.lower()}
+        if is_url(where):
+            location = urllib.parse.urljoin(where, entry["path"])
+            if not is_url(location):
+                raise located(
+                    ShardFormatError, where, 0, f"manifest shard {i}: {location!r} is not http(s)"
+                )
+        elif is_url(entry["path"]):
+            location = entry["path"]
+        else:
+            location = os.path.join(os.path.dirname(where), entry["path"])
+        shards.append((location, entry))
+    return shards
+
+
+def manifest_drift(
+    manifest: str, shards: list[tuple[str, dict]], check_missing: bool = True
+) -> tuple[list[str], list[str]]:
+    """What a local manifest no longer says right: the shards it lists that are not there
+    (if `check_missing`), and, for a folder's ``stoker.json``, the shard files beside it (in
+    its folder, or in a folder a listed shard is in) that it does not list. Only those
+    folders are listed, never a whole tree. (A manifest of another name may describe a part
+    of its folder.)"""
+    listed = {os.path.abspath(path) for path, _ in shards}
+    missing = sorted(p for p in listed if not os.path.exists(p)) if check_missing else []
+    if os.path.basename(manifest) != MANIFEST_NAME:
+        return missing, []
+    folders = {os.path.dirname(os.path.abspath(manifest))} | {os.path.dirname(p) for p in listed}
+    present = set()
+    for folder in folders:
+        with contextlib.suppress(OSError):
+            for entry in os.scandir(folder):
+                is_shard = os.path.splitext(entry.name.lower())[1] in SHARD_FORMATS
+                if is_shard and entry.is_file():
+                    present.add(entry.path)
+    return missing, sorted(present - listed)
+
+
+def describe_drift(manifest: str, missing: list[str], unlisted: list[str]) -> str:
+    """One line on a manifest's drift (see manifest_drift), saying how to fix it."""
+
+    def some(paths: list[str]) -> str:
+        names = ", ".join(os.path.basename(p) for p in paths[:3])
+        return names + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+    parts = []
+    if missing:
+        parts.append(f"lists {plural(len(missing), 'missing shard')} ({some(missing)})")
+    if unlisted:
+        parts.append(
+            f"does not list {plural(len(unlisted), 'shard file')} beside it ({some(unlisted)})"
+        )
+    folder = os.path.dirname(manifest) or "."
+    return f"{manifest} {' and '.join(parts)}: run `stoker index {folder}` to write it again"
+
+
+def read_local_manifest(path: str, note_drift: bool) -> list[tuple[str, dict]]:
+    shards = read_manifest(path)
+    if note_drift:  # (a listed shard that is missing is an error when the dataset opens)
+        _, unlisted = manifest_drift(path, shards, check_missing=False)
+        if unlisted:
+            log.warning("%s", describe_drift(path, [], unlisted))
+    return shards
 
 
 def sha256_of(path: str, block: int = 1 << 20) -> str:

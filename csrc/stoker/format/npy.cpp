@@ -189,13 +189,12 @@ bool mul_overflows(uint64_t a, uint64_t b, uint64_t& out) {
 
 }  // namespace
 
-ShardIndex index_npy(WindowReader& in) {
+NpyHeader read_npy_header(WindowReader& in, uint64_t base, uint64_t length) {
   const std::string& path = in.path();
-  ShardIndex index("npy", in.identity());
-
-  const uint8_t* pre = in.at(0, 10, ".npy preamble");
+  if (length < 10) throw FormatError(path, base, "too short to be a .npy file");
+  const uint8_t* pre = in.at(base, 10, ".npy preamble");
   if (std::memcmp(pre, "\x93NUMPY", 6) != 0) {
-    throw FormatError(path, 0, "bad magic: not a .npy file");
+    throw FormatError(path, base, "bad magic: not a .npy file");
   }
   uint8_t major = pre[6], minor = pre[7];
   uint64_t header_length, header_start;
@@ -203,61 +202,71 @@ ShardIndex index_npy(WindowReader& in) {
     header_length = le16(pre + 8);
     header_start = 10;
   } else if (major == 2 || major == 3) {
-    header_length = le32(in.at(8, 4, ".npy header length"));
+    if (length < 12) throw FormatError(path, base, "too short to be a .npy file");
+    header_length = le32(in.at(base + 8, 4, ".npy header length"));
     header_start = 12;
   } else {
     throw FormatError(
-        path, 6,
+        path, base + 6,
         "unsupported .npy format version " + std::to_string(major) + "." + std::to_string(minor));
   }
-  const uint8_t* text = in.at(header_start, header_length, ".npy header");
+  if (header_length > length - header_start) {
+    throw FormatError(path, base + header_start, "truncated: the .npy header runs past the end");
+  }
+  const uint8_t* text = in.at(base + header_start, header_length, ".npy header");
   std::string header_text(reinterpret_cast<const char*>(text), header_length);
-  NpyHeader header = HeaderParser(header_text, path, header_start).parse();
+  NpyHeader header = HeaderParser(header_text, path, base + header_start).parse();
   header.data_offset = header_start + header_length;
   header.itemsize = itemsize_of(header.descr);
   if (header.itemsize == 0) {
-    throw FormatError(path, header_start,
+    throw FormatError(path, base + header_start,
                       "dtype " + quoted(header.descr) +
                           " is not supported (numeric, bool, bytes, "
                           "unicode, datetime; not object or structured)");
   }
-  if (header.shape.empty()) {
-    throw FormatError(path, header_start, "a 0-d array has no rows to use as samples");
-  }
-  uint64_t row_elements = 1;
-  int long_axes = 0;
-  for (size_t d = 0; d < header.shape.size(); ++d) {
-    if (header.shape[d] > 1) ++long_axes;
-    if (d > 0 && mul_overflows(row_elements, header.shape[d], row_elements)) {
-      throw FormatError(path, header_start, "shape overflows");
+  uint64_t elements = 1;
+  for (uint64_t d : header.shape) {
+    if (mul_overflows(elements, d, elements)) {
+      throw FormatError(path, base + header_start, "shape overflows");
     }
   }
+  if (mul_overflows(elements, header.itemsize, header.data_bytes)) {
+    throw FormatError(path, base + header_start, "shape overflows");
+  }
+  // Arrays of zero-byte rows cost nothing on disk, so the file cannot bound their
+  // number; refuse counts no real array needs.
+  constexpr uint64_t kMaxEmptyRows = 1ull << 24;
+  if (header.data_bytes == 0 && !header.shape.empty() && header.shape[0] > kMaxEmptyRows) {
+    throw FormatError(path, base + header_start,
+                      "refusing " + std::to_string(header.shape[0]) + " rows of zero bytes each");
+  }
+  if (header.data_bytes > length - header.data_offset) {
+    throw FormatError(path, base + header.data_offset,
+                      "truncated: the header declares " + std::to_string(header.data_bytes) +
+                          " bytes of data but the file holds " +
+                          std::to_string(length - header.data_offset));
+  }
+  return header;
+}
+
+ShardIndex index_npy(WindowReader& in) {
+  const std::string& path = in.path();
+  ShardIndex index("npy", in.identity());
+  NpyHeader header = read_npy_header(in, 0, in.size());
+  if (header.shape.empty()) {
+    throw FormatError(path, 0, "a 0-d array has no rows to use as samples");
+  }
+  int long_axes = 0;
+  for (uint64_t d : header.shape) long_axes += d > 1;
   // In Fortran order a row is strided through the whole file; it is only
   // contiguous (and the same bytes as C order) when at most one axis is long.
   if (header.fortran_order && long_axes > 1) {
-    throw FormatError(path, header_start,
+    throw FormatError(path, 0,
                       "Fortran-ordered array: its rows are not contiguous on disk, so they "
                       "cannot be read as samples. Re-save it with "
                       "numpy.save(path, numpy.ascontiguousarray(a))");
   }
-  // Rows of zero bytes cost nothing on disk, so the file cannot bound their
-  // number; refuse counts no real array of empty rows needs.
-  constexpr uint64_t kMaxEmptyRows = 1ull << 24;
-  if (row_elements == 0 && header.shape[0] > kMaxEmptyRows) {
-    throw FormatError(path, header_start,
-                      "refusing " + std::to_string(header.shape[0]) + " rows of zero bytes each");
-  }
-  uint64_t data_bytes;
-  if (mul_overflows(row_elements, header.itemsize, header.row_bytes) ||
-      mul_overflows(header.row_bytes, header.shape[0], data_bytes)) {
-    throw FormatError(path, header_start, "shape overflows");
-  }
-  if (data_bytes > in.size() - header.data_offset) {
-    throw FormatError(path, header.data_offset,
-                      "truncated: the header declares " + std::to_string(data_bytes) +
-                          " bytes of data but the file holds " +
-                          std::to_string(in.size() - header.data_offset));
-  }
+  header.row_bytes = header.shape[0] ? header.data_bytes / header.shape[0] : 0;
   index.npy = std::move(header);
   return index;
 }

@@ -19,7 +19,8 @@ struct NpyHeader {
   std::vector<uint64_t> shape;
   uint64_t data_offset = 0;
   uint64_t itemsize = 0;
-  uint64_t row_bytes = 0;  // bytes of one sample: one index along the first axis
+  uint64_t data_bytes = 0;  // the whole array's
+  uint64_t row_bytes = 0;   // bytes of one sample: one index along the first axis
 };
 
 struct ShardIndex {
@@ -87,6 +88,9 @@ ShardIndex index_tar(WindowReader& in);
 // shard's samples are, in one or two range requests); member offsets are 0.
 ShardIndex index_zip(WindowReader& in, bool locate_members = true);
 ShardIndex index_npy(WindowReader& in);
+// The .npy header at `base` of `in` (a whole .npy file, or a .npy member of a shard of
+// `length` bytes there), checked against those bytes; its data_offset is from `base`.
+NpyHeader read_npy_header(WindowReader& in, uint64_t base, uint64_t length);
 // format: "tar", "zip" or "npy".
 ShardIndex index_shard(WindowReader& in, const std::string& format, bool locate_members = true);
 ShardIndex index_shard(const std::string& path, const std::string& format);

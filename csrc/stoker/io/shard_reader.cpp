@@ -118,6 +118,17 @@ void parse_ascii_int(const uint8_t* src, uint64_t length, uint8_t* dest, const s
   std::memcpy(dest, &value, sizeof value);
 }
 
+void verify_crc(const ReadRequest& r, const uint8_t* decoded, uint64_t length,
+                const std::string& path) {
+  if (!r.check_crc) return;
+  uint32_t got = crc32_of(decoded, length);
+  if (got != r.crc32) {
+    char buf[64];
+    std::snprintf(buf, sizeof buf, "CRC-32 mismatch: expected %08x, got %08x", r.crc32, got);
+    throw FormatError(path, r.offset, buf);
+  }
+}
+
 void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
                   const std::string& path) {
   if (r.codec == Codec::kStored) {
@@ -125,17 +136,16 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
   } else if (r.codec == Codec::kAsciiInt) {
     parse_ascii_int(src, r.length, dest, path, r.offset);
     return;  // the text's CRC is not the int64's
+  } else if (r.codec == Codec::kDeflateAsciiInt) {
+    uint8_t text[kMaxIntText];
+    inflate_exact(src, r.length, text, r.text_length, path, r.offset);
+    verify_crc(r, text, r.text_length, path);
+    parse_ascii_int(text, r.text_length, dest, path, r.offset);
+    return;
   } else {
     inflate_exact(src, r.length, dest, r.out_length, path, r.offset);
   }
-  if (r.check_crc) {
-    uint32_t got = crc32_of(dest, r.out_length);
-    if (got != r.crc32) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "CRC-32 mismatch: expected %08x, got %08x", r.crc32, got);
-      throw FormatError(path, r.offset, buf);
-    }
-  }
+  verify_crc(r, dest, r.out_length, path);
 }
 
 void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
@@ -173,11 +183,17 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
                   "stored piece has length " + std::to_string(r.length) + " but output length " +
                       std::to_string(r.out_length));
     }
-    if (r.codec != Codec::kStored && r.codec != Codec::kDeflate && r.codec != Codec::kAsciiInt) {
+    if (r.codec > Codec::kDeflateAsciiInt) {
       throw Error(path, r.offset, "unknown codec " + std::to_string(int(r.codec)));
     }
-    if (r.codec == Codec::kAsciiInt && r.out_length != sizeof(int64_t)) {
+    bool integer = r.codec == Codec::kAsciiInt || r.codec == Codec::kDeflateAsciiInt;
+    if (integer && r.out_length != sizeof(int64_t)) {
       throw Error(path, r.offset, "an ASCII integer decodes to 8 bytes");
+    }
+    if (r.codec == Codec::kDeflateAsciiInt && r.text_length > kMaxIntText) {
+      throw FormatError(path, r.offset,
+                        "an integer's text of " + std::to_string(r.text_length) +
+                            " bytes: too long for an integer");
     }
     if (r.dest_offset > dest_size || r.out_length > dest_size - r.dest_offset) {
       throw Error(path, r.offset,

@@ -24,10 +24,14 @@
 namespace stoker::io {
 
 enum class Codec : uint8_t {
-  kStored = 0,    // bytes are used as they are on disk
-  kDeflate = 1,   // raw deflate (zip method 8), inflated into the destination
-  kAsciiInt = 2,  // ASCII integer text (WebDataset's .cls), parsed into an int64
+  kStored = 0,           // bytes are used as they are on disk
+  kDeflate = 1,          // raw deflate (zip method 8), inflated into the destination
+  kAsciiInt = 2,         // ASCII integer text (WebDataset's .cls), parsed into an int64
+  kDeflateAsciiInt = 3,  // the same text deflated (a zip's): inflated, then parsed
 };
+
+// The longest integer text a member may hold, whitespace included.
+constexpr uint64_t kMaxIntText = 64;
 
 // The files a dataset's requests refer to by index. Built once per dataset and
 // shared with every batch, so a request is three integers, not a path.
@@ -41,7 +45,8 @@ struct ReadRequest {
   uint64_t offset = 0;       // where the bytes start in the file
   uint64_t length = 0;       // bytes on disk
   uint64_t dest_offset = 0;  // where the decoded bytes go in the batch buffer
-  uint64_t out_length = 0;   // decoded size (== length for stored bytes)
+  uint64_t out_length = 0;   // decoded size (== length for stored bytes; 8 for integers)
+  uint64_t text_length = 0;  // kDeflateAsciiInt: the inflated text's size (<= kMaxIntText)
   Codec codec = Codec::kStored;
   bool check_crc = false;  // compare the decoded bytes' CRC-32 with `crc32`
   uint32_t crc32 = 0;

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 import stoker
+from stoker.errors import human
 
 _SIZE = re.compile(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGTkmgt])(iB|B)?|(B))?\s*")
 _SIZE_RULE = (
@@ -56,13 +57,13 @@ def _quiet(args: argparse.Namespace) -> bool:
 
 
 def _demo(args: argparse.Namespace) -> int:
-    from stoker import demo
+    from stoker.tools import demo
 
     return demo.run(args.samples, quiet=args.quiet, keep=args.keep)
 
 
 def _pack(args: argparse.Namespace) -> int:
-    from stoker import pack
+    from stoker.tools import pack
 
     ds, classes = pack.open_input(args.source, args.csv, args.root)
     result = pack.pack(
@@ -79,49 +80,47 @@ def _pack(args: argparse.Namespace) -> int:
     )
     print(
         f"packed {result.samples:,} samples into {len(result.shards)} shard(s), "
-        f"{pack.human(result.bytes)}, in {result.folder} (manifest: stoker.json)"
+        f"{human(result.bytes)}, in {result.folder} (manifest: stoker.json)"
     )
     return 0
 
 
 def _index(args: argparse.Namespace) -> int:
-    from stoker import pack
+    from stoker.tools import inspect
 
-    written, entries = pack.index(args.source, args.out, args.threads)
+    written, entries = inspect.index(args.source, args.out, args.threads)
     samples = sum(e["samples"] for e in entries)
     size = sum(e["bytes"] for e in entries)
     print(
         f"wrote {written}: {len(entries)} shard(s), {samples:,} samples, "
-        f"{pack.human(size)}, sha256 of each"
+        f"{human(size)}, sha256 of each"
     )
     return 0
 
 
 def _inspect(args: argparse.Namespace) -> int:
-    from stoker import pack
+    from stoker.tools import inspect
 
-    if stoker.sources.is_url(args.source):
+    if stoker.formats.is_url(args.source):
         ds = stoker.Dataset(args.source)
         print(f"{len(ds.shards)} remote shard(s), {len(ds):,} samples, fields: {ds.fields}")
         return 0
-    notes = pack.manifest_notes(args.source)  # a manifest's missing shards are said there
-    shards = pack.local_shards(args.source, allow_missing=bool(notes))
-    reports = pack.inspect_shards(shards, args.threads)
-    notes += pack.manifest_mismatches(args.source, reports)
-    print(pack.format_inspection(args.source, reports, notes))
+    notes = inspect.manifest_notes(args.source)  # a manifest's missing shards are said there
+    shards = inspect.local_shards(args.source, allow_missing=bool(notes))
+    reports = inspect.inspect_shards(shards, args.threads)
+    notes += inspect.manifest_mismatches(args.source, reports)
+    print(inspect.format_inspection(args.source, reports, notes))
     return 1 if any(r.error for r in reports) else 0
 
 
 def _fetch(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    from stoker.pack import human
-
     options = stoker.FetchOptions(connections=args.connections)
     ds = stoker.Dataset(
         args.source, cache_dir=args.cache_dir, cache_limit=args.cache_limit, fetch=options
     )
-    remote = ds._remote
+    remote = ds.remote
     if remote is None:
         print("stoker fetch: every shard of this source is local already; nothing to fetch")
         return 0
@@ -162,7 +161,7 @@ def _fetch(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
-    from stoker import bench
+    from stoker.tools import bench
 
     return bench.run(args)
 
@@ -272,7 +271,7 @@ def build_parser() -> argparse.ArgumentParser:
         "over a grid of num_threads and batch_size",
         "stoker bench data/ --threads 1,2,4 --batch-sizes 32,128 --plot bench.png",
     )
-    from stoker import bench as bench_module
+    from stoker.tools import bench as bench_module
 
     bench_module.add_arguments(bench)
     bench.set_defaults(run=_bench)

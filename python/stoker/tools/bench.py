@@ -26,11 +26,11 @@ import numpy as np
 
 import stoker
 from stoker.errors import StokerError
-from stoker.sources import is_url
+from stoker.formats import is_url
 
 logger = logging.getLogger("stoker.bench")
 
-_CHUNK = 1 << 20  # sequential reads, 1 MiB at a time
+CHUNK = 1 << 20  # sequential reads, 1 MiB at a time
 _WARMUP_BATCHES = 3
 _CLOSE_ENOUGH = 0.95  # fewer threads win when they reach this share of the fastest's rate
 _DATALOADER_BATCH = 64  # the batch size the DataLoader rows use when it is in the grid
@@ -152,32 +152,31 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _shard_bytes(ds: stoker.Dataset) -> list[int]:
     """Each shard's size in bytes (a remote one's as its manifest or server gave it)."""
-    sizes = []
-    remote = ds._remote
-    for i, path in enumerate(ds.shards):
-        if remote is not None and i in ds._remote_of:
-            sizes.append(remote.shards[ds._remote_of[i]].size or 0)
-        else:
-            sizes.append(os.path.getsize(path))
-    return sizes
+    holds = ds.holds
+    return [
+        holds.size_of(i) if holds is not None and holds.is_remote[i] else os.path.getsize(path)
+        for i, path in enumerate(ds.shards)
+    ]
 
 
 def _complete_fields(ds: stoker.Dataset) -> tuple[list[str], list[str]]:
     """The fields every sample has, and the others: a Loader's fields= needs each named
     field in every sample of a batch, and a bench should not fail on optional fields."""
-    if ds._remote is not None:  # members of shards not yet fetched are not known
+    if ds.holds is not None:  # members of shards not yet fetched are not known
         return list(ds.fields), []
     every = np.arange(len(ds))
+    ds.ensure_indexed(every)
     complete, partial = [], []
     for name in ds.fields:
-        (complete if (ds._field_rows(name, every) >= 0).all() else partial).append(name)
+        has = name in ds.members.extras or (ds.members.field_rows(name, every) >= 0).all()
+        (complete if has else partial).append(name)
     return complete, partial
 
 
-def _sequential(paths: Sequence[str], budget: int) -> tuple[int, float, float]:
+def sequential_read(paths: Sequence[str], budget: int) -> tuple[int, float, float]:
     """Bytes read, seconds and seconds to the first chunk for a front-to-back read of
     `paths`, stopping after `budget` bytes."""
-    buffer = bytearray(_CHUNK)
+    buffer = bytearray(CHUNK)
     total = 0
     first = None
     start = time.perf_counter()
@@ -199,7 +198,7 @@ def _sequential(paths: Sequence[str], budget: int) -> tuple[int, float, float]:
     return total, seconds, first if first is not None else seconds
 
 
-def _timed(
+def timed(
     make: Callable[[], Iterable[Any]], count: Callable[[Any], tuple[int, int]], limit: int
 ) -> tuple[int, int, float, float]:
     """Samples, bytes, seconds and seconds to the first batch of iterating what `make`
@@ -460,16 +459,16 @@ def run(args: argparse.Namespace) -> int:
             if kind == "sequential":
                 bar.set_postfix_str("sequential read")
                 budget = -(-total_bytes * limit // n)  # the bytes of `limit` samples
-                got, seconds, first = _sequential(ds.shards, budget)
+                got, seconds, first = sequential_read(ds.shards, budget)
                 row = Row(kind, n * got / max(total_bytes, 1), got, seconds, first)
             elif kind == "stoker":
                 bar.set_postfix_str(f"stoker threads={knob} batch={b}")
                 if not warmed:  # imports, first allocations, the first reader's threads
-                    _timed(
+                    timed(
                         lambda t=knob, b=b: stoker_loader(t, b), count_stoker, b * _WARMUP_BATCHES
                     )
                     warmed = True
-                got, nbytes, seconds, first = _timed(
+                got, nbytes, seconds, first = timed(
                     lambda t=knob, b=b: stoker_loader(t, b), count_stoker, limit
                 )
                 row = Row(kind, got, nbytes, seconds, first, threads=knob, batch_size=b)
@@ -489,7 +488,7 @@ def run(args: argparse.Namespace) -> int:
                         multiprocessing_context="fork" if fork else None,
                     )
 
-                got, nbytes, seconds, first = _timed(dataloader, count_dataloader, limit)
+                got, nbytes, seconds, first = timed(dataloader, count_dataloader, limit)
                 row = Row(kind, got, nbytes, seconds, first, workers=knob, batch_size=b)
             logger.debug(
                 "%s: %.0f samples/s, %.1f MB/s, first batch %.1f ms",

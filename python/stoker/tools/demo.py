@@ -106,7 +106,7 @@ class FilePerSampleDataset:
 
     @classmethod
     def from_csv(cls, csv: str, root: str) -> FilePerSampleDataset:
-        from stoker.dataset import read_labels_csv
+        from stoker.dataset.files import read_labels_csv
 
         names, labels = read_labels_csv(csv)
         return cls([os.path.join(root, n) for n in names], labels)
@@ -176,8 +176,9 @@ def run(samples: int = 10_000, quiet: bool = False, keep: str | None = None) -> 
     import torch
 
     import stoker
-    from stoker.pack import human, pack
-    from stoker.serve import ServerProcess
+    from stoker.errors import human
+    from stoker.tools.pack import pack
+    from stoker.tools.serve import ServerProcess
 
     device = "cuda" if torch.cuda.is_available() and stoker.cuda_status()["cuda"] else "cpu"
     say = print

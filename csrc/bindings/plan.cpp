@@ -1,0 +1,243 @@
+// The fields= plan: made once per Loader, asked once per batch. Planning holds
+// the GIL (it is a few microseconds, and a message may need a sample's key from
+// Python); reading releases it, as every read does.
+#include <pybind11/numpy.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+
+#include "bindings.hpp"
+#include "numpy_util.hpp"
+#include "pending.hpp"
+#include "stoker/errors.hpp"
+#include "stoker/plan/batch_plan.hpp"
+
+namespace py = pybind11;
+
+namespace stoker::bindings {
+
+namespace {
+
+// A column the plan reads through a raw pointer: it must be the caller's own
+// memory (no converted copy), so that rows filled in later are seen.
+template <typename T>
+py::array_t<T> exact(const py::handle& object, const char* what) {
+  if (!py::isinstance<py::array_t<T>>(object)) {
+    throw py::type_error(std::string(what) + " must be a numpy array of " +
+                         py::str(py::dtype::of<T>()).cast<std::string>());
+  }
+  auto array = py::reinterpret_borrow<py::array_t<T>>(object);
+  if (array.ndim() != 1 || !(array.flags() & py::array::c_style)) {
+    throw py::value_error(std::string(what) + " must be a contiguous 1-D array");
+  }
+  return array;
+}
+
+// The member table's columns as one object, made again when the table grows.
+class PyMembers {
+ public:
+  PyMembers(py::dict columns, py::array sample_first, std::shared_ptr<io::FileTable> files,
+            std::vector<uint64_t> decoder_row_bytes, std::vector<std::string> decoder_what) {
+    auto column = [&](const char* name) -> py::object {
+      py::object array = columns[name];
+      keep_.push_back(array);
+      return array;
+    };
+    keep_.push_back(sample_first);
+    auto file = exact<uint32_t>(column("file"), "file");
+    m_.file = file.data();
+    m_.offset = exact<uint64_t>(column("offset"), "offset").data();
+    m_.length = exact<uint64_t>(column("length"), "length").data();
+    m_.out = exact<uint64_t>(column("out"), "out").data();
+    m_.codec = exact<uint8_t>(column("codec"), "codec").data();
+    m_.crc = exact<uint32_t>(column("crc"), "crc").data();
+    m_.decoder = exact<int32_t>(column("decoder"), "decoder").data();
+    auto first = exact<int64_t>(sample_first, "sample_first");
+    m_.sample_first = first.data();
+    m_.rows = static_cast<uint64_t>(file.size());
+    m_.samples = static_cast<uint64_t>(first.size());
+    for (const py::object& array : keep_) {
+      if (array.ptr() != sample_first.ptr() && py::len(array) != m_.rows) {
+        throw py::value_error("the member columns differ in length");
+      }
+    }
+    m_.files = std::move(files);
+    if (decoder_row_bytes.size() != decoder_what.size()) {
+      throw py::value_error("decoder_row_bytes and decoder_what differ in length");
+    }
+    m_.decoder_row_bytes = std::move(decoder_row_bytes);
+    m_.decoder_what = std::move(decoder_what);
+  }
+  const plan::Members& members() const { return m_; }
+
+ private:
+  std::vector<py::object> keep_;  // what the pointers point into
+  plan::Members m_;
+};
+
+plan::KeyOf key_function(py::function key_of) {
+  // Keys decode as tar member names do (surrogateescape): back to their bytes.
+  return [key_of](int64_t sample) {
+    py::object key = key_of(sample);
+    return key.attr("encode")("utf-8", "surrogateescape").cast<std::string>();
+  };
+}
+
+class PyPreparedBatch {
+ public:
+  PyPreparedBatch(std::shared_ptr<const plan::BatchPlan> plan, plan::PreparedBatch batch,
+                  std::shared_ptr<PyMembers> members)
+      : plan_(std::move(plan)), batch_(std::move(batch)), members_(std::move(members)) {}
+
+  uint64_t nbytes() const { return batch_.nbytes; }
+
+  PyPendingRead submit(io::ShardReader& reader, std::optional<py::buffer> into) {
+    std::vector<io::ReadRequest> requests = batch_.requests;
+    auto files = members_->members().files;
+    if (into) {
+      auto info = std::make_unique<py::buffer_info>(into->request(true));
+      if (!PyBuffer_IsContiguous(info->view(), 'C')) {
+        throw py::value_error("submit needs a C-contiguous buffer");
+      }
+      auto* dest = static_cast<uint8_t*>(info->ptr);
+      auto size = static_cast<uint64_t>(info->size * info->itemsize);
+      if (size < batch_.nbytes) throw py::value_error("the buffer is smaller than the batch");
+      plan_->write_columns(batch_, dest);
+      auto pending = reader.submit(std::move(files), std::move(requests), dest, batch_.nbytes);
+      return PyPendingRead(std::move(pending), *into, std::move(info));
+    }
+    auto pending = reader.submit(std::move(files), std::move(requests), batch_.nbytes);
+    const auto& buffer = pending->buffer();
+    // The columns' region is no piece's: filling it beside the reading threads is safe.
+    plan_->write_columns(batch_, buffer->data());
+    py::object array = bytes_to_numpy(buffer->data(), batch_.nbytes, buffer);
+    return PyPendingRead(std::move(pending), std::move(array));
+  }
+
+  void check(const py::buffer& buffer) const {
+    py::buffer_info info = buffer.request();
+    if (static_cast<uint64_t>(info.size * info.itemsize) < batch_.nbytes) {
+      throw py::value_error("the buffer is smaller than the batch");
+    }
+    plan_->check(batch_, static_cast<const uint8_t*>(info.ptr), members_->members());
+  }
+
+  // Per field: (offset, decoder, npy, bytes): npy is (descr, shape, fortran_order) for
+  // .npy members, bytes is (starts, lengths) for Bytes fields; None otherwise.
+  py::list layout() const {
+    py::list out;
+    for (const plan::FieldLayout& f : batch_.fields) {
+      py::object npy = py::none(), bytes = py::none();
+      if (f.members) {
+        npy = py::make_tuple(f.npy.descr, py::tuple(py::cast(f.npy.shape)), f.npy.fortran_order);
+      }
+      if (!f.starts.empty() || !f.lengths.empty()) {
+        bytes = py::make_tuple(vector_to_numpy(std::vector<uint64_t>(f.starts)),
+                               vector_to_numpy(std::vector<uint64_t>(f.lengths)));
+      }
+      out.append(py::make_tuple(f.offset, f.decoder, npy, bytes));
+    }
+    return out;
+  }
+
+  // The member row and file offset of every piece read (a reader error names them).
+  py::tuple pieces() const {
+    std::vector<uint64_t> offsets;
+    offsets.reserve(batch_.requests.size());
+    for (const io::ReadRequest& r : batch_.requests) offsets.push_back(r.offset);
+    return py::make_tuple(vector_to_numpy(std::vector<int64_t>(batch_.request_rows)),
+                          vector_to_numpy(std::move(offsets)));
+  }
+
+ private:
+  std::shared_ptr<const plan::BatchPlan> plan_;
+  plan::PreparedBatch batch_;
+  std::shared_ptr<PyMembers> members_;
+};
+
+// The plan with the arrays its field specs point into.
+struct PyBatchPlan {
+  std::shared_ptr<const plan::BatchPlan> plan;
+  std::vector<py::object> keep;
+};
+
+PyBatchPlan make_plan(const py::list& fields) {
+  PyBatchPlan out;
+  std::vector<plan::FieldSpec> specs;
+  for (const py::handle& item : fields) {
+    auto t = item.cast<py::tuple>();
+    if (t.size() != 7) {
+      throw py::value_error("a field is (name, kind, nbytes, what, alternatives, tables, column)");
+    }
+    plan::FieldSpec f;
+    f.name = t[0].cast<std::string>();
+    auto kind = t[1].cast<int>();
+    if (kind < 0 || kind > static_cast<int>(plan::Kind::kColumn)) {
+      throw py::value_error("unknown field kind " + std::to_string(kind));
+    }
+    f.kind = static_cast<plan::Kind>(kind);
+    f.nbytes = t[2].cast<uint64_t>();
+    f.what = t[3].cast<std::string>();
+    f.alternatives = t[4].cast<std::vector<std::string>>();
+    for (const py::handle& table : t[5].cast<py::list>()) {
+      f.tables.push_back(exact<int64_t>(table, "a field table").data());
+      out.keep.push_back(py::reinterpret_borrow<py::object>(table));
+    }
+    if (!t[6].is_none()) {
+      f.column = exact<int64_t>(t[6], "a column").data();
+      out.keep.push_back(t[6]);
+    }
+    specs.push_back(std::move(f));
+  }
+  out.plan = std::make_shared<const plan::BatchPlan>(std::move(specs));
+  return out;
+}
+
+}  // namespace
+
+void register_plan(py::module_& m) {
+  py::enum_<io::Codec>(m, "Codec", "How a member's bytes are stored (the member table's codec).")
+      .value("STORED", io::Codec::kStored)
+      .value("DEFLATE", io::Codec::kDeflate)
+      .value("ASCII_INT", io::Codec::kAsciiInt)
+      .value("DEFLATE_ASCII_INT", io::Codec::kDeflateAsciiInt);
+  py::enum_<plan::Kind>(m, "FieldKind", "What a fields= decoder reads.")
+      .value("RAW", plan::Kind::kRaw)
+      .value("INT", plan::Kind::kInt)
+      .value("NPY", plan::Kind::kNpy)
+      .value("BYTES", plan::Kind::kBytes)
+      .value("COLUMN", plan::Kind::kColumn);
+  m.attr("ALIGN") = plan::kAlign;
+
+  py::class_<PyMembers, std::shared_ptr<PyMembers>>(
+      m, "MemberColumns", "A member table's columns, as the plan reads them.")
+      .def(py::init<py::dict, py::array, std::shared_ptr<io::FileTable>, std::vector<uint64_t>,
+                    std::vector<std::string>>(),
+           py::arg("columns"), py::arg("sample_first"), py::arg("files"),
+           py::arg("decoder_row_bytes"), py::arg("decoder_what"));
+
+  py::class_<PyPreparedBatch>(m, "PreparedBatch", "A batch laid out and ready to read.")
+      .def_property_readonly("nbytes", &PyPreparedBatch::nbytes)
+      .def("submit", &PyPreparedBatch::submit, py::arg("reader"), py::arg("into") = py::none(),
+           "Start reading the batch: into a new buffer, or into `into` (a pinned slot).")
+      .def("check", &PyPreparedBatch::check, py::arg("buffer"),
+           "After the read: every .npy member's header matches the batch's first.")
+      .def("layout", &PyPreparedBatch::layout)
+      .def("pieces", &PyPreparedBatch::pieces);
+
+  py::class_<PyBatchPlan>(m, "BatchPlan", "The fields= layout of a Loader, made once.")
+      .def(py::init(&make_plan), py::arg("fields"),
+           "fields: (name, kind, nbytes, what, alternatives, tables, column) per field.")
+      .def(
+          "prepare",
+          [](const PyBatchPlan& self, const py::array_t<int64_t, py::array::c_style>& indices,
+             std::shared_ptr<PyMembers> members, py::function key_of) {
+            auto batch = self.plan->prepare(indices.data(), static_cast<size_t>(indices.size()),
+                                            members->members(), key_function(key_of));
+            return PyPreparedBatch(self.plan, std::move(batch), std::move(members));
+          },
+          py::arg("indices"), py::arg("members"), py::arg("key_of"),
+          "Lay out the batch of samples `indices`: the requests, regions and checks.");
+}
+
+}  // namespace stoker::bindings

@@ -1,0 +1,312 @@
+#include "stoker/plan/batch_plan.hpp"
+
+#include <cstring>
+#include <string>
+
+#include "stoker/errors.hpp"
+#include "stoker/format/window_reader.hpp"
+
+namespace stoker::plan {
+
+namespace {
+
+using io::Codec;
+using io::ReadRequest;
+
+// Consecutive regions of one buffer, each starting on an aligned offset.
+class Regions {
+ public:
+  uint64_t take(uint64_t size) {
+    uint64_t base = end_;
+    end_ += (size + kAlign - 1) / kAlign * kAlign;
+    return base;
+  }
+  uint64_t end() const { return end_; }
+
+ private:
+  uint64_t end_ = 0;
+};
+
+std::string name_of(const FieldSpec& f) { return "field " + quoted(f.name); }
+
+// A message's "sample 'k1'".
+std::string sample_of(const KeyOf& key_of, int64_t sample) {
+  return "sample " + quoted(key_of(sample));
+}
+
+[[noreturn]] void bad_member(const Members& m, int64_t row, const std::string& what) {
+  throw FormatError(m.files->paths[m.file[row]], m.offset[row], what);
+}
+
+std::string shape_text(const std::vector<uint64_t>& shape) {
+  std::string out = "(";
+  for (size_t d = 0; d < shape.size(); ++d) {
+    out += std::to_string(shape[d]);
+    if (shape.size() == 1 || d + 1 < shape.size()) out += shape.size() == 1 ? "," : ", ";
+  }
+  return out + ")";
+}
+
+// Each sample's member of field `f`: the first of its alternatives the sample has.
+void find_rows(const FieldSpec& f, const int64_t* indices, size_t n, const Members& m,
+               const KeyOf& key_of, std::vector<int64_t>& rows) {
+  rows.resize(n);
+  for (size_t i = 0; i < n; ++i) {
+    int64_t sample = indices[i];
+    int64_t row = -1;
+    for (const int64_t* table : f.tables) {
+      row = table[sample];
+      if (row >= 0) break;
+    }
+    if (row < 0 || static_cast<uint64_t>(row) >= m.rows) {
+      std::string which = name_of(f);
+      if (f.alternatives.size() > 1) {
+        which = "field of ";
+        for (size_t a = 0; a < f.alternatives.size(); ++a) {
+          which += (a ? ", " : "") + quoted(f.alternatives[a]);
+        }
+      }
+      int64_t first = m.sample_first[sample];
+      std::string what =
+          sample_of(key_of, sample) + " (#" + std::to_string(sample) + ") has no " + which;
+      if (first < 0) throw FormatError(what);
+      bad_member(m, first, what);
+    }
+    rows[i] = row;
+  }
+}
+
+ReadRequest request_for(const Members& m, int64_t row, uint64_t dest) {
+  ReadRequest r;
+  r.file = m.file[row];
+  r.offset = m.offset[row];
+  r.length = m.length[row];
+  r.dest_offset = dest;
+  r.out_length = m.out[row];
+  r.codec = static_cast<Codec>(m.codec[row]);
+  r.crc32 = m.crc[row];
+  // Stored bytes are served as they are on disk; inflating touches every byte anyway.
+  r.check_crc = r.codec != Codec::kStored;
+  return r;
+}
+
+void add(PreparedBatch& batch, const ReadRequest& r, int64_t row) {
+  batch.requests.push_back(r);
+  batch.request_rows.push_back(row);
+}
+
+// A fixed number of bytes per sample (kRaw, or rows of .npy shards).
+void plan_fixed(const FieldSpec& f, uint64_t nbytes, const std::string& what,
+                const std::vector<int64_t>& rows, const Members& m, const KeyOf& key_of,
+                Regions& regions, FieldLayout& out, PreparedBatch& batch) {
+  size_t n = rows.size();
+  for (size_t i = 0; i < n; ++i) {
+    if (m.out[rows[i]] != nbytes) {
+      bad_member(m, rows[i],
+                 name_of(f) + " of " + sample_of(key_of, batch.indices[i]) + " is " +
+                     std::to_string(m.out[rows[i]]) + " bytes, not the " + std::to_string(nbytes) +
+                     " of " + what);
+    }
+  }
+  out.offset = regions.take(n * nbytes);
+  for (size_t i = 0; i < n; ++i) {
+    add(batch, request_for(m, rows[i], out.offset + i * nbytes), rows[i]);
+  }
+}
+
+void plan_int(const FieldSpec& f, const std::vector<int64_t>& rows, const Members& m,
+              Regions& regions, FieldLayout& out, PreparedBatch& batch) {
+  size_t n = rows.size();
+  out.offset = regions.take(n * sizeof(int64_t));
+  for (size_t i = 0; i < n; ++i) {
+    int64_t row = rows[i];
+    ReadRequest r = request_for(m, row, out.offset + i * sizeof(int64_t));
+    if (r.codec == Codec::kStored) {
+      r.codec = Codec::kAsciiInt;  // parsed straight from the bytes on disk
+    } else {
+      if (r.out_length > io::kMaxIntText) {
+        bad_member(
+            m, row,
+            name_of(f) + " is " + std::to_string(r.out_length) + " bytes: too long for an integer");
+      }
+      r.codec = Codec::kDeflateAsciiInt;  // inflated, then parsed
+      r.text_length = r.out_length;
+    }
+    r.out_length = sizeof(int64_t);
+    add(batch, r, row);
+  }
+}
+
+void plan_bytes(const std::vector<int64_t>& rows, const Members& m, Regions& regions,
+                FieldLayout& out, PreparedBatch& batch) {
+  size_t n = rows.size();
+  out.starts.resize(n);
+  out.lengths.resize(n);
+  uint64_t size = 0;
+  for (size_t i = 0; i < n; ++i) {
+    out.starts[i] = size;
+    out.lengths[i] = m.out[rows[i]];
+    size += (out.lengths[i] + kAlign - 1) / kAlign * kAlign;
+  }
+  out.offset = regions.take(size);
+  for (size_t i = 0; i < n; ++i) {
+    out.starts[i] += out.offset;
+    add(batch, request_for(m, rows[i], out.starts[i]), rows[i]);
+  }
+}
+
+// .npy files stored as members: each member is read as its header (into a
+// side region, checked against the first's after the read) and its data (laid
+// out as one array).
+void plan_npy_members(const FieldSpec& f, const std::vector<int64_t>& rows, const Members& m,
+                      const KeyOf& key_of, Regions& regions, FieldLayout& out,
+                      PreparedBatch& batch) {
+  size_t n = rows.size();
+  for (int64_t row : rows) {
+    if (m.codec[row] != static_cast<uint8_t>(Codec::kStored)) {
+      bad_member(m, row,
+                 name_of(f) +
+                     ": compressed .npy members cannot be viewed in place; store them "
+                     "uncompressed, or read them with stoker.Bytes()");
+    }
+  }
+  // The first member's header says the batch's dtype and shape: one small read.
+  int64_t first = rows[0];
+  const std::string& path = m.files->paths[m.file[first]];
+  try {
+    format::WindowReader in(path, 4096);
+    out.npy = format::read_npy_header(in, m.offset[first], m.out[first]);
+    const uint8_t* bytes = in.at(m.offset[first], out.npy.data_offset, ".npy header");
+    out.header.assign(bytes, bytes + out.npy.data_offset);
+  } catch (const FormatError& e) {
+    bad_member(m, first, name_of(f) + " is not a .npy file: " + e.detail());
+  }
+  int long_axes = 0;
+  for (uint64_t d : out.npy.shape) long_axes += d > 1;
+  if (out.npy.fortran_order && long_axes > 1) {
+    bad_member(m, first,
+               name_of(f) +
+                   ": a Fortran-ordered .npy cannot be viewed in place; save "
+                   "numpy.ascontiguousarray(a)");
+  }
+  uint64_t header = out.npy.data_offset, nbytes = out.npy.data_bytes;
+  for (size_t i = 0; i < n; ++i) {
+    if (m.out[rows[i]] != header + nbytes) {
+      bad_member(m, rows[i],
+                 name_of(f) + " of " + sample_of(key_of, batch.indices[i]) + " does not hold a " +
+                     shape_text(out.npy.shape) + " " + quoted(out.npy.descr) +
+                     " array like the batch's first sample");
+    }
+  }
+  out.members = true;
+  out.rows = rows;
+  out.header_offset = regions.take(n * header);
+  out.offset = regions.take(n * nbytes);
+  for (size_t i = 0; i < n; ++i) {
+    ReadRequest r = request_for(m, rows[i], out.header_offset + i * header);
+    r.length = r.out_length = header;
+    add(batch, r, rows[i]);
+    r.offset += header;
+    r.dest_offset = out.offset + i * nbytes;
+    r.length = r.out_length = nbytes;
+    add(batch, r, rows[i]);
+  }
+}
+
+}  // namespace
+
+BatchPlan::BatchPlan(std::vector<FieldSpec> fields) : fields_(std::move(fields)) {
+  for (const FieldSpec& f : fields_) {
+    if (f.kind == Kind::kColumn ? f.column == nullptr : f.tables.empty()) {
+      throw Error("field '" + f.name + "' has nothing to read");
+    }
+  }
+}
+
+PreparedBatch BatchPlan::prepare(const int64_t* indices, size_t n, const Members& m,
+                                 const KeyOf& key_of) const {
+  PreparedBatch batch;
+  batch.indices.assign(indices, indices + n);
+  for (size_t i = 0; i < n; ++i) {
+    if (indices[i] < 0 || static_cast<uint64_t>(indices[i]) >= m.samples) {
+      throw Error("sample " + std::to_string(indices[i]) + " is not in the dataset");
+    }
+  }
+  batch.fields.resize(fields_.size());
+  Regions regions;
+  std::vector<int64_t> rows;
+  for (size_t k = 0; k < fields_.size(); ++k) {
+    const FieldSpec& f = fields_[k];
+    FieldLayout& out = batch.fields[k];
+    if (f.kind == Kind::kColumn) {
+      out.offset = regions.take(n * sizeof(int64_t));
+      continue;
+    }
+    if (n == 0) continue;
+    find_rows(f, indices, n, m, key_of, rows);
+    switch (f.kind) {
+      case Kind::kRaw:
+        plan_fixed(f, f.nbytes, f.what, rows, m, key_of, regions, out, batch);
+        break;
+      case Kind::kInt:
+        plan_int(f, rows, m, regions, out, batch);
+        break;
+      case Kind::kBytes:
+        plan_bytes(rows, m, regions, out, batch);
+        break;
+      case Kind::kNpy: {
+        bool all_members = true;
+        for (int64_t row : rows) all_members = all_members && m.decoder[row] == 0;
+        if (all_members) {
+          plan_npy_members(f, rows, m, key_of, regions, out, batch);
+          break;
+        }
+        // Rows of .npy shards: one decoder (dtype and shape) for the batch.
+        out.decoder = m.decoder[rows[0]];
+        for (int64_t row : rows) {
+          if (m.decoder[row] != out.decoder || out.decoder == 0 ||
+              static_cast<size_t>(out.decoder) >= m.decoder_row_bytes.size()) {
+            bad_member(m, row,
+                       name_of(f) +
+                           ": stoker.Npy() reads rows of .npy shards or .npy members, and "
+                           "every sample of a batch must share one dtype and shape");
+          }
+        }
+        plan_fixed(f, m.decoder_row_bytes[out.decoder], m.decoder_what[out.decoder], rows, m,
+                   key_of, regions, out, batch);
+        break;
+      }
+      case Kind::kColumn:
+        break;
+    }
+  }
+  batch.nbytes = regions.end();
+  return batch;
+}
+
+void BatchPlan::write_columns(const PreparedBatch& batch, uint8_t* buffer) const {
+  for (size_t k = 0; k < fields_.size(); ++k) {
+    if (fields_[k].kind != Kind::kColumn) continue;
+    auto* column = reinterpret_cast<int64_t*>(buffer + batch.fields[k].offset);
+    for (size_t i = 0; i < batch.indices.size(); ++i) {
+      column[i] = fields_[k].column[batch.indices[i]];
+    }
+  }
+}
+
+void BatchPlan::check(const PreparedBatch& batch, const uint8_t* buffer, const Members& m) const {
+  for (size_t k = 0; k < fields_.size(); ++k) {
+    const FieldLayout& f = batch.fields[k];
+    if (!f.members) continue;
+    uint64_t size = f.header.size();
+    for (size_t i = 0; i < f.rows.size(); ++i) {
+      if (std::memcmp(buffer + f.header_offset + i * size, f.header.data(), size) != 0) {
+        bad_member(m, f.rows[i],
+                   name_of(fields_[k]) +
+                       ": this .npy's dtype or shape differs from the batch's first sample's");
+      }
+    }
+  }
+}
+
+}  // namespace stoker::plan

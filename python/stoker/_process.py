@@ -1,0 +1,116 @@
+"""What belongs to one process, written once: values made on first use in each process,
+hooks that run in a forked child, background threads, and waits Ctrl-C can interrupt.
+
+A DataLoader worker is a forked child. The parent's threads do not exist there, and a
+lock another thread of the parent held at the fork stays held forever. So every registry
+of threads, event loops, locks or descriptors lives here, and a child starts afresh."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import queue
+import threading
+from collections.abc import Callable, Hashable
+from typing import Any, Generic, TypeVar
+
+T = TypeVar("T")
+
+_lock = threading.Lock()
+_values: dict[Hashable, tuple[int, Any]] = {}
+_child_hooks: list[Callable[[], None]] = []
+
+
+def per_process(key: Hashable, make: Callable[[], T]) -> T:
+    """The value ``make()`` gave in this process for `key`; made on first use, and again
+    in a forked child."""
+    pid = os.getpid()
+    with _lock:
+        found = _values.get(key)
+        if found is None or found[0] != pid:
+            found = _values[key] = (pid, make())
+        return found[1]
+
+
+def values() -> list[Any]:
+    """Every value this process made with per_process."""
+    pid = os.getpid()
+    with _lock:
+        return [value for owner, value in _values.values() if owner == pid]
+
+
+class ProcessLocal(Generic[T]):
+    """An object's piece of per-process state (a lock, a thread pool): made on first use
+    in each process, and not pickled (the other side makes its own)."""
+
+    def __init__(self, make: Callable[[], T]) -> None:
+        self._make = make
+        self._pid = 0
+        self._value: T | None = None
+
+    def get(self) -> T:
+        pid = os.getpid()
+        if self._pid != pid:
+            with _lock:
+                if self._pid != pid:
+                    self._value, self._pid = self._make(), pid
+        return self._value  # type: ignore[return-value]
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_make": self._make, "_pid": 0, "_value": None}
+
+
+def in_forked_child(hook: Callable[[], None]) -> Callable[[], None]:
+    """Run `hook` in every forked child, right after the fork. Usable as a decorator."""
+    _child_hooks.append(hook)
+    return hook
+
+
+def _after_fork_in_child() -> None:
+    global _lock
+    _lock = threading.Lock()  # (the parent's values stay, unused: their owner pid differs)
+    for hook in _child_hooks:
+        hook()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+def wait_result(future: concurrent.futures.Future) -> Any:
+    """``future.result()``, waited in short slices so that Ctrl-C gets through."""
+    while True:
+        try:
+            return future.result(timeout=0.05)
+        except concurrent.futures.TimeoutError:
+            continue
+
+
+class DaemonPool:
+    """Threads for work that waits (on locks, room, downloads). Daemons: a process that is
+    exiting does not wait for work it no longer needs."""
+
+    def __init__(self, workers: int, name: str) -> None:
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        for i in range(workers):
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True).start()
+
+    def submit(self, fn: Callable[[], Any]) -> concurrent.futures.Future:
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        self._tasks.put((future, fn))
+        return future
+
+    def _work(self) -> None:
+        while True:
+            future, fn = self._tasks.get()
+            if not future.set_running_or_notify_cancel():
+                continue
+            try:
+                future.set_result(fn())
+            except BaseException as e:
+                future.set_exception(e)
+            del future, fn
+
+
+def daemon_pool(workers: int, name: str) -> DaemonPool:
+    """This process's pool of `workers` daemon threads called `name`."""
+    return per_process(("daemon-pool", name, workers), lambda: DaemonPool(workers, name))

@@ -1,0 +1,362 @@
+"""Datasets: every sample of a set of shards, indexed once, read a batch at a time.
+
+A dataset keeps a member table (:mod:`.members`: one row per member, a member being one
+field of one sample) and reads any set of samples with one call into the C++ reader
+(:mod:`.reads`). Opening indexes every shard in parallel, reading headers only; shards a
+manifest describes, and remote ones (held in the node cache by :mod:`.holds`), are indexed
+when first read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import logging
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
+
+import numpy as np
+
+from stoker import _core
+from stoker.dataset.files import files_index, read_labels_csv
+from stoker.dataset.holds import ShardHolds
+from stoker.dataset.members import MemberTable
+from stoker.dataset.reads import samples_from, shared_reader, submit_members
+from stoker.errors import ReadError, ShardFormatError, StokerError, UsageError, located
+from stoker.formats import format_of, is_url
+from stoker.remote import FetchOptions, RemoteShard, RemoteShards, apply_entry, fetcher_for
+from stoker.sources import Source, resolve
+
+log = logging.getLogger("stoker.dataset")
+
+__all__ = ["Dataset", "MemberTable", "read_labels_csv"]
+
+
+class Dataset:
+    """Every sample of `source`: ``len(ds)``, ``ds[i]``, ``ds[a:b]``, ``ds.get_batch(indices)``.
+
+    ``ds[i]`` is a dict: ``"__key__"`` (str) and one entry per field: a 1-D uint8 numpy
+    array viewing the bytes (zero-copy), or for ``.npy`` shards a typed numpy array.
+    """
+
+    def __init__(
+        self,
+        source: Source,
+        *,
+        cache_dir: str | os.PathLike[str] | None = None,
+        cache_limit: int | None = None,
+        num_threads: int | None = None,
+        fetch: FetchOptions | None = None,
+    ) -> None:
+        self.source = source
+        self.cache_dir = cache_dir
+        self.cache_limit = cache_limit
+        self.num_threads = num_threads
+        options = fetch or FetchOptions()
+
+        def read_url(url: str) -> bytes:
+            fetcher = fetcher_for(options)
+            return fetcher.call(fetcher.read_all(url))
+
+        shards = resolve(source, read_url)
+        names = [path for path, _ in shards]
+        paths = list(names)
+        formats = [format_of(path) for path in paths]
+        remote_ids = [i for i, path in enumerate(paths) if is_url(path)]
+        local_ids = [i for i, path in enumerate(paths) if not is_url(path)]
+        for i in local_ids:
+            _check_manifest_size(paths[i], shards[i][1])
+        indexes: list[dict] = [{} for _ in paths]
+        identities = np.zeros((len(paths), 3), np.int64)
+        # Shards a manifest describes open without a scan: each is indexed when a batch
+        # first reads it.
+        described = {i for i in local_ids if _describes(shards[i][1])}
+        for i in described:
+            entry = shards[i][1]
+            indexes[i] = {"samples": entry["samples"], "fields": entry.get("fields")}
+        scan = [i for i in local_ids if i not in described]
+        found = _core.index_shards(
+            [paths[i] for i in scan], [formats[i] for i in scan], num_threads or 0
+        )
+        for i, index in zip(scan, found):
+            indexes[i] = index
+            identities[i] = index["identity"]
+        remote = None
+        if remote_ids:
+            remote = _open_remote(shards, remote_ids, formats, cache_dir, cache_limit, options)
+            for r, i in enumerate(remote_ids):
+                shard = remote.shards[r]
+                indexes[i] = {"samples": shard.samples, "fields": shard.fields}
+                paths[i] = remote.path_of(r)
+        self._open(names, paths, identities, formats, indexes)
+        if remote is not None:
+            self.holds = ShardHolds(remote, {i: r for r, i in enumerate(remote_ids)}, self.members)
+            self.holds.on_regrouped(self._say_regrouped)
+        for shard, (_, entry) in enumerate(shards):
+            runs = (entry or {}).get("key_runs")
+            if isinstance(runs, int) and runs > entry.get("samples", runs):
+                self._say_regrouped([(shard, entry["samples"], runs)])
+
+    @classmethod
+    def from_csv(
+        cls,
+        csv: str | os.PathLike[str],
+        root: str | os.PathLike[str],
+        *,
+        num_threads: int | None = None,
+    ) -> Dataset:
+        """A CSV of ``filename,label`` rows and the folder of files it names.
+
+        Each sample holds the file's bytes under its extension (``"png"``, ...) and the
+        integer label under ``"label"``. A header row is detected and skipped.
+        """
+        names, labels = read_labels_csv(csv)
+        return cls.from_files(root, names, labels, source=os.fspath(csv), num_threads=num_threads)
+
+    @classmethod
+    def from_files(
+        cls,
+        root: str | os.PathLike[str],
+        names: Sequence[str],
+        labels: Sequence[int] | np.ndarray | None = None,
+        *,
+        source: str | None = None,
+        num_threads: int | None = None,
+    ) -> Dataset:
+        """One sample per file: ``root/name`` for each of `names` (key: the name up to its
+        extension, field: the extension), with an integer ``"label"`` if `labels` is given.
+        Files that cannot be read are reported together (the first few and the count)."""
+        root = os.fspath(root)
+        paths, identities, index = files_index(root, list(names), source or root)
+        self = cls.__new__(cls)
+        self.source = source or root
+        self.cache_dir = self.cache_limit = None
+        self.num_threads = num_threads
+        # One "shard" of every file: member i is file i's bytes.
+        self._open(paths, paths, identities, ["files"], [index], np.arange(len(paths)))
+        if labels is not None:
+            self.members.extras["label"] = np.asarray(labels, dtype=np.int64)
+        return self
+
+    def _open(
+        self,
+        names: list[str],
+        paths: list[str],
+        identities: np.ndarray,
+        formats: list[str],
+        indexes: list[dict],
+        member_files: np.ndarray | None = None,
+    ) -> None:
+        """The member table of `indexes` (one per shard). A shard not yet local has a
+        placeholder ``{"samples", "fields"}``: its samples count; its members are added
+        once it is indexed."""
+        counts, field_names, fields_known = [], [], True
+        for index in indexes:
+            if "samples" in index:  # a placeholder
+                counts.append(int(index["samples"]))
+                fields_known &= index.get("fields") is not None
+                field_names += index.get("fields") or ()
+            elif index["format"] == "npy":
+                counts.append(int(index["shape"][0]))
+            else:
+                counts.append(len(index["keys"]))
+        shard_names = names if member_files is None else [self.source] * len(indexes)
+        self.members = MemberTable(
+            counts, shard_names, paths, identities, formats, field_names, fields_known
+        )
+        self.holds: ShardHolds | None = None
+        self._regroup_said = False
+        ready = [s for s, index in enumerate(indexes) if "samples" not in index]
+        member_files = None if member_files is None else member_files.astype(np.uint32)
+        self._say_regrouped(self.members.add(ready, [indexes[s] for s in ready], member_files))
+
+    def _say_regrouped(self, found: list[tuple[int, int, int]]) -> None:
+        """Say once per dataset that a shard stored samples' members apart."""
+        if not found or self._regroup_said:
+            return
+        self._regroup_said = True
+        shard, samples, runs = found[0]
+        log.warning(
+            "%s: some samples' members are stored apart (as `zip -r` and tar without "
+            "--sort=name store them); stoker groups them by key into %d samples, where "
+            "WebDataset, which groups adjacent members only, would read %d. (Said once per "
+            "dataset; `stoker inspect` lists every such shard.)",
+            self.members.names[shard],
+            samples,
+            runs,
+        )
+
+    # -- the public surface --------------------------------------------------------
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+    @property
+    def fields(self) -> list[str]:
+        """Every field name some sample has (plus extras such as ``label``)."""
+        return [*self.members.field_names, *self.members.extras]
+
+    @property
+    def shards(self) -> list[str]:
+        """The shard files or URLs (for a dataset of loose files: the sample files)."""
+        if self.members.formats == ["files"]:
+            return list(self.members.paths)
+        return list(self.members.names)
+
+    @property
+    def remote(self) -> RemoteShards | None:
+        """The remote shards and their cache, for a dataset with any."""
+        return self.holds.remote if self.holds is not None else None
+
+    def key(self, i: int) -> str:
+        return self.keys([self._check_index(i)])[0]
+
+    def keys(self, indices: Sequence[int] | np.ndarray) -> list[str]:
+        """Keys of samples `indices` (non-negative)."""
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        table = self.members
+        if table.indexed[table.shards_of(idx)].all():
+            return table.keys(idx)
+        with self.holding(idx):  # a shard's keys are known once it is indexed
+            return table.keys(idx)
+
+    @overload
+    def __getitem__(self, i: int) -> dict[str, Any]: ...
+
+    @overload
+    def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
+
+    def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
+        """Sample `i`, or the samples of a slice (read as one batch)."""
+        if isinstance(i, slice):
+            return self.get_batch(np.arange(len(self))[i])
+        if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
+            raise UsageError(
+                f"a Dataset is indexed by an int or a slice, not a {type(i).__name__}: use "
+                "ds.get_batch(indices) for a list of samples"
+            )
+        return self.get_batch([i])[0]
+
+    def __getitems__(self, indices: Sequence[int]) -> list[dict[str, Any]]:
+        """What torch's DataLoader asks a dataset for a whole batch: one read, not one
+        per sample."""
+        return self.get_batch(indices)
+
+    def get_batch(self, indices: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+        """Samples `indices`, read with one call to the C++ reader.
+
+        All values view one buffer for the batch: no copy per sample.
+        """
+        idx = np.asarray(indices, dtype=np.int64).reshape(-1)
+        n = len(self)
+        if len(idx) and (idx.min() < -n or idx.max() >= n):
+            bad = int(idx[(idx < -n) | (idx >= n)][0])
+            raise IndexError(f"sample {bad} out of range for a dataset of {n}")
+        idx = np.where(idx < 0, idx + n, idx)
+        with self.holding(idx):
+            rows, bounds = self.members.member_rows(idx)
+            reader = shared_reader(self.num_threads)
+            buffer = submit_members(self.members, rows, reader).wait()
+            return samples_from(self.members, buffer, idx, rows, bounds)
+
+    def shards_of(self, indices: np.ndarray) -> np.ndarray:
+        """The shard of each sample of `indices`."""
+        return self.members.shards_of(indices)
+
+    # -- indexing and holding ------------------------------------------------------
+
+    def ensure_indexed(self, indices: np.ndarray) -> None:
+        """Every shard of samples `indices` in the member table: local shards a manifest
+        described are indexed now; remote ones must be held already (see holding)."""
+        table = self.members
+        if len(indices) == 0 or table.indexed.all():
+            return
+        shards = np.unique(table.shards_of(indices))
+        missing = shards[~table.indexed[shards]]
+        if self.holds is not None and self.holds.is_remote[missing].any():
+            name = table.names[int(missing[self.holds.is_remote[missing]][0])]
+            raise StokerError(f"internal: shard {name} is read before it is local")
+        self._say_regrouped(table.index_local(missing.tolist(), self.num_threads or 0))
+
+    @contextlib.contextmanager
+    def holding(self, indices: np.ndarray) -> Iterator[None]:
+        """The shards of samples `indices` held (remote ones fetched into the cache) and
+        indexed, for the block."""
+        if self.holds is None or len(indices) == 0:
+            self.ensure_indexed(indices)
+            yield
+            return
+        shards = self.holds.remote_among(np.unique(self.shards_of(indices)))
+        with self.holds.holding(shards):
+            self.ensure_indexed(indices)
+            yield
+
+    def _check_index(self, i: int) -> int:
+        n = len(self)
+        i = int(i)
+        if not -n <= i < n:
+            raise IndexError(f"sample {i} out of range for a dataset of {n}")
+        return i + n if i < 0 else i
+
+    def __repr__(self) -> str:
+        files = len(self.members.paths)
+        return f"Dataset({len(self)} samples in {files} files, fields {self.fields})"
+
+
+def _open_remote(
+    shards: list[tuple[str, dict | None]],
+    remote_ids: list[int],
+    formats: list[str],
+    cache_dir: str | os.PathLike[str] | None,
+    cache_limit: int | None,
+    options: FetchOptions,
+) -> RemoteShards:
+    """The remote shards of a source, described (sizes, samples) and their cache checked."""
+    described = []
+    for i in remote_ids:
+        shard = RemoteShard(url=shards[i][0], format=formats[i])
+        if shards[i][1]:
+            apply_entry(shard, shards[i][1])
+        described.append(shard)
+    remote = RemoteShards(described, cache_dir, cache_limit, options)
+    remote.describe()
+    largest = max(s.size or 0 for s in remote.shards)
+    if remote.limit < 2 * largest:
+        raise StokerError(
+            f"cache_limit={remote.limit} bytes cannot hold two of these shards at once (one "
+            f"being read, one arriving): it needs at least {2 * largest}"
+        )
+    return remote
+
+
+def _describes(entry: dict | None) -> bool:
+    """Whether a manifest entry says enough to open its shard without a scan."""
+    return bool(entry) and isinstance(entry.get("samples"), int) and "bytes" in entry
+
+
+def _check_manifest_size(path: str, entry: dict | None) -> None:
+    """A shard a manifest lists is there, and as large as the manifest says."""
+    if entry is None:
+        return  # not from a manifest: the index parser reports a missing file
+    try:
+        actual = os.stat(path).st_size
+    except FileNotFoundError:
+        folder = os.path.dirname(path) or "."
+        raise located(
+            ReadError,
+            path,
+            0,
+            "the manifest lists this shard but it is not there; run `stoker index "
+            f"{folder}` to write the manifest again",
+            errno.ENOENT,
+        ) from None
+    except OSError:
+        return  # the index parser reports it with its errno
+    if "bytes" in entry and actual != entry["bytes"]:
+        raise located(
+            ShardFormatError,
+            path,
+            min(actual, entry["bytes"]),
+            f"the manifest says {entry['bytes']} bytes but the file has {actual}",
+        )

@@ -1,0 +1,160 @@
+"""Holding a dataset's remote shards: fetched into the node cache (once per node), indexed
+on arrival, kept from eviction while batches read them, let go after. The one way both
+``Dataset.get_batch`` and the Loader's prefetch hold shards."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+from collections.abc import Callable, Iterator
+
+import numpy as np
+
+from stoker import _core
+from stoker._process import wait_result
+from stoker.dataset.members import MemberTable, same_index
+from stoker.dataset.reads import forget_everywhere
+from stoker.errors import FetchError, StokerError, located
+from stoker.remote import Hold, RemoteShards
+
+#: A fetched shard: its hold, and its index when this process had none (or must compare).
+Arrival = tuple[Hold, "dict | None"]
+
+
+class ShardHolds:
+    """The remote shards of one dataset (`remote_of`: dataset shard -> remote number)."""
+
+    def __init__(self, remote: RemoteShards, remote_of: dict[int, int], table: MemberTable):
+        self.remote = remote
+        self.remote_of = remote_of
+        self.table = table
+        self.is_remote = np.zeros(len(table.indexed), bool)
+        self.is_remote[list(remote_of)] = True
+        self._on_regrouped: Callable[[list], None] = lambda found: None
+
+    def on_regrouped(self, report: Callable[[list], None]) -> None:
+        """Where shards whose samples' members lay apart are reported when they arrive."""
+        self._on_regrouped = report
+
+    @property
+    def connections(self) -> int:
+        return self.remote.options.connections
+
+    @property
+    def limit(self) -> int:
+        """Bytes the node cache may hold."""
+        return self.remote.limit
+
+    def size_of(self, shard: int) -> int:
+        return self.remote.shards[self.remote_of[shard]].size or 0
+
+    def url_of(self, shard: int) -> str:
+        return self.remote.shards[self.remote_of[shard]].url
+
+    def remote_among(self, shards: np.ndarray) -> list[int]:
+        """Those of `shards` that are remote."""
+        return [s for s in shards.tolist() if self.is_remote[s]]
+
+    # -- one shard ---------------------------------------------------------------------
+
+    def start(self, shard: int, priority: tuple[int, int] = (0, 0)) -> concurrent.futures.Future:
+        """Hold `shard` in the cache, fetching it if need be; the future's result is an
+        Arrival, the index made on the shard thread where this process needs one. Downloads
+        start in `priority` order (lowest first)."""
+        remote, table = self.remote, self.table
+        r = self.remote_of[shard]
+        fmt = remote.shards[r].format
+
+        def then(hold: Hold) -> Arrival:
+            # The cache file changes only by a new download; with a sha256 that is the
+            # same bytes. Otherwise its index is made again, to compare.
+            if table.indexed[shard] and (
+                tuple(table.identities[shard]) == hold.identity or remote.shards[r].sha256
+            ):
+                return hold, None
+            try:
+                return hold, _core.index_shards([hold.path], [fmt], 1)[0]
+            except BaseException:
+                remote.release(r)
+                raise
+
+        return remote.start(r, then, priority)
+
+    def arrived(self, shard: int, arrival: Arrival) -> None:
+        """A fetched shard is held: index it (the first time) or check it is the same as
+        before. On an error the hold stays the caller's to release."""
+        hold, index = arrival
+        table = self.table
+        with table.lock:  # threads reading the dataset share its index
+            if index is not None:
+                if not table.indexed[shard]:
+                    self._on_regrouped(table.add([shard], [index]))
+                elif not same_index(table, shard, index):
+                    raise located(
+                        FetchError,
+                        self.url_of(shard),
+                        0,
+                        "fetched again, the shard's members differ from the first time: it "
+                        "changed on the server (a manifest with sha256 pins it)",
+                    )
+            table.set_identity(shard, hold.identity)
+
+    def warm(self, shard: int, priority: tuple[int, int] = (1, 0)) -> concurrent.futures.Future:
+        """Fetch `shard` ahead, unheld, if the cache has room for it now."""
+        return self.remote.warm(self.remote_of[shard], priority)
+
+    def release(self, shard: int) -> None:
+        if self.remote.release(self.remote_of[shard]):
+            # Close our cached descriptors too, or an evicted file's space stays in use.
+            forget_everywhere(self.table.paths[shard])
+
+    def release_when_done(self, shard: int) -> Callable[[concurrent.futures.Future], None]:
+        """A callback for a fetch left behind (by an error, or a loop left early): whatever
+        it held is let go when it ends."""
+
+        def done(future: concurrent.futures.Future) -> None:
+            if not future.cancelled() and future.exception() is None:
+                self.release(shard)
+
+        return done
+
+    # -- many ----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def holding(self, shards: list[int]) -> Iterator[None]:
+        """`shards` (remote ones) held in the cache, fetched if need be, for the block."""
+        futures = [self.start(s) for s in shards]
+        held = []
+        try:
+            for shard, future in zip(shards, futures):
+                arrival = wait_result(future)
+                held.append(shard)  # ours to release from here on, whatever happens
+                self.arrived(shard, arrival)
+            yield
+        finally:
+            for shard in held:
+                self.release(shard)
+            for shard, future in zip(shards[len(held) :], futures[len(held) :]):
+                future.add_done_callback(self.release_when_done(shard))
+
+    def check_room(
+        self, first: dict[int, int], last: dict[int, int], lead: int, processes: int, what: str
+    ) -> None:
+        """Refuse, now, a cache too small for what `processes` readers of the node hold at
+        once, each holding shard s from batch ``first[s] - lead`` until batch ``last[s]``
+        is done (`what` says whose needs they are): it would wait, later, for room that
+        never comes."""
+        if not first:
+            return
+        delta = np.zeros(max(last.values()) + 2, np.int64)
+        for shard, begin in first.items():
+            size = self.size_of(shard)
+            delta[max(begin - lead, 0)] += size
+            delta[last[shard] + 1] -= size
+        need = int(np.cumsum(delta).max()) * processes
+        if self.limit < need:
+            raise StokerError(
+                f"cache_limit={self.limit} bytes is too small for this loader: the shards it "
+                f"holds at once ({what}) need {need} bytes; raise cache_limit, or lower "
+                "shuffle_window or prefetch"
+            )

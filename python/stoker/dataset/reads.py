@@ -1,0 +1,100 @@
+"""Reading members with the C++ reader: the process's readers, and whole sets of member
+rows read into one buffer and handed out as sample dicts viewing it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stoker import _core
+from stoker._process import per_process, values
+from stoker.dataset.members import MemberTable
+
+#: Where each piece starts in a batch buffer: aligned so that any dtype can be viewed in
+#: place (the C++ plan's alignment).
+ALIGN = _core.ALIGN
+
+
+def shared_reader(num_threads: int | None = None) -> _core.ShardReader:
+    """The process's ShardReader for `num_threads` (0 or None: one per core).
+
+    One pool of threads serves every dataset; the reader rebuilds it by itself in a forked
+    child (a DataLoader worker), so this is safe across fork.
+    """
+    key = (num_threads or 0, 256)
+    return per_process(("shard-reader", key), lambda: _core.ShardReader(*key))
+
+
+def forget_everywhere(path: str) -> None:
+    """Close the descriptors every reader of this process keeps for `path` (an evicted
+    cache file's space is then freed)."""
+    for value in values():
+        if isinstance(value, _core.ShardReader):
+            value.forget(path)
+
+
+def aligned_offsets(lengths: np.ndarray) -> tuple[np.ndarray, int]:
+    """Offsets that put pieces of `lengths` bytes back to back, each ALIGN-aligned, and the
+    bytes they take in all."""
+    padded = (lengths + (ALIGN - 1)) & ~np.uint64(ALIGN - 1)
+    ends = np.cumsum(padded, dtype=np.uint64)
+    starts = ends - padded
+    return starts, int(ends[-1]) if len(ends) else 0
+
+
+def submit_members(
+    table: MemberTable,
+    rows: np.ndarray,
+    reader: _core.ShardReader,
+) -> _core.PendingRead:
+    """Start reading member `rows`: each lands, decoded (inflated, CRC-checked), at the
+    next aligned offset of a new buffer."""
+    out = table.out[rows]
+    dest, size = aligned_offsets(out)
+    codecs = table.codec[rows]
+    compressed = bool(codecs.any())
+    return reader.read(
+        table.files,
+        table.file[rows],
+        table.offset[rows],
+        table.length[rows],
+        dest,
+        size,
+        out_lengths=out,
+        codecs=codecs if compressed else None,
+        crcs=table.crc[rows] if compressed else None,
+    )
+
+
+def samples_from(
+    table: MemberTable,
+    buffer: np.ndarray,
+    indices: np.ndarray,
+    rows: np.ndarray,
+    bounds: np.ndarray,
+) -> list[dict[str, Any]]:
+    """Sample dicts viewing `buffer`, as submit_members(rows) read it."""
+    lengths = table.out[rows]
+    starts, _ = aligned_offsets(lengths)
+    fields = table.field[rows].tolist()
+    decoders = table.decoder[rows].tolist()
+    begins = starts.tolist()
+    lengths = lengths.tolist()
+    bounds = bounds.tolist()
+    extras = {name: values[indices].tolist() for name, values in table.extras.items()}
+    names = table.field_names
+    samples = []
+    for s, key in enumerate(table.keys(indices)):
+        sample: dict[str, Any] = {"__key__": key}
+        for m in range(bounds[s], bounds[s + 1]):
+            view = buffer[begins[m] : begins[m] + lengths[m]]
+            decoder = table.decoders[decoders[m]]
+            if decoder is not None:
+                dtype, shape = decoder
+                view = view.view(dtype).reshape(shape)
+            sample[names[fields[m]]] = view
+        for name, column in extras.items():
+            sample[name] = column[s]
+        samples.append(sample)
+    return samples

@@ -1,0 +1,51 @@
+"""Shard formats: which format a file or URL is, by its name, and where shards are in a
+folder. (What is inside each format is read by the C++ parsers: ``csrc/stoker/format``.)"""
+
+from __future__ import annotations
+
+import os
+import urllib.parse
+
+from stoker.errors import ShardFormatError, located
+
+#: File name endings stoker reads, and the index parser for each.
+SHARD_FORMATS = {".tar": "tar", ".zip": "zip", ".npy": "npy"}
+
+_COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
+
+
+def is_url(text: str) -> bool:
+    return text.startswith(("http://", "https://"))
+
+
+def format_of(path: str) -> str:
+    """The shard format of `path` (or URL), from its name; a clear error for anything else."""
+    lower = urllib.parse.urlsplit(path).path.lower() if is_url(path) else path.lower()
+    if lower.endswith(_COMPRESSED_TAR):
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            "compressed tar archives cannot be read by byte range; store shards as plain .tar "
+            "(compress the members, not the archive)",
+        )
+    fmt = SHARD_FORMATS.get(os.path.splitext(lower)[1])
+    if fmt is None:
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            f"unknown shard format (stoker reads {', '.join(sorted(SHARD_FORMATS))} shards)",
+        )
+    return fmt
+
+
+def shards_in_folder(folder: str) -> list[str]:
+    """Every shard file under `folder`, sorted (folders walked in order)."""
+    found = []
+    for root, dirs, files in os.walk(folder):
+        dirs.sort()
+        for name in sorted(files):
+            if os.path.splitext(name.lower())[1] in SHARD_FORMATS:
+                found.append(os.path.join(root, name))
+    return found

@@ -1,0 +1,296 @@
+"""The Loader: ``for batch in stoker.Loader(ds, batch_size=64): ...``.
+
+One batch goes through the modules of this package once, in one direction: the epoch
+cursor (:mod:`.epochs`) says which batch comes next and the sampler (:mod:`.sampler`)
+which samples it holds; remote shards are held for it (:mod:`.prefetch`); it is laid out
+by the fields= plan (:mod:`.plan`, in C++) or read as whole samples, and read by the C++
+reader (:mod:`.batches`); ``map=`` and ``collate=`` (:mod:`.collate`) or tensor views
+make it a batch, which the device stage (:mod:`stoker.cuda`) moves to the GPU; it is
+handed out, and its shards let go of after the last batch that reads them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections import deque
+from collections.abc import Callable, Iterator, Mapping
+from typing import Any
+
+import numpy as np
+
+from stoker import cuda
+from stoker.dataset import Dataset
+from stoker.dataset.reads import shared_reader
+from stoker.errors import StokerError, UsageError
+from stoker.fields import FieldSpec
+from stoker.loader.batches import BatchReader, FailedRead, InFlight, RingFull, Stats
+from stoker.loader.collate import MapRunner, default_collate
+from stoker.loader.epochs import EpochCursor, Order
+from stoker.loader.plan import FieldsPlan, check_fields_argument
+from stoker.loader.prefetch import ShardPrefetch, shard_spans
+from stoker.loader.sampler import DEFAULT_SHUFFLE_WINDOW
+
+log = logging.getLogger("stoker.loader")
+
+__all__ = ["Loader", "default_collate", "resolve_rank"]
+
+_DEFAULT_PINNED_BYTES = 1 << 30  # page-locked host memory a GPU loader may hold
+
+
+def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    """rank and world size: as given, else torch.distributed's when it is initialised,
+    else the RANK / WORLD_SIZE environment, else 0 and 1."""
+    if rank is not None and world_size is not None:
+        found = rank, world_size
+    else:
+        found = None
+        try:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                found = dist.get_rank(), dist.get_world_size()
+        except ImportError:  # pragma: no cover
+            pass
+        if found is None:
+            found = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        found = (found[0] if rank is None else rank, found[1] if world_size is None else world_size)
+    if not 0 <= found[0] < found[1]:
+        raise StokerError(f"rank {found[0]} is not in [0, world_size={found[1]})")
+    return found
+
+
+class _EpochSetter:
+    """A Loader's ``sampler``: only ``set_epoch``, for frameworks that drive samplers."""
+
+    def __init__(self, loader: Loader) -> None:
+        self.set_epoch = loader.set_epoch
+
+
+class Loader:
+    """Batches of `dataset` for this rank, in the sampler's order. See the README."""
+
+    def __init__(
+        self,
+        dataset: Dataset,
+        batch_size: int = 64,
+        *,
+        shuffle: bool = True,
+        seed: int = 0,
+        drop_last: bool = False,
+        rank: int | None = None,
+        world_size: int | None = None,
+        map: Callable[[dict[str, Any]], Any] | None = None,  # noqa: A002 - the contract's name
+        collate: Callable[[list[Any]], Any] | None = None,
+        device: str = "cpu",
+        fields: Mapping[str, FieldSpec] | None = None,
+        num_threads: int | None = None,
+        prefetch: int = 4,
+        shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+        log_every: int | None = None,
+        pinned_bytes: int | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        if prefetch < 1:
+            raise ValueError(f"prefetch must be at least 1, not {prefetch}")
+        self._device = cuda.device_index(device)
+        if pinned_bytes is not None and pinned_bytes < 1:
+            raise ValueError(f"pinned_bytes must be positive, not {pinned_bytes}")
+        if fields is not None and (map is not None or collate is not None):
+            raise StokerError("fields= is the declarative fast path; it takes no map= or collate=")
+        if not isinstance(dataset, Dataset):
+            raise UsageError(
+                f"stoker.Loader reads a stoker.Dataset, not a {type(dataset).__name__}: open "
+                "your data with stoker.Dataset(shards or folder), Dataset.from_csv(csv, folder) "
+                "or Dataset.from_files(folder, names); a map-style torch dataset of your own "
+                "goes to torch.utils.data.DataLoader"
+            )
+        self._torch = cuda.require_torch()
+        self.dataset = dataset
+        self.batch_size = batch_size
+        self.shuffle = shuffle
+        self.seed = seed
+        self.drop_last = drop_last
+        self.rank, self.world_size = resolve_rank(rank, world_size)
+        self.prefetch = prefetch
+        self.shuffle_window = shuffle_window
+        self.log_every = log_every
+        self.map = map
+        self.collate = collate or default_collate
+        self.fields = check_fields_argument(fields)
+        self.num_threads = num_threads or shared_reader(num_threads).num_threads
+        self.pinned_bytes = pinned_bytes or _DEFAULT_PINNED_BYTES
+        self._cursor = EpochCursor(
+            Order(
+                np.diff(dataset.members.shard_start),
+                batch_size,
+                shuffle,
+                seed,
+                drop_last,
+                self.rank,
+                self.world_size,
+                shuffle_window,
+            )
+        )
+        self._stats = Stats()
+        self._map_runner = MapRunner(map, self.num_threads) if map is not None else None
+        self._build()
+        self._check_cache()
+
+    def _build(self) -> None:
+        """What does not cross a process boundary: made here, and again when unpickled."""
+        self._fields_plan = FieldsPlan(self.dataset, self.fields) if self.fields else None
+        stage = None
+        if self._device is not None:
+            # Slots for the reads in flight, one being copied and one being filled.
+            cuda.require_cuda(self._device)
+            stage = cuda.DeviceStage(self._device, self.pinned_bytes, self.prefetch + 2)
+        self._batches = BatchReader(
+            self.dataset,
+            self._fields_plan,
+            self._map_runner,
+            self.collate,
+            shared_reader(self.num_threads),
+            stage,
+            self._stats,
+            self._torch,
+        )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        for name in ("_torch", "_fields_plan", "_batches"):
+            state[name] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._torch = cuda.require_torch()
+        self._build()  # a GPU loader in another process starts afresh
+
+    # -- order, epochs, resume --------------------------------------------------------
+
+    def __len__(self) -> int:
+        """Batches in a whole epoch on this rank (also while resuming mid-epoch)."""
+        return len(self._cursor)
+
+    def set_epoch(self, epoch: int) -> None:
+        """Read epoch `epoch` (its own shuffle) from the next iteration on. Setting the epoch
+        a loaded state is in keeps that state's position, so the usual ``set_epoch`` at the
+        top of a resumed training loop does not start the epoch over."""
+        self._cursor.set_epoch(epoch)
+
+    @property
+    def sampler(self) -> _EpochSetter:
+        """What code written for a DataLoader with a DistributedSampler calls each epoch:
+        ``loader.sampler.set_epoch(n)`` is ``loader.set_epoch(n)``. Lightning calls it with
+        its own epoch number, which keeps the two in step even where it resumes without
+        the loader's state (a checkpoint taken at an epoch's end)."""
+        return _EpochSetter(self)
+
+    def state_dict(self) -> dict[str, Any]:
+        """Where this rank is: small and JSON-serialisable. A Loader loaded with it yields
+        exactly the batches this one would have yielded next."""
+        return self._cursor.state_dict(len(self.dataset))
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self._cursor.load_state_dict(state, len(self.dataset))
+
+    def stats(self) -> dict[str, float]:
+        """Counters since the loader was made; cheap enough to leave on."""
+        s = self._stats
+        elapsed = time.perf_counter() - s.started if s.started is not None else 0.0
+        return {
+            "samples": s.samples,
+            "batches": s.batches,
+            "bytes": s.bytes,
+            "elapsed_s": elapsed,
+            "wait_s": s.wait_s,
+            "read_busy_s": s.read_busy_s,
+            "input_bound_fraction": s.wait_s / elapsed if elapsed > 0 else 0.0,
+            "samples_per_s": s.samples / elapsed if elapsed > 0 else 0.0,
+        }
+
+    def _check_cache(self) -> None:
+        """Refuse, now, a cache too small for what this loader holds at once (the shards of
+        the batches being read); it would wait for room that never comes, later."""
+        holds = self.dataset.holds
+        if holds is None:
+            return
+        plan = self._cursor.plan(self._cursor.epoch)
+        _, first, last = shard_spans(self.dataset, holds, plan, 0)
+        processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # each rank reads its own
+        holds.check_room(
+            first,
+            last,
+            self.prefetch,
+            processes,
+            f"a shuffle window of {self.shuffle_window}, batches of {self.batch_size}, "
+            f"{self.prefetch} read ahead, {processes} process(es) on the node",
+        )
+
+    def _log_stats(self) -> None:
+        s = self.stats()
+        log.info(
+            "epoch %d batch %d: %.0f samples/s, %.1f MB/s, waited %.0f%% of the time "
+            "(%d samples, %.2f s)",
+            self._cursor.epoch,
+            self._cursor.position + 1,
+            s["samples_per_s"],
+            s["bytes"] / s["elapsed_s"] / 1e6 if s["elapsed_s"] else 0.0,
+            100 * s["input_bound_fraction"],
+            s["samples"],
+            s["elapsed_s"],
+        )
+
+    # -- iteration --------------------------------------------------------------------
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        cursor, stats, batches = self._cursor, self._stats, self._batches
+        generation, plan, next_batch = cursor.begin()
+        if stats.started is None:
+            stats.started = time.perf_counter()
+        in_flight: deque[InFlight] = deque()
+        holds = self.dataset.holds
+        fetch = ShardPrefetch(self.dataset, holds, plan, next_batch) if holds else None
+        done = next_batch  # batches handed out by this iterator, as plan numbers
+        try:
+            while True:
+                while len(in_flight) < self.prefetch and next_batch < len(plan):
+                    if fetch is not None:
+                        fetch.pump(next_batch)
+                        if not fetch.ready(next_batch):
+                            if in_flight:
+                                break  # read it ahead once its shards are here
+                            start = time.perf_counter()  # nothing else to do: wait
+                            fetch.wait(next_batch)
+                            stats.wait_s += time.perf_counter() - start
+                    try:
+                        if fetch is not None:
+                            fetch.arrive(next_batch)
+                        in_flight.append(batches.submit(plan.batch(next_batch), not in_flight))
+                    except RingFull:
+                        break  # every pinned slot holds a batch read ahead: hand one out
+                    except StokerError as error:  # raised when its batch's turn comes
+                        in_flight.append(InFlight(FailedRead(error)))
+                    next_batch += 1
+                if not in_flight:
+                    break
+                start = time.perf_counter()
+                batch = batches.finish(in_flight.popleft())
+                stats.wait_s += time.perf_counter() - start
+                stats.batches += 1
+                if self.log_every and stats.batches % self.log_every == 0:
+                    self._log_stats()
+                if fetch is not None:
+                    fetch.finished(done)
+                done += 1
+                cursor.handed_out(generation, plan)
+                yield batch
+        finally:
+            for item in in_flight:  # a loop left early: stop reading ahead
+                item.pending.cancel()
+            if fetch is not None:
+                fetch.close()
+        cursor.ended(generation)

@@ -1,0 +1,121 @@
+"""Reading one batch: submitted to the C++ reader (laid out by the fields= plan, or as
+whole samples for map=), then waited for and turned into what the Loader hands out."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stoker import cuda
+from stoker.dataset import Dataset
+from stoker.dataset.reads import samples_from, submit_members
+from stoker.errors import ShardFormatError, StokerError
+from stoker.loader.plan import FieldsPlan, name_member
+
+
+@dataclass
+class Stats:
+    samples: int = 0
+    batches: int = 0
+    bytes: int = 0
+    wait_s: float = 0.0  # the consumer blocked in __next__
+    read_busy_s: float = 0.0  # thread time spent reading and decoding, summed
+    started: float | None = None
+
+
+class RingFull(Exception):
+    """No pinned slot is free for the next batch without waiting on the consumer."""
+
+
+class FailedRead:
+    """Stands in the queue for a batch that could not even be submitted, so its error is
+    raised at that batch, not at the earlier one being waited on."""
+
+    def __init__(self, error: StokerError) -> None:
+        self.error = error
+
+    def wait(self) -> None:
+        raise self.error
+
+    def cancel(self) -> None:
+        pass
+
+
+@dataclass
+class InFlight:
+    """A batch being read."""
+
+    pending: Any  # _core.PendingRead, or FailedRead
+    indices: np.ndarray | None = None
+    prepared: Any = None  # fields=: the _core.PreparedBatch
+    rows: np.ndarray | None = None  # map=: the member rows read, and each sample's first
+    bounds: np.ndarray | None = None
+
+
+class BatchReader:
+    """Submits and finishes the batches of one Loader."""
+
+    def __init__(
+        self,
+        ds: Dataset,
+        plan: FieldsPlan | None,
+        map_fn: Callable[[list[dict[str, Any]]], list[Any]] | None,
+        collate: Callable[[list[Any]], Any],
+        reader: Any,
+        stage: cuda.DeviceStage | None,
+        stats: Stats,
+        torch: Any,
+    ) -> None:
+        self.ds = ds
+        self.plan = plan
+        self.map_fn = map_fn
+        self.collate = collate
+        self.reader = reader
+        self.stage = stage
+        self.stats = stats
+        self.torch = torch
+
+    def submit(self, indices: np.ndarray, can_wait: bool = True) -> InFlight:
+        """Start reading a batch. A device loader's fields= batch needs a pinned slot: when
+        none is free and `can_wait` is false (batches are in flight, whose hand-out frees
+        one), this raises RingFull instead of waiting."""
+        if self.plan is None:
+            self.ds.ensure_indexed(indices)
+            rows, bounds = self.ds.members.member_rows(indices)
+            pending = submit_members(self.ds.members, rows, self.reader)
+            return InFlight(pending, indices, rows=rows, bounds=bounds)
+        prepared = self.plan.prepare(indices)
+        slot = None
+        if self.stage is not None:
+            # Read straight into a pinned slot: the batch then goes over in one copy.
+            slot = self.stage.acquire(prepared.nbytes, wait=can_wait)
+            if slot is None:
+                raise RingFull
+        return InFlight(prepared.submit(self.reader, slot), indices, prepared)
+
+    def finish(self, item: InFlight) -> Any:
+        """Wait for `item` and build its batch (on the device, for a device loader)."""
+        try:
+            buffer = item.pending.wait()
+        except ShardFormatError as error:  # the reader knows files and offsets, not samples
+            if item.prepared is not None:
+                raise self.plan.name_member(error, item.prepared) from error
+            if item.rows is not None:
+                offsets = self.ds.members.offset[item.rows]
+                raise name_member(self.ds, error, item.rows, offsets) from error
+            raise  # a batch that failed before any read: its error says it all
+        self.stats.read_busy_s += item.pending.busy_seconds()
+        self.stats.bytes += int(buffer.nbytes)
+        self.stats.samples += len(item.indices)
+        if item.prepared is not None:
+            copy = self.stage is not None  # a pinned slot the ring needs back soon
+            batch = self.plan.assemble(item.prepared, buffer, item.indices, self.torch, copy)
+            return self.stage.to_device(batch, buffer) if self.stage else batch
+        samples = samples_from(self.ds.members, buffer, item.indices, item.rows, item.bounds)
+        if self.map_fn is not None:
+            samples = self.map_fn(samples)
+        batch = self.collate(samples)
+        return self.stage.to_device(batch) if self.stage else batch

@@ -1,0 +1,196 @@
+"""The fields= fast path: the Loader's field decoders turned, once, into a C++ BatchPlan
+that lays out and reads each whole batch in one call; Python only wraps the finished
+buffer in tensor views."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from stoker import _core
+from stoker.dataset import Dataset
+from stoker.errors import ShardFormatError, StokerError, UsageError, located, quoted
+from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
+
+_KINDS = {Raw: _core.FieldKind.RAW, Int: _core.FieldKind.INT, Npy: _core.FieldKind.NPY}
+
+
+def check_fields_argument(fields: object) -> dict[str, FieldSpec] | None:
+    """`fields` as a dict of field name (or ``"a;b"`` alternatives) to decoder, or a
+    UsageError that says what to pass."""
+    if fields is None:
+        return None
+    if not isinstance(fields, Mapping):
+        names = [fields] if isinstance(fields, str) else fields
+        if isinstance(names, (list, tuple)) and names and all(isinstance(n, str) for n in names):
+            example = ", ".join(f"{n!r}: stoker.{_likely_decoder(n)}()" for n in names[:3])
+        else:
+            example = "'raw': stoker.Raw((3, 64, 64), 'uint8'), 'cls': stoker.Int()"
+        raise UsageError(
+            f"fields= maps each field to its decoder, not a {type(fields).__name__} "
+            f"({quoted(fields, 80)}): pass a dict such as {{{example}}}, with the decoder "
+            "each field needs: stoker.Raw(shape, dtype), Int(), Npy() or Bytes()"
+        )
+    wrong = [key for key in fields if not isinstance(key, str)]
+    if wrong:
+        raise UsageError(
+            f"fields= keys are field names (str), not {type(wrong[0]).__name__}: {wrong[0]!r}"
+        )
+    return dict(fields)
+
+
+def _likely_decoder(name: str) -> str:
+    """The decoder a field of this name usually needs, for an example in a message."""
+    return "Int" if name.lower() in ("cls", "label", "target", "index") else "Bytes"
+
+
+def _some(names: list[str], most: int = 20) -> str:
+    """Field names for a message: all of a few, the first `most` of many."""
+    shown = ", ".join(quoted(n, 60) for n in names[:most])
+    return shown + (f" and {len(names) - most:,} more" if len(names) > most else "")
+
+
+class FieldsPlan:
+    """A Loader's fields=: checked against the dataset once, then per batch one prepare
+    (C++) and one wrap of the read buffer."""
+
+    def __init__(self, ds: Dataset, fields: Mapping[str, FieldSpec]) -> None:
+        self.ds = ds
+        table = ds.members
+        have = set(table.field_names) | set(table.extras)
+        self.entries: list[tuple[str, FieldSpec]] = []  # (batch entry, decoder)
+        specs = []
+        for key, spec in fields.items():
+            name, alternatives = self._check(key, spec, have)
+            self.entries.append((name, spec))
+            if alternatives[0] in table.extras:
+                column = table.extras[alternatives[0]]
+                specs.append((name, int(_core.FieldKind.COLUMN), 0, "", [], [], column))
+                continue
+            kind = _KINDS.get(type(spec), _core.FieldKind.BYTES)
+            nbytes = spec.nbytes if isinstance(spec, Raw) else 0
+            what = f"{spec.shape} {np.dtype(spec.dtype)}" if isinstance(spec, Raw) else ""
+            tables = [table.field_table(a) for a in alternatives]
+            specs.append((name, int(kind), nbytes, what, list(alternatives), tables, None))
+        self.plan = _core.BatchPlan(specs)
+        self._dtypes: dict[str, np.dtype] = {}
+
+    def _check(self, key: str, spec: FieldSpec, have: set[str]) -> tuple[str, tuple[str, ...]]:
+        """A fields= entry's batch entry name and the alternatives it reads (lower-cased,
+        as field names are), or a clear error."""
+        alternatives = tuple(a.strip() for a in key.split(";"))
+        name = alternatives[0]
+        if not all(alternatives):
+            raise UsageError(
+                f"fields= key {key!r} has an empty name; alternatives are written 'jpg;jpeg;png'"
+            )
+        if isinstance(spec, type) and spec in (Raw, Int, Npy, Bytes):
+            call = "Raw(shape, dtype)" if spec is Raw else f"{spec.__name__}()"
+            raise UsageError(
+                f"fields={{{key!r}: stoker.{spec.__name__}}}: that is the decoder's class; "
+                f"call it: stoker.{call}"
+            )
+        if not isinstance(spec, (Raw, Int, Npy, Bytes)):
+            raise UsageError(
+                f"fields={{{key!r}: {quoted(spec, 80)}}}: the value is not a stoker field "
+                "decoder; use stoker.Raw(shape, dtype), stoker.Int(), stoker.Npy() or "
+                "stoker.Bytes()"
+            )
+        if any(entry == name for entry, _ in self.entries):
+            raise UsageError(f"fields= names the batch entry {name!r} twice")
+        lookup = tuple(a.lower() for a in alternatives)
+        table = self.ds.members
+        extras = [a for a in lookup if a in table.extras]
+        if extras and len(lookup) > 1:
+            raise UsageError(
+                f"fields= key {key!r}: {extras[0]!r} is an integer column of the dataset, "
+                "which every sample has; name it alone"
+            )
+        if extras and not isinstance(spec, Int):
+            raise UsageError(f"field {name!r} is an integer column: use stoker.Int()")
+        if len(table) and table.fields_known and not any(a in have for a in lookup):
+            what = (
+                f"field {name!r} is in no sample"
+                if len(lookup) == 1
+                else f"no sample has any of the fields {key!r}"
+            )
+            raise StokerError(f"{what}; the dataset has {_some(sorted(have))}")
+        return name, lookup
+
+    # -- per batch -------------------------------------------------------------------
+
+    def prepare(self, indices: np.ndarray) -> Any:
+        """The batch of samples `indices` laid out: a _core.PreparedBatch to submit."""
+        self.ds.ensure_indexed(indices)
+        return self.plan.prepare(indices, self.ds.members.plan_columns(), self.ds.key)
+
+    def assemble(
+        self, prepared: Any, buffer: np.ndarray, indices: np.ndarray, torch: Any, copy: bool
+    ) -> dict[str, Any]:
+        """The batch's tensors viewing `buffer` (the read of `prepared`); `copy`: Bytes
+        fields are copied out (the buffer is a pinned slot the ring needs back)."""
+        prepared.check(buffer)
+        table = self.ds.members
+        n = len(indices)
+        batch: dict[str, Any] = {}
+        for (name, spec), (offset, decoder, npy, pieces) in zip(self.entries, prepared.layout()):
+            if pieces is not None:  # Bytes
+                starts, lengths = pieces
+                views = (buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist()))
+                batch[name] = [v.copy() for v in views] if copy else list(views)
+                continue
+            if npy is not None:  # .npy members
+                dtype, shape = self._dtype(npy[0]), npy[1]
+            elif decoder:  # rows of .npy shards
+                dtype, shape = table.decoders[decoder]
+            elif isinstance(spec, Raw):
+                dtype, shape = np.dtype(spec.dtype), spec.shape
+            elif isinstance(spec, Bytes):  # no sample in the batch: an empty list
+                batch[name] = []
+                continue
+            else:  # Int, and integer columns
+                dtype, shape = np.dtype(np.int64), ()
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            view = buffer[offset : offset + n * nbytes].view(dtype).reshape((n, *shape))
+            try:
+                batch[name] = torch.from_numpy(view)
+            except TypeError as e:  # a dtype torch has no tensor for (big-endian, strings)
+                raise StokerError(
+                    f"field {name!r}: torch has no tensor type for {dtype} ({e}); read it "
+                    "with stoker.Bytes() and convert it in your own code"
+                ) from e
+        batch["__key__"] = table.keys(indices)
+        return batch
+
+    def _dtype(self, descr: str) -> np.dtype:
+        dtype = self._dtypes.get(descr)
+        if dtype is None:
+            dtype = self._dtypes[descr] = np.dtype(descr)
+        return dtype
+
+    def name_member(self, error: ShardFormatError, prepared: Any) -> ShardFormatError:
+        """`error` from the reader, said of the field and sample whose bytes it is about."""
+        rows, offsets = prepared.pieces()
+        return name_member(self.ds, error, rows, offsets)
+
+
+def name_member(
+    ds: Dataset, error: ShardFormatError, rows: np.ndarray, offsets: np.ndarray
+) -> ShardFormatError:
+    """`error`, which the reader raised about a piece of member `rows` read at file
+    `offsets`, said of the field and sample whose bytes it is about."""
+    table = ds.members
+    path, offset = getattr(error, "path", None), getattr(error, "offset", None)
+    hits = np.flatnonzero(offsets == np.uint64(offset or 0)) if path is not None else []
+    for hit in hits:
+        row = int(rows[hit])
+        if table.path_of_row(row) == path:
+            field = table.field_names[int(table.field[row])]
+            key = ds.key(int(table.sample[row]))
+            what = str(error).removeprefix(f"{path}: offset {offset}: ")
+            return located(
+                ShardFormatError, path, offset, f"field {field!r} of sample {quoted(key)}: {what}"
+            )
+    return error

@@ -1,0 +1,239 @@
+"""Describing shards: ``stoker index`` (write a manifest) and ``stoker inspect`` (what each
+shard holds, and what a user should know about it)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import numpy as np
+
+from stoker import _core
+from stoker.errors import StokerError, human, plural, quoted
+from stoker.formats import format_of, is_url, shards_in_folder
+from stoker.manifest import (
+    MANIFEST_NAME,
+    describe_drift,
+    manifest_drift,
+    read_manifest,
+    write_manifest,
+)
+from stoker.sources import resolve
+
+
+def local_shards(source: str, allow_missing: bool = False) -> list[str]:
+    """The local shard files of `source` (a folder, glob, brace pattern, list, manifest);
+    those that do not exist are an error, or left out with `allow_missing`."""
+    paths = [path for path, _ in resolve(source, note_drift=False)]
+    remote = [p for p in paths if is_url(p)]
+    if remote:
+        raise StokerError(f"{remote[0]}: this command reads local shards only")
+    missing = [p for p in paths if not os.path.exists(p)]
+    if allow_missing:
+        return [p for p in paths if os.path.exists(p)]
+    if missing:
+        raise StokerError(
+            f"{missing[0]}: no such file"
+            + (f" (and {len(missing) - 1} more)" if missing[1:] else "")
+        )
+    return paths
+
+
+def index(source: str, out: str | None = None, num_threads: int = 0) -> tuple[str, list[dict]]:
+    """Write ``stoker.json`` for the shards of `source` (beside them unless `out`)."""
+    extra = None
+    if os.path.isdir(source):  # every shard there now, whatever an old manifest says
+        paths = shards_in_folder(source)
+        old = os.path.join(source, MANIFEST_NAME)
+        if os.path.isfile(old):  # keep what else it says (class names)
+            with open(old, encoding="utf-8") as f, contextlib.suppress(ValueError):
+                extra = {k: v for k, v in json.load(f).items() if k not in ("version", "shards")}
+    else:
+        paths = local_shards(source)
+    if not paths:
+        raise StokerError(f"{source}: no shards")
+    if out is None:
+        if os.path.isdir(source):
+            out = source
+        else:
+            out = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
+    written = write_manifest(paths, out, num_threads=num_threads, extra=extra or None)
+    return written, [entry for _, entry in read_manifest(written)]
+
+
+@dataclass
+class ShardReport:
+    path: str
+    format: str
+    bytes: int
+    samples: int = 0
+    fields: dict[str, np.ndarray] | None = None  # field -> member sizes
+    error: str | None = None
+    keys: list[str] | None = None
+    key_runs: int = 0  # samples a reader of adjacent members only would see
+
+
+def manifest_notes(source: str) -> list[str]:
+    """What is wrong with the local manifest `source` names (or the folder's stoker.json):
+    shards it lists that are gone, shard files beside it it does not list."""
+    manifest = os.path.join(source, MANIFEST_NAME) if os.path.isdir(source) else source
+    if not (manifest.lower().endswith(".json") and os.path.isfile(manifest)):
+        return []
+    missing, unlisted = manifest_drift(manifest, read_manifest(manifest))
+    return [describe_drift(manifest, missing, unlisted)] if missing or unlisted else []
+
+
+def manifest_mismatches(source: str, reports: list[ShardReport]) -> list[str]:
+    """Shards whose manifest entry gives other sizes or sample counts than the shard has
+    (a shard rewritten since, or a manifest written before stoker grouped a sample's
+    scattered members)."""
+    try:
+        entries = {
+            os.path.abspath(path): entry
+            for path, entry in resolve(source, note_drift=False)
+            if entry is not None
+        }
+    except StokerError:
+        return []
+    wrong = []
+    for r in reports:
+        entry = entries.get(os.path.abspath(r.path))
+        if r.error is not None or entry is None:
+            continue
+        if entry.get("bytes", r.bytes) != r.bytes:
+            wrong.append(
+                f"{os.path.basename(r.path)} has {r.bytes:,} bytes, not {entry['bytes']:,}"
+            )
+        elif entry.get("samples", r.samples) != r.samples:
+            wrong.append(
+                f"{os.path.basename(r.path)} holds {r.samples:,} samples, not {entry['samples']:,}"
+            )
+    if not wrong:
+        return []
+    shown = "; ".join(wrong[:3]) + (f"; and {len(wrong) - 3} more" if len(wrong) > 3 else "")
+    folder = source if os.path.isdir(source) else os.path.dirname(source) or "."
+    return [
+        f"the manifest is out of date for {plural(len(wrong), 'shard')} ({shown}): run "
+        f"`stoker index {folder}` to write it again"
+    ]
+
+
+def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:
+    """Each shard's samples and field sizes, or what is wrong with it."""
+
+    def one(path: str) -> ShardReport:
+        try:
+            fmt = format_of(path)
+            size = os.path.getsize(path)
+            found = _core.index_shards([path], [fmt], 1)[0]
+        except (StokerError, OSError) as e:
+            return ShardReport(path, os.path.splitext(path)[1][1:], 0, error=str(e))
+        if fmt == "npy":
+            rows = int(found["shape"][0])
+            sizes = np.full(rows, int(found["row_bytes"]), np.int64)
+            return ShardReport(path, fmt, size, rows, {"npy": sizes})
+        fields = {
+            name: found["member_out_length"][found["member_field"] == i].astype(np.int64)
+            for i, name in enumerate(found["field_names"])
+        }
+        keys = found["keys"]
+        return ShardReport(path, fmt, size, len(keys), fields, None, keys, found["key_runs"])
+
+    with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
+        return list(pool.map(one, paths))
+
+
+def inspection_notes(reports: list[ShardReport], names: list[str]) -> list[str]:
+    """Things about readable shards a user should know: samples whose members were stored
+    apart, keys that more than one shard holds, fields only some samples have."""
+    notes = []
+    apart = [
+        (name, r) for name, r in zip(names, reports) if r.error is None and r.key_runs > r.samples
+    ]
+    if apart:
+        shown = ", ".join(name for name, _ in apart[:3]) + (" ..." if len(apart) > 3 else "")
+        notes.append(
+            f"some samples' members are stored apart in {len(apart):,} of "
+            f"{plural(len(reports), 'shard')} ({shown}); stoker groups them by key into "
+            f"{sum(r.samples for _, r in apart):,} samples, where WebDataset, which groups "
+            f"adjacent members only, would read {sum(r.key_runs for _, r in apart):,}"
+        )
+    where: dict[str, int] = {}
+    split = []
+    for i, r in enumerate(reports):
+        for key in r.keys or ():
+            first = where.setdefault(key, i)
+            if first != i:
+                split.append((key, first, i))
+    if split:
+        key, a, b = split[0]
+        count = len({k for k, _, _ in split})
+        notes.append(
+            f"keys in more than one shard: {count:,} (first: {quoted(key)} in {names[a]} and "
+            f"{names[b]}); each shard's part is a sample of its own"
+        )
+    good = [r for r in reports if r.error is None]
+    total = sum(r.samples for r in good)
+    counts: dict[str, int] = {}
+    for r in good:
+        for field, sizes in (r.fields or {}).items():
+            counts[field] = counts.get(field, 0) + len(sizes)
+    partial = sorted(f for f, n in counts.items() if n < total)
+    if partial:
+        shown = ", ".join(f"{f} ({counts[f]:,})" for f in partial)
+        notes.append(f"fields that not all {total:,} samples have: {shown}")
+    return notes
+
+
+def format_inspection(
+    source: str, reports: list[ShardReport], manifest: list[str] | None = None
+) -> str:
+    good = [r for r in reports if r.error is None]
+    bad = [r for r in reports if r.error is not None]
+    formats: dict[str, int] = {}
+    for r in good:
+        formats[r.format] = formats.get(r.format, 0) + 1
+    lines = [
+        f"{source}: {len(reports)} shard(s) "
+        f"({', '.join(f'{n} {f}' for f, n in sorted(formats.items())) or 'none readable'}), "
+        f"{sum(r.samples for r in good):,} samples, {human(sum(r.bytes for r in good))}",
+        "",
+    ]
+    if not reports:
+        return lines[0]
+    base = os.path.commonpath([os.path.dirname(os.path.abspath(r.path)) for r in reports])
+    shown = [os.path.relpath(os.path.abspath(r.path), base) for r in reports]
+    width = max([5, *(len(s) for s in shown)])
+    lines.append(f"{'shard':<{width}}  format  {'samples':>9}  {'bytes':>9}  fields")
+    for name, r in zip(shown, reports):
+        if r.error is None:
+            fields = ", ".join(sorted(r.fields or {}))
+            lines.append(
+                f"{name:<{width}}  {r.format:<6}  {r.samples:>9,}  {human(r.bytes):>9}  {fields}"
+            )
+        else:
+            lines.append(f"{name:<{width}}  {r.format:<6}  {'-':>9}  {'-':>9}  MALFORMED")
+    totals: dict[str, list[np.ndarray]] = {}
+    for r in good:
+        for field, sizes in (r.fields or {}).items():
+            totals.setdefault(field, []).append(sizes)
+    if totals:
+        lines += ["", f"{'field':<10}  {'samples':>9}  {'min':>9}  {'mean':>9}  {'max':>9}  total"]
+        for field in sorted(totals):
+            sizes = np.concatenate(totals[field])
+            if not len(sizes):
+                continue
+            lines.append(
+                f"{field:<10}  {len(sizes):>9,}  {human(sizes.min()):>9}  "
+                f"{human(sizes.mean()):>9}  {human(sizes.max()):>9}  {human(sizes.sum())}"
+            )
+    notes = (manifest or []) + inspection_notes(reports, shown)
+    if notes:
+        lines += ["", "notes:"] + [f"  {note}" for note in notes]
+    if bad:
+        lines += ["", f"{len(bad)} malformed shard(s):"]
+        lines += [f"  {r.error}" for r in bad]
+    return "\n".join(lines)
