@@ -4,7 +4,8 @@
 
 The workload: N samples of a 3x64x64 uint8 image and an integer label, written (once,
 under --data) four ways: one file per sample with a labels CSV (filename,label rows), tar
-shards in the WebDataset convention, LitData's optimized chunks and MosaicML's MDS shards.
+shards in the WebDataset convention (with the stoker.json and member indexes `stoker index`
+writes), LitData's optimized chunks and MosaicML's MDS shards.
 Every loader reads shuffled epochs in batches of 64 and turns each batch into an image
 tensor and a label tensor. Each measurement runs in a fresh process (clean peak RSS) and
 reads two epochs: the first one's clock starts after the imports and covers opening the
@@ -66,6 +67,13 @@ def prepare(folder: str, n: int, shards: int = 20) -> None:
     if missing("files-and-tar"):
         write_files_and_tar(folder, files, images, labels, shards)
         done("files-and-tar")
+    if missing("manifest"):  # stoker.json and the shards' member indexes, as stoker pack writes
+        from stoker.manifest import write_manifest
+
+        shard_folder = os.path.join(folder, "shards")
+        tars = sorted(f for f in os.listdir(shard_folder) if f.endswith(".tar"))
+        write_manifest([os.path.join(shard_folder, t) for t in tars], shard_folder)
+        done("manifest")
     if missing("litdata"):
         try:
             import litdata

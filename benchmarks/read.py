@@ -10,6 +10,10 @@ median of the per-round ratios to the ceilings):
 - the same with 4 batches in flight (how the loader drives it);
 - ShardReader.read over batches in file order (neighbours merged into one preadv);
 - Dataset.get_batch: the same batches as lists of sample dicts (Python per sample);
+- Loader(fields=) in the steady state: one shuffled epoch of a Loader made once, each
+  record a Raw field, batches handed out as tensors;
+- Loader(fields=), first epoch: stoker.Dataset over the shards' stoker.json and a fresh
+  Loader, opened and read for one shuffled epoch, all of it timed;
 - a Python os.pread loop over the same ranges, files kept open;
 - ceiling 1: the bare C++ pread loop on --threads threads, no batching (bench_pread);
 - ceiling 2: a sequential read of the whole shard files.
@@ -31,6 +35,7 @@ import numpy as np
 
 import stoker
 from stoker import _core
+from stoker.manifest import write_manifest
 
 
 def make_shards(folder: str, records: int, record_bytes: int, shards: int) -> list[str]:
@@ -48,6 +53,7 @@ def make_shards(folder: str, records: int, record_bytes: int, shards: int) -> li
                 info.size = record_bytes
                 tar.addfile(info, io.BytesIO(rng.bytes(record_bytes)))
         os.replace(path + ".tmp", path)
+    write_manifest(paths, folder)  # with each shard's member index beside it
     open(stamp, "w").close()
     return paths
 
@@ -146,6 +152,21 @@ def main() -> None:
     def bare_pread() -> float:  # its own timer leaves out opening the files
         return _core.bench_pread(table, all_files, all_offsets, all_lengths, args.threads)
 
+    fields = {"bin": stoker.Raw((args.record_bytes,), "uint8")}
+    # The Loaders take their default reader threads: one fewer than the cores, the
+    # consumer's own thread reading too.
+    steady = stoker.Loader(ds, args.batch_size, fields=fields)
+
+    def loader_epoch(loader: stoker.Loader) -> None:
+        got = 0
+        for batch in loader:
+            got += len(batch["bin"])
+        assert got == n, got
+
+    def loader_first_epoch() -> None:
+        fresh = stoker.Dataset(os.path.join(args.data, "stoker.json"))
+        loader_epoch(stoker.Loader(fresh, args.batch_size, fields=fields))
+
     bare_name, seq_name = "ceiling: bare C++ pread loop", "ceiling: sequential read of the shards"
     times = interleaved_seconds(
         {
@@ -156,6 +177,8 @@ def main() -> None:
             "ShardReader.read, batches in file order": shard_reader_in_order,
             "Dataset.get_batch (dicts per sample)": dataset_get_batch,
             "Python os.pread loop, files open": python_pread,
+            "Loader(fields=), steady state": lambda: loader_epoch(steady),
+            "Loader(fields=), first epoch, open included": loader_first_epoch,
         },
         args.runs,
     )
@@ -169,11 +192,11 @@ def main() -> None:
         f"batches of {args.batch_size}, {args.threads} threads, warm page cache, "
         f"{args.runs} interleaved runs: median rate, median of per-run ratios"
     )
-    print(f"{'':42} {'records/s':>11} {'MB/s':>8} {'/ bare pread':>13} {'/ sequential':>13}")
+    print(f"{'':46} {'records/s':>11} {'MB/s':>8} {'/ bare pread':>13} {'/ sequential':>13}")
     for name, seconds in times.items():
         rate = n / statistics.median(seconds)
         print(
-            f"{name:42} {rate:11,.0f} {rate * mb:8,.0f} "
+            f"{name:46} {rate:11,.0f} {rate * mb:8,.0f} "
             f"{median_ratio(name, bare_name):13.2f} {median_ratio(name, seq_name):13.2f}"
         )
     for fd in fds:

@@ -164,7 +164,8 @@ def test_as_a_separate_process(data, tmp_path):
     """Outside pytest, with a real forked DataLoader worker."""
     argv = [data, *GRID, "--dataloader-workers", "0,1"]
     code = (
-        "import argparse, stoker.tools.bench as b; p = argparse.ArgumentParser(); b.add_arguments(p); "
+        "import argparse, stoker.tools.bench as b; p = argparse.ArgumentParser(); "
+        "b.add_arguments(p); "
         f"raise SystemExit(b.run(p.parse_args({argv!r})))"
     )
     result = subprocess.run(

@@ -9,6 +9,8 @@
 #include "numpy_util.hpp"
 #include "stoker/errors.hpp"
 #include "stoker/format/shard_index.hpp"
+#include "stoker/format/sidecar.hpp"
+#include "stoker/format/window_reader.hpp"
 #include "stoker/io/thread_pool.hpp"
 
 namespace py = pybind11;
@@ -47,6 +49,7 @@ py::dict index_to_dict(format::ShardIndex&& index) {
     return out;
   }
   out["key_runs"] = index.key_runs;
+  out["sidecar"] = static_cast<int>(index.sidecar);
   out["keys"] = names_to_python(index.keys);
   out["field_names"] = names_to_python(index.field_names);
   out["sample_start"] = vector_to_numpy(std::move(index.sample_start));
@@ -78,6 +81,29 @@ void register_formats(py::module_& m) {
       },
       py::arg("paths"), py::arg("formats"), py::arg("num_threads") = 0,
       "Index shards (formats: 'tar', 'zip', 'npy') on a few threads; one dict per shard.");
+  m.attr("SIDECAR_SUFFIX") = format::kSidecarSuffix;
+  m.def(
+      "write_member_index",
+      [](const std::vector<std::string>& paths, const std::vector<std::string>& formats,
+         size_t num_threads) {
+        py::gil_scoped_release release;
+        size_t threads = num_threads == 0 ? io::ThreadPool::default_size() : num_threads;
+        auto indexes = format::index_shards(paths, formats, threads);
+        std::vector<std::exception_ptr> errors(paths.size());
+        io::parallel_for(paths.size(), threads, [&](size_t i) {
+          try {
+            format::write_sidecar(paths[i], indexes[i]);
+          } catch (...) {
+            errors[i] = std::current_exception();
+          }
+        });
+        for (auto& error : errors) {
+          if (error) std::rethrow_exception(error);
+        }
+      },
+      py::arg("paths"), py::arg("formats"), py::arg("num_threads") = 0,
+      "Write each tar or zip shard's member index beside it (SHARD.stoker-idx), so that "
+      "opening it reads one small file instead of walking its headers.");
   m.def(
       "npy_header",
       [](const std::string& path) {

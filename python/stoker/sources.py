@@ -89,4 +89,6 @@ def resolve(
         raise StokerError(f"{text}: no such folder")
     if text.lower().endswith(".json"):
         return list(read_local_manifest(text, note_drift))
+    if not os.path.exists(text) and os.path.splitext(text)[1].lower() not in SHARD_FORMATS:
+        raise StokerError(f"{text}: no such file or folder")
     return [(text, None)]

@@ -5,6 +5,7 @@
 #include <exception>
 
 #include "stoker/errors.hpp"
+#include "stoker/format/sidecar.hpp"
 
 namespace stoker::format {
 
@@ -124,7 +125,13 @@ ShardIndex index_shard(const std::string& path, const std::string& format) {
     throw FormatError(path, 0, "unknown shard format '" + format + "' (expected tar, zip or npy)");
   }
   WindowReader in(path);
-  return index_shard(in, format);
+  if (format == "npy") return index_shard(in, format);
+  ShardIndex index;
+  SidecarState state;
+  if (read_sidecar(path, in.identity(), index, state) && index.format == format) return index;
+  index = index_shard(in, format);
+  index.sidecar = static_cast<uint8_t>(state);
+  return index;
 }
 
 std::vector<ShardIndex> index_shards(const std::vector<std::string>& paths,

@@ -46,6 +46,9 @@ struct ShardIndex {
   // groups only adjacent members (WebDataset) would see. More runs than keys
   // means a sample's members were stored apart and have been put together.
   uint64_t key_runs = 0;
+  // Whether a member index sidecar was found beside the shard, and used (see
+  // sidecar.hpp): a SidecarState.
+  uint8_t sidecar = 0;
 
   // npy: the rows are the samples.
   NpyHeader npy;

@@ -76,19 +76,33 @@ void plan_runs(ReadPlan& plan) {
   }
 }
 
-// Scatter buffers for a run whose pieces are stored and in file order without
-// overlaps: each piece straight into its place, each gap into `discard`. Empty
-// false when the run needs the scratch path (compressed, CRC-checked or
-// overlapping pieces).
+// Scatter buffers for a run whose pieces are in file order without overlaps:
+// stored pieces straight into their place, encoded ones (deflated bytes,
+// integer text) into `scratch` to be decoded after the read, each gap into
+// `discard`. So a run of images and their labels is one preadv that copies
+// nothing twice. False when pieces overlap: the run is then read whole.
 bool scatter_list(const ReadPlan& plan, const Run& run, uint8_t* discard,
-                  std::vector<struct iovec>& iov) {
-  iov.clear();
-  uint64_t at = run.start;
+                  std::vector<uint8_t>& scratch, std::vector<struct iovec>& iov) {
+  uint64_t at = run.start, encoded = 0;
   for (uint32_t k = run.first; k < run.first + run.count; ++k) {
     const ReadRequest& r = plan.requests[plan.order[k]];
-    if (r.codec != Codec::kStored || r.check_crc || r.offset < at) return false;
+    if (r.offset < at) return false;
+    if (r.codec != Codec::kStored) encoded += r.length;
+    at = r.offset + r.length;
+  }
+  if (scratch.size() < encoded) scratch.resize(encoded);
+  iov.clear();
+  at = run.start;
+  uint64_t used = 0;
+  for (uint32_t k = run.first; k < run.first + run.count; ++k) {
+    const ReadRequest& r = plan.requests[plan.order[k]];
     if (r.offset > at) iov.push_back({discard, static_cast<size_t>(r.offset - at)});
-    iov.push_back({plan.dest + r.dest_offset, static_cast<size_t>(r.length)});
+    uint8_t* into = plan.dest + r.dest_offset;
+    if (r.codec != Codec::kStored) {
+      into = scratch.data() + used;
+      used += r.length;
+    }
+    iov.push_back({into, static_cast<size_t>(r.length)});
     at = r.offset + r.length;
   }
   return true;
@@ -156,8 +170,20 @@ void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
   // Gap bytes land here and are never read; one per thread, as threads write it at once.
   thread_local uint8_t discard[kMaxGap];
   thread_local std::vector<struct iovec> iov;
-  if (scatter_list(plan, run, discard, iov)) {
+  if (scatter_list(plan, run, discard, scratch, iov)) {
     preadv_exact(fd->get(), path, iov.data(), static_cast<int>(iov.size()), run.start);
+    uint64_t used = 0;
+    for (uint32_t k = run.first; k < run.first + run.count; ++k) {
+      const ReadRequest& r = plan.requests[plan.order[k]];
+      uint8_t* dest = plan.dest + r.dest_offset;
+      if (r.codec == Codec::kStored) {
+        verify_crc(r, dest, r.length, path);
+      } else {
+        decode_piece(r, scratch.data() + used, dest, path);
+        used += r.length;
+      }
+    }
+    if (scratch.size() > kScratchKeep) std::vector<uint8_t>().swap(scratch);
     return;
   }
   uint64_t span = run.end - run.start;
@@ -307,8 +333,11 @@ ShardReader::ProcessState::ProcessState(size_t num_threads, size_t max_open_file
       ring(std::make_shared<PinnedRing>(kIdleSlots, kIdleSlotBytes)),
       pool(num_threads) {}
 
+// The thread that waits for a batch reads too: one pool thread fewer than the
+// cores keeps the waiter from competing with the pool for a core.
 ShardReader::ShardReader(size_t num_threads, size_t max_open_files)
-    : num_threads_(num_threads == 0 ? ThreadPool::default_size() : num_threads),
+    : num_threads_(num_threads == 0 ? std::max<size_t>(1, ThreadPool::default_size() - 1)
+                                    : num_threads),
       max_open_files_(max_open_files == 0 ? 1 : max_open_files),
       pid_(getpid()),
       state_(std::make_unique<ProcessState>(num_threads_, max_open_files_)) {}

@@ -100,7 +100,8 @@ class PendingRead {
 
 class ShardReader {
  public:
-  // num_threads 0: ThreadPool::default_size(). max_open_files bounds the
+  // num_threads 0: one fewer than ThreadPool::default_size() (the thread that
+  // waits for a batch reads too), at least one. max_open_files bounds the
   // descriptors kept open between batches.
   explicit ShardReader(size_t num_threads = 0, size_t max_open_files = 256);
   ~ShardReader();

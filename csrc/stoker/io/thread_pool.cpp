@@ -1,5 +1,7 @@
 #include "stoker/io/thread_pool.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <system_error>
@@ -21,7 +23,10 @@ ThreadPool::~ThreadPool() {
 }
 
 size_t ThreadPool::default_size() {
+  // The cores this process may run on (a container's cpuset), not the machine's.
   size_t cores = std::thread::hardware_concurrency();
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof set, &set) == 0) cores = CPU_COUNT(&set);
   return std::clamp<size_t>(cores, 2, 64);
 }
 

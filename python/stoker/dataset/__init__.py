@@ -21,7 +21,7 @@ import numpy as np
 from stoker import _core
 from stoker.dataset.files import files_index, read_labels_csv
 from stoker.dataset.holds import ShardHolds
-from stoker.dataset.members import MemberTable
+from stoker.dataset.members import MemberTable, Note
 from stoker.dataset.reads import samples_from, shared_reader, submit_members
 from stoker.errors import ReadError, ShardFormatError, StokerError, UsageError, located
 from stoker.formats import format_of, is_url
@@ -92,11 +92,11 @@ class Dataset:
         self._open(names, paths, identities, formats, indexes)
         if remote is not None:
             self.holds = ShardHolds(remote, {i: r for r, i in enumerate(remote_ids)}, self.members)
-            self.holds.on_regrouped(self._say_regrouped)
+            self.holds.on_notes(self._say)
         for shard, (_, entry) in enumerate(shards):
             runs = (entry or {}).get("key_runs")
             if isinstance(runs, int) and runs > entry.get("samples", runs):
-                self._say_regrouped([(shard, entry["samples"], runs)])
+                self._say([("regrouped", shard, entry["samples"], runs)])
 
     @classmethod
     def from_csv(
@@ -166,26 +166,38 @@ class Dataset:
             counts, shard_names, paths, identities, formats, field_names, fields_known
         )
         self.holds: ShardHolds | None = None
-        self._regroup_said = False
+        self._said: set[str] = set()
         ready = [s for s, index in enumerate(indexes) if "samples" not in index]
         member_files = None if member_files is None else member_files.astype(np.uint32)
-        self._say_regrouped(self.members.add(ready, [indexes[s] for s in ready], member_files))
+        self._say(self.members.add(ready, [indexes[s] for s in ready], member_files))
 
-    def _say_regrouped(self, found: list[tuple[int, int, int]]) -> None:
-        """Say once per dataset that a shard stored samples' members apart."""
-        if not found or self._regroup_said:
-            return
-        self._regroup_said = True
-        shard, samples, runs = found[0]
-        log.warning(
-            "%s: some samples' members are stored apart (as `zip -r` and tar without "
-            "--sort=name store them); stoker groups them by key into %d samples, where "
-            "WebDataset, which groups adjacent members only, would read %d. (Said once per "
-            "dataset; `stoker inspect` lists every such shard.)",
-            self.members.names[shard],
-            samples,
-            runs,
-        )
+    def _say(self, notes: list[Note]) -> None:
+        """What indexing found that a user should hear: each kind once per dataset."""
+        for kind, shard, a, b in notes:
+            if kind in self._said:
+                continue
+            self._said.add(kind)
+            name = self.members.names[shard]
+            if kind == "regrouped":
+                log.warning(
+                    "%s: some samples' members are stored apart (as `zip -r` and tar without "
+                    "--sort=name store them); stoker groups them by key into %d samples, "
+                    "where WebDataset, which groups adjacent members only, would read %d. "
+                    "(Said once per dataset; `stoker inspect` lists every such shard.)",
+                    name,
+                    a,
+                    b,
+                )
+            elif kind == "stale-index":
+                why = "is damaged" if a == 3 else "is for another version of the shard"
+                log.warning(
+                    "%s: its member index %s; the shard's headers were read instead. "
+                    "(Said once per dataset; `stoker index` writes the indexes again. A "
+                    "shard copied without its modification time, by `cp` without -p, "
+                    "makes its index stale too.)",
+                    name + _core.SIDECAR_SUFFIX,
+                    why,
+                )
 
     # -- the public surface --------------------------------------------------------
 
@@ -277,7 +289,7 @@ class Dataset:
         if self.holds is not None and self.holds.is_remote[missing].any():
             name = table.names[int(missing[self.holds.is_remote[missing]][0])]
             raise StokerError(f"internal: shard {name} is read before it is local")
-        self._say_regrouped(table.index_local(missing.tolist(), self.num_threads or 0))
+        self._say(table.index_local(missing.tolist(), self.num_threads or 0))
 
     @contextlib.contextmanager
     def holding(self, indices: np.ndarray) -> Iterator[None]:

@@ -30,11 +30,12 @@ class ShardHolds:
         self.table = table
         self.is_remote = np.zeros(len(table.indexed), bool)
         self.is_remote[list(remote_of)] = True
-        self._on_regrouped: Callable[[list], None] = lambda found: None
+        self._on_notes: Callable[[list], None] = lambda notes: None
 
-    def on_regrouped(self, report: Callable[[list], None]) -> None:
-        """Where shards whose samples' members lay apart are reported when they arrive."""
-        self._on_regrouped = report
+    def on_notes(self, report: Callable[[list], None]) -> None:
+        """Where what indexing a shard found (MemberTable.add's notes) is reported when it
+        arrives."""
+        self._on_notes = report
 
     @property
     def connections(self) -> int:
@@ -88,7 +89,7 @@ class ShardHolds:
         with table.lock:  # threads reading the dataset share its index
             if index is not None:
                 if not table.indexed[shard]:
-                    self._on_regrouped(table.add([shard], [index]))
+                    self._on_notes(table.add([shard], [index]))
                 elif not same_index(table, shard, index):
                     raise located(
                         FetchError,

@@ -23,6 +23,9 @@ from stoker import _core
 from stoker._process import ProcessLocal
 from stoker.errors import ShardFormatError, located
 
+#: What adding shards found that a user should hear: (kind, shard, detail, detail).
+Note = tuple[str, int, int, int]
+
 #: The member columns and their types.
 MEMBER_COLUMNS = {
     "file": np.uint32,  # index into the table's files
@@ -234,19 +237,21 @@ class MemberTable:
 
     def add(
         self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None = None
-    ) -> list[tuple[int, int, int]]:
-        """Add the members of `shards`, now local and indexed as `indexes`. Returns
-        (shard, samples, runs) of each shard whose samples' members lay apart (runs: the
-        samples a reader of adjacent members only would see)."""
+    ) -> list[Note]:
+        """Add the members of `shards`, now local and indexed as `indexes`. Returns what a
+        user should hear of them: ("regrouped", shard, samples, runs) for a shard whose
+        samples' members lay apart (runs: the samples a reader of adjacent members only
+        would see), ("stale-index", shard, state, 0) for one whose member index sidecar
+        was not for it as it is now."""
         with self.lock:
             return self._add(shards, indexes, member_files)
 
     def _add(
         self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None
-    ) -> list[tuple[int, int, int]]:
+    ) -> list[Note]:
         parts: dict[str, list[np.ndarray]] = {name: [] for name in MEMBER_COLUMNS}
         pointers = []
-        regrouped = []
+        notes: list[Note] = []
         base = self._rows
         for shard, index in zip(shards, indexes):
             name = self.names[shard]
@@ -259,7 +264,9 @@ class MemberTable:
                 self._shard_keys[shard] = index["keys"]
                 runs = int(index.get("key_runs", n))
                 if runs > n:
-                    regrouped.append((shard, n, runs))
+                    notes.append(("regrouped", shard, n, runs))
+                if index.get("sidecar", 0) >= 2:  # stale or damaged: the shard was walked
+                    notes.append(("stale-index", shard, int(index["sidecar"]), 0))
                 if n != expected and runs == expected:
                     raise located(
                         ShardFormatError,
@@ -301,7 +308,7 @@ class MemberTable:
             for shard in shards:
                 self._fill_keys(self._key_array, shard)
         self.indexed[shards] = True
-        return regrouped
+        return notes
 
     def _append(self, new: dict[str, np.ndarray], added: int) -> None:
         # Amortised growth: a remote dataset adds one shard's members at a time. A grown
@@ -335,7 +342,7 @@ class MemberTable:
                 self.identities = identities
                 self._version += 1
 
-    def index_local(self, shards: list[int], num_threads: int) -> list[tuple[int, int, int]]:
+    def index_local(self, shards: list[int], num_threads: int) -> list[Note]:
         """Index local shards a manifest described (when first read); returns what add()
         does. Shards indexed meanwhile by another thread are skipped."""
         with self.lock:
@@ -345,14 +352,14 @@ class MemberTable:
             found = _core.index_shards(
                 [self.paths[s] for s in todo], [self.formats[s] for s in todo], num_threads
             )
-            regrouped = self._add(todo, found, None)
+            notes = self._add(todo, found, None)
             identities = self.identities.copy()
             for s, index in zip(todo, found):
                 identities[s] = index["identity"]
             self.files = _core.FileTable(self.paths, identities)
             self.identities = identities
             self._version += 1
-            return regrouped
+            return notes
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()  # (the lock is a ProcessLocal: the other side makes one)

@@ -75,7 +75,7 @@ class FieldsPlan:
             tables = [table.field_table(a) for a in alternatives]
             specs.append((name, int(kind), nbytes, what, list(alternatives), tables, None))
         self.plan = _core.BatchPlan(specs)
-        self._dtypes: dict[str, np.dtype] = {}
+        self._layouts: dict[tuple, tuple[np.dtype, tuple[int, ...], int]] = {}
 
     def _check(self, key: str, spec: FieldSpec, have: set[str]) -> tuple[str, tuple[str, ...]]:
         """A fields= entry's batch entry name and the alternatives it reads (lower-cased,
@@ -132,7 +132,6 @@ class FieldsPlan:
         """The batch's tensors viewing `buffer` (the read of `prepared`); `copy`: Bytes
         fields are copied out (the buffer is a pinned slot the ring needs back)."""
         prepared.check(buffer)
-        table = self.ds.members
         n = len(indices)
         batch: dict[str, Any] = {}
         for (name, spec), (offset, decoder, npy, pieces) in zip(self.entries, prepared.layout()):
@@ -141,18 +140,10 @@ class FieldsPlan:
                 views = (buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist()))
                 batch[name] = [v.copy() for v in views] if copy else list(views)
                 continue
-            if npy is not None:  # .npy members
-                dtype, shape = self._dtype(npy[0]), npy[1]
-            elif decoder:  # rows of .npy shards
-                dtype, shape = table.decoders[decoder]
-            elif isinstance(spec, Raw):
-                dtype, shape = np.dtype(spec.dtype), spec.shape
-            elif isinstance(spec, Bytes):  # no sample in the batch: an empty list
+            if isinstance(spec, Bytes):  # no sample in the batch: an empty list
                 batch[name] = []
                 continue
-            else:  # Int, and integer columns
-                dtype, shape = np.dtype(np.int64), ()
-            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            dtype, shape, nbytes = self._layout_of(spec, decoder, npy)
             view = buffer[offset : offset + n * nbytes].view(dtype).reshape((n, *shape))
             try:
                 batch[name] = torch.from_numpy(view)
@@ -161,14 +152,28 @@ class FieldsPlan:
                     f"field {name!r}: torch has no tensor type for {dtype} ({e}); read it "
                     "with stoker.Bytes() and convert it in your own code"
                 ) from e
-        batch["__key__"] = table.keys(indices)
+        batch["__key__"] = self.ds.members.keys(indices)
         return batch
 
-    def _dtype(self, descr: str) -> np.dtype:
-        dtype = self._dtypes.get(descr)
-        if dtype is None:
-            dtype = self._dtypes[descr] = np.dtype(descr)
-        return dtype
+    def _layout_of(
+        self, spec: FieldSpec, decoder: int, npy: tuple | None
+    ) -> tuple[np.dtype, tuple[int, ...], int]:
+        """dtype, shape and bytes of one sample of a fixed-size field, remembered (a batch
+        does not pay for working them out again)."""
+        key = (id(spec), decoder, npy)
+        found = self._layouts.get(key)
+        if found is None:
+            if npy is not None:  # .npy members: the batch's first header says
+                dtype, shape = np.dtype(npy[0]), tuple(npy[1])
+            elif decoder:  # rows of .npy shards
+                dtype, shape = self.ds.members.decoders[decoder]
+            elif isinstance(spec, Raw):
+                dtype, shape = np.dtype(spec.dtype), spec.shape
+            else:  # Int, and integer columns
+                dtype, shape = np.dtype(np.int64), ()
+            nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+            found = self._layouts[key] = (dtype, shape, nbytes)
+        return found
 
     def name_member(self, error: ShardFormatError, prepared: Any) -> ShardFormatError:
         """`error` from the reader, said of the field and sample whose bytes it is about."""
