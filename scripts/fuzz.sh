@@ -73,15 +73,17 @@ artifacts="$build/artifacts"
 mkdir -p "$artifacts"
 status=0
 found=()
-for format in tar zip npy; do
+for format in tar zip npy idx; do
   case $format in
     tar) byte='\x00' ;;
     zip) byte='\x01' ;;
     npy) byte='\x02' ;;
+    idx) byte='\x03' ;;  # member index sidecars (seeds: tests/data/index-seeds)
   esac
   corpus="$build/corpus-$format"
   mkdir -p "$corpus"
-  for file in tests/data/seeds/*."$format" tests/data/malformed/*."$format"; do
+  for file in tests/data/seeds/*."$format" tests/data/malformed/*."$format" \
+    tests/data/index-seeds/*."$format"; do
     [[ -e $file ]] || continue
     name="seed-$(basename "$(dirname "$file")")-$(basename "$file")"
     { printf "$byte"; cat "$file"; } >"$corpus/$name"

@@ -681,3 +681,76 @@ def test_an_old_iterator_that_ends_late_does_not_move_the_epoch(data):
     assert _take_len(reference) == first
     assert _take_len(reference) == [second, *rest]
     assert loader.state_dict()["epoch"] == 1
+
+
+def _npy_member(array) -> bytes:
+    out = io.BytesIO()
+    np.save(out, array)
+    return out.getvalue()
+
+
+def test_npy_members_of_another_shape_are_named(tmp_path):
+    good, other = _npy_member(np.zeros((2, 3), np.float32)), _npy_member(np.zeros(7, np.int8))
+    samples = [("a", {"npy": good}), ("b", {"npy": other})]
+    loader = stoker.Loader(
+        stoker.Dataset(write_tar(tmp_path / "n.tar", samples)), 2, shuffle=False,
+        fields={"npy": stoker.Npy()},
+    )  # fmt: skip
+    with pytest.raises(stoker.ShardFormatError, match="sample 'b' does not hold a \\(2, 3\\)"):
+        next(iter(loader))
+
+
+def test_npy_members_whose_headers_differ_but_sizes_agree_are_caught(tmp_path):
+    a, b = _npy_member(np.zeros(4, "<i4")), _npy_member(np.zeros(4, "<f4"))  # same size
+    loader = stoker.Loader(
+        stoker.Dataset(write_tar(tmp_path / "n.tar", [("a", {"npy": a}), ("b", {"npy": b})])),
+        2, shuffle=False, fields={"npy": stoker.Npy()},
+    )  # fmt: skip
+    with pytest.raises(stoker.ShardFormatError, match="differs from the batch's first"):
+        next(iter(loader))
+
+
+def test_a_member_that_is_not_a_npy_file(tmp_path):
+    loader = stoker.Loader(
+        stoker.Dataset(write_tar(tmp_path / "n.tar", [("a", {"npy": b"not numpy at all"})])),
+        1, fields={"npy": stoker.Npy()},
+    )  # fmt: skip
+    with pytest.raises(stoker.ShardFormatError, match="field 'npy' is not a .npy file: bad magic"):
+        next(iter(loader))
+
+
+def test_npy_rows_of_two_shapes_in_one_batch(tmp_path):
+    np.save(tmp_path / "a.npy", np.zeros((3, 2), np.float32))
+    np.save(tmp_path / "b.npy", np.zeros((3, 5), np.float32))
+    loader = stoker.Loader(
+        stoker.Dataset(str(tmp_path)), 6, shuffle=False, fields={"npy": stoker.Npy()}
+    )
+    with pytest.raises(stoker.ShardFormatError, match="must share one dtype and shape"):
+        next(iter(loader))
+
+
+def test_a_deflated_integer_too_long_to_be_one(tmp_path):
+    path = write_zip(tmp_path / "z.zip", [("k", {"cls": b"1" * 100})], zipfile.ZIP_DEFLATED)
+    loader = stoker.Loader(stoker.Dataset(path), 1, fields={"cls": stoker.Int()})
+    with pytest.raises(stoker.ShardFormatError, match="100 bytes: too long for an integer"):
+        next(iter(loader))
+
+
+def test_labels_must_be_one_per_file(tmp_path):
+    for name in ("a.bin", "b.bin"):
+        (tmp_path / name).write_bytes(b"x")
+    with pytest.raises(stoker.UsageError, match="3 labels for 2 files"):
+        stoker.Dataset.from_files(tmp_path, ["a.bin", "b.bin"], [1, 2, 3])
+    columns = np.array([[0, 7], [1, 9]])[:, 1]  # not contiguous: fine
+    ds = stoker.Dataset.from_files(tmp_path, ["a.bin", "b.bin"], columns)
+    batch = next(iter(stoker.Loader(ds, 2, shuffle=False, fields={"label": stoker.Int()})))
+    assert batch["label"].tolist() == [7, 9]
+
+
+def test_a_pickled_loader_carries_no_epoch_order(data):
+    import pickle
+
+    ds, _ = data
+    loader = stoker.Loader(ds, 8, fields=FIELDS)
+    next(iter(loader))
+    assert len(pickle.dumps(loader)) < len(pickle.dumps(ds)) + 20_000

@@ -20,8 +20,8 @@ import stoker
 DATA = Path(__file__).resolve().parent / "data"
 MALFORMED = sorted((DATA / "malformed").iterdir())
 SEEDS = sorted((DATA / "seeds").iterdir())
-STORED = 0  # io::Codec::kStored
-DEFLATE = 1  # io::Codec::kDeflate
+STORED = int(stoker._core.Codec.STORED)
+DEFLATE = int(stoker._core.Codec.DEFLATE)
 
 
 def open_and_read(path: Path) -> tuple[stoker.Dataset, list[dict]]:

@@ -44,11 +44,11 @@ def test_write_manifest_writes_the_member_index_and_opening_uses_it(tmp_path, fm
     path = str(tmp_path / f"s.{fmt}")
     (write_tar if fmt == "tar" else write_zip)(path, samples)
     walked = _index(path, fmt)
-    assert walked["sidecar"] == 0  # none yet
+    assert walked["sidecar"] == _core.SidecarState.NONE  # none yet
     write_manifest([path], tmp_path)
     assert os.path.exists(path + SUFFIX)
     from_sidecar = _index(path, fmt)
-    assert from_sidecar["sidecar"] == 1
+    assert from_sidecar["sidecar"] == _core.SidecarState.USED
     _same(walked, from_sidecar)
 
 
@@ -80,7 +80,7 @@ def test_the_dataset_opened_directly_uses_the_index_too(tmp_path):
     samples = make_samples(20)
     path = write_tar(tmp_path / "s.tar", samples)
     _core.write_member_index([path], ["tar"], 1)
-    assert _index(path)["sidecar"] == 1
+    assert _index(path)["sidecar"] == _core.SidecarState.USED
     assert stoker.Dataset(path).keys(range(20)) == [k for k, _ in samples]
 
 
@@ -107,7 +107,9 @@ def test_a_copy_without_its_times_makes_the_index_stale(tmp_path):
     for name in os.listdir(folder):
         shutil.copyfile(folder / name, copy / name)  # as cp without -p does
     os.utime(copy / "s.tar", ns=(1, 10**18))
-    assert _index(str(copy / "s.tar"))["sidecar"] == 2  # stale: the shard was walked
+    assert (
+        _index(str(copy / "s.tar"))["sidecar"] == _core.SidecarState.STALE
+    )  # stale: the shard was walked
     assert len(stoker.Dataset(str(copy))[:]) == 10
 
 
@@ -130,7 +132,7 @@ def test_a_damaged_index_is_not_trusted(tmp_path, damage, caplog):
         struct.pack_into("<I", data, len(data) - 4, zlib.crc32(bytes(data[:-4])))
     with open(sidecar, "wb") as f:
         f.write(data)
-    assert _index(path)["sidecar"] == 3
+    assert _index(path)["sidecar"] == _core.SidecarState.DAMAGED
     with caplog.at_level(logging.WARNING, "stoker"):
         ds = stoker.Dataset(path)
     assert {s["__key__"]: as_bytes(s) for s in ds[:]} == dict(samples)
@@ -154,7 +156,8 @@ def test_any_change_to_an_index_is_caught(tmp_path, position, value, cut):
     with open(path + SUFFIX, "wb") as f:
         f.write(data)
     found = _index(path)
-    assert found["sidecar"] == (1 if bytes(data) == good else 3)
+    damaged = _core.SidecarState.DAMAGED
+    assert found["sidecar"] == (_core.SidecarState.USED if bytes(data) == good else damaged)
     assert len(found["keys"]) == 12  # from the index, or from the walk: the same
 
 
@@ -172,3 +175,77 @@ def test_index_and_pack_write_the_member_indexes(tmp_path):
     assert main(["pack", str(src), str(tmp_path / "packed"), "--quiet"]) == 0
     packed = sorted(os.listdir(tmp_path / "packed"))
     assert "shard-000000.tar" + SUFFIX in packed and "stoker.json" in packed
+
+
+def _rewrite_with_crc(sidecar: str, change) -> None:
+    """Change a sidecar's fields behind its back, and give it a CRC that matches: only
+    its structural checks can catch it then."""
+    with open(sidecar, "rb") as f:
+        data = bytearray(f.read())
+    change(data)
+    struct.pack_into("<I", data, len(data) - 4, zlib.crc32(bytes(data[:-4])))
+    with open(sidecar, "wb") as f:
+        f.write(data)
+
+
+@pytest.mark.parametrize(
+    "lie",
+    ["out-past-deflate", "stored-out-differs", "deflate-in-a-tar", "past-the-end", "runs"],
+)
+def test_an_index_with_a_good_crc_that_no_shard_could_have_is_refused(tmp_path, lie):
+    samples = [(f"k{i}", {"cls": b"%d" % i}) for i in range(6)]
+    path = write_tar(tmp_path / "s.tar", samples)
+    _core.write_member_index([path], ["tar"], 1)
+    sidecar = path + SUFFIX
+    members = 6
+    header = 8 + 8 + 8 + 8 + 8 + 4 + 4 + 8 + 8  # magic .. members
+    names = 4 + len(b"cls") + sum(4 + len(k.encode()) for k, _ in samples)
+    starts = header + names + 4 * 7
+    offsets = starts + 2 * members
+    outs = offsets + 16 * members  # after the offsets and the lengths
+    codecs = offsets + 24 * members
+
+    def change(data: bytearray) -> None:
+        if lie == "out-past-deflate":
+            data[codecs] = 1  # deflate
+            struct.pack_into("<Q", data, outs, 1 << 60)
+        elif lie == "stored-out-differs":
+            struct.pack_into("<Q", data, outs, 1 << 40)
+        elif lie == "deflate-in-a-tar":
+            data[codecs] = 1
+        elif lie == "past-the-end":
+            struct.pack_into("<Q", data, offsets, os.path.getsize(path))
+        else:  # fewer runs of keys than samples
+            struct.pack_into("<Q", data, 8 + 8 + 8 + 8, 1)
+
+    _rewrite_with_crc(sidecar, change)
+    assert _index(path)["sidecar"] == _core.SidecarState.DAMAGED
+    assert len(stoker.Dataset(path)[:]) == 6  # walked instead
+
+
+def test_pack_into_an_existing_empty_folder_keeps_the_member_indexes(tmp_path):
+    src = tmp_path / "src"
+    src.mkdir()
+    write_tar(src / "a.tar", make_samples(20))
+    out = tmp_path / "out"
+    out.mkdir()  # exists, empty: files are moved into it at the end
+    assert main(["pack", str(src), str(out), "--samples-per-shard", "8", "--quiet"]) == 0
+    names = sorted(os.listdir(out))
+    assert not [n for n in names if n.startswith(".")]  # the work folder is gone
+    shards = [n for n in names if n.endswith(".tar")]
+    assert len(shards) == 3 and all(n + SUFFIX in names for n in shards)
+    for name in shards:  # moved with their shards, they still are the shards' indexes
+        assert _index(str(out / name))["sidecar"] == _core.SidecarState.USED
+
+
+def test_a_member_index_that_cannot_be_written_leaves_the_manifest_whole(tmp_path, caplog):
+    # (As a read-only shard folder would; a folder where the index goes does it as root.)
+    path = write_tar(tmp_path / "a.tar", make_samples(5))
+    os.mkdir(path + SUFFIX)
+    (tmp_path / ("a.tar" + SUFFIX) / "x").write_text("in the way")
+    with caplog.at_level(logging.WARNING, "stoker"):
+        written = write_manifest([path], tmp_path)
+    assert os.path.exists(written)
+    said = [r.getMessage() for r in caplog.records if "no member index written" in r.getMessage()]
+    assert len(said) == 1 and "beside 1 shard" in said[0]
+    assert len(stoker.Dataset(str(tmp_path))[:]) == 5

@@ -598,6 +598,37 @@ def test_a_forked_child_does_not_keep_the_parents_locks(server, data, tmp_path):
         os.close(tell)
 
 
+def test_a_forked_child_holds_a_shard_with_its_own_lock(server, data, tmp_path):
+    # The parent holds shard 0, then forks. A hold the child takes is its own (a lock of
+    # its own), not the parent's: once the parent lets go, the shard is still kept from
+    # eviction while the child holds it.
+    ds = manifest_dataset(server, tmp_path)
+    remote = ds.remote
+    remote.acquire(0)
+    path = remote.path_of(0)
+    ready, tell = os.pipe()
+    done, finish = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        try:
+            remote.acquire(0)
+            os.write(tell, b"x")
+            os.read(done, 1)  # until the parent has tried to evict it
+            remote.release(0)
+        finally:
+            os._exit(0)
+    try:
+        os.read(ready, 1)
+        remote.release(0)
+        assert not ShardCache(str(tmp_path)).evict(path)  # the child's hold keeps it
+        os.write(finish, b"x")
+        os.waitpid(pid, 0)
+        assert ShardCache(str(tmp_path)).evict(path)
+    finally:
+        for fd in (ready, tell, done, finish):
+            os.close(fd)
+
+
 def test_threads_reading_a_remote_dataset_at_once(server, data, tmp_path):
     from concurrency import run_in_threads
 

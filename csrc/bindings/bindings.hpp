@@ -3,7 +3,12 @@
 
 #include <pybind11/pybind11.h>
 
+#include <string>
+
 namespace stoker::bindings {
+
+// `text` as a Python str, bytes that are not UTF-8 escaped (messages quote shards).
+pybind11::str message_of(const std::string& text);
 
 void register_errors(pybind11::module_& m);
 void register_reader(pybind11::module_& m);

@@ -34,16 +34,6 @@ PyObject* make_type(py::module_& m, const char* name, std::initializer_list<PyOb
   return type;
 }
 
-// Messages quote bytes from shards (member names, header text) that need not
-// be UTF-8: undecodable bytes are shown escaped, never turned into a
-// UnicodeDecodeError that would hide the real error.
-py::str message_of(const char* text) {
-  PyObject* s =
-      PyUnicode_DecodeUTF8(text, static_cast<Py_ssize_t>(std::strlen(text)), "backslashreplace");
-  if (s == nullptr) throw py::error_already_set();
-  return py::reinterpret_steal<py::str>(s);
-}
-
 // Raises `instance` (of `type`) with `.path` and `.offset` set from the error.
 void raise_located(PyObject* type, const Error& e, py::object instance) {
   if (e.path().empty()) {
@@ -55,10 +45,21 @@ void raise_located(PyObject* type, const Error& e, py::object instance) {
     instance.attr("path") = py::reinterpret_steal<py::object>(path);
   }
   instance.attr("offset") = e.offset();
+  instance.attr("detail") = message_of(e.detail());  // the message less file and offset
   PyErr_SetObject(type, instance.ptr());
 }
 
 }  // namespace
+
+// Messages quote bytes from shards (member names, header text) that need not
+// be UTF-8: undecodable bytes are shown escaped, never turned into a
+// UnicodeDecodeError that would hide the real error.
+py::str message_of(const std::string& text) {
+  PyObject* s =
+      PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+  if (s == nullptr) throw py::error_already_set();
+  return py::reinterpret_steal<py::str>(s);
+}
 
 void register_errors(py::module_& m) {
   stoker_error = make_type(m, "StokerError", {PyExc_Exception},

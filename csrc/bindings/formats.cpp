@@ -49,7 +49,7 @@ py::dict index_to_dict(format::ShardIndex&& index) {
     return out;
   }
   out["key_runs"] = index.key_runs;
-  out["sidecar"] = static_cast<int>(index.sidecar);
+  out["sidecar"] = static_cast<format::SidecarState>(index.sidecar);
   out["keys"] = names_to_python(index.keys);
   out["field_names"] = names_to_python(index.field_names);
   out["sample_start"] = vector_to_numpy(std::move(index.sample_start));
@@ -82,28 +82,40 @@ void register_formats(py::module_& m) {
       py::arg("paths"), py::arg("formats"), py::arg("num_threads") = 0,
       "Index shards (formats: 'tar', 'zip', 'npy') on a few threads; one dict per shard.");
   m.attr("SIDECAR_SUFFIX") = format::kSidecarSuffix;
+  py::enum_<format::SidecarState>(m, "SidecarState",
+                                  "What opening a shard found of its member index.")
+      .value("NONE", format::SidecarState::kNone)
+      .value("USED", format::SidecarState::kUsed)
+      .value("STALE", format::SidecarState::kStale)
+      .value("DAMAGED", format::SidecarState::kCorrupt);
   m.def(
       "write_member_index",
       [](const std::vector<std::string>& paths, const std::vector<std::string>& formats,
          size_t num_threads) {
-        py::gil_scoped_release release;
-        size_t threads = num_threads == 0 ? io::ThreadPool::default_size() : num_threads;
-        auto indexes = format::index_shards(paths, formats, threads);
-        std::vector<std::exception_ptr> errors(paths.size());
-        io::parallel_for(paths.size(), threads, [&](size_t i) {
-          try {
-            format::write_sidecar(paths[i], indexes[i]);
-          } catch (...) {
-            errors[i] = std::current_exception();
-          }
-        });
-        for (auto& error : errors) {
-          if (error) std::rethrow_exception(error);
+        std::vector<std::string> failed(paths.size());
+        {
+          py::gil_scoped_release release;
+          size_t threads = num_threads == 0 ? io::ThreadPool::default_size() : num_threads;
+          auto indexes = format::index_shards(paths, formats, threads);
+          io::parallel_for(paths.size(), threads, [&](size_t i) {
+            try {
+              format::write_sidecar(paths[i], indexes[i]);
+            } catch (const Error& e) {
+              failed[i] = e.what();
+            }
+          });
         }
+        py::list out;
+        for (const std::string& why : failed) {
+          out.append(why.empty() ? py::object(py::none()) : py::object(message_of(why)));
+        }
+        return out;
       },
       py::arg("paths"), py::arg("formats"), py::arg("num_threads") = 0,
       "Write each tar or zip shard's member index beside it (SHARD.stoker-idx), so that "
-      "opening it reads one small file instead of walking its headers.");
+      "opening it reads one small file instead of walking its headers. A shard that cannot "
+      "be indexed raises; one whose index cannot be written (a read-only folder) is "
+      "reported in the returned list (None where it was written).");
   m.def(
       "npy_header",
       [](const std::string& path) {

@@ -4,6 +4,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <algorithm>
 #include <optional>
 
 #include "bindings.hpp"
@@ -179,14 +180,17 @@ PyBatchPlan make_plan(const py::list& fields) {
     f.nbytes = t[2].cast<uint64_t>();
     f.what = t[3].cast<std::string>();
     f.alternatives = t[4].cast<std::vector<std::string>>();
+    f.length = UINT64_MAX;
+    auto hold = [&](const py::handle& object, const char* what) {
+      auto array = exact<int64_t>(object, what);
+      f.length = std::min<uint64_t>(f.length, static_cast<uint64_t>(array.size()));
+      out.keep.push_back(py::reinterpret_borrow<py::object>(object));
+      return array.data();
+    };
     for (const py::handle& table : t[5].cast<py::list>()) {
-      f.tables.push_back(exact<int64_t>(table, "a field table").data());
-      out.keep.push_back(py::reinterpret_borrow<py::object>(table));
+      f.tables.push_back(hold(table, "a field table"));
     }
-    if (!t[6].is_none()) {
-      f.column = exact<int64_t>(t[6], "a column").data();
-      out.keep.push_back(t[6]);
-    }
+    if (!t[6].is_none()) f.column = hold(t[6], "a column");
     specs.push_back(std::move(f));
   }
   out.plan = std::make_shared<const plan::BatchPlan>(std::move(specs));

@@ -1,5 +1,6 @@
 """Type stubs for stoker's C++ extension."""
 
+import enum
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -11,6 +12,7 @@ __version__: str
 class StokerError(Exception):
     path: str | None
     offset: int
+    detail: str  # the message without its file and offset
 
 class ShardFormatError(StokerError, ValueError): ...
 class ReadError(StokerError, OSError): ...
@@ -138,3 +140,66 @@ def bench_pread(
 ) -> float: ...
 def default_num_threads() -> int: ...
 def stat_files(paths: Sequence[str], num_threads: int = 0) -> tuple[np.ndarray, np.ndarray]: ...
+
+# -- shard formats and member indexes ------------------------------------------------
+
+SIDECAR_SUFFIX: str
+
+class SidecarState(enum.IntEnum):
+    NONE = 0
+    USED = 1
+    STALE = 2
+    DAMAGED = 3
+
+def write_member_index(
+    paths: Sequence[str], formats: Sequence[str], num_threads: int = 0
+) -> list[str | None]: ...
+def npy_header(path: str) -> dict[str, Any]: ...
+
+# -- the fields= plan ---------------------------------------------------------------
+
+ALIGN: int
+
+class Codec(enum.IntEnum):
+    STORED = 0
+    DEFLATE = 1
+    ASCII_INT = 2
+    DEFLATE_ASCII_INT = 3
+
+class FieldKind(enum.IntEnum):
+    RAW = 0
+    INT = 1
+    NPY = 2
+    BYTES = 3
+    COLUMN = 4
+
+class MemberColumns:
+    def __init__(
+        self,
+        columns: dict[str, np.ndarray],
+        sample_first: np.ndarray,
+        files: FileTable,
+        decoder_row_bytes: Sequence[int],
+        decoder_what: Sequence[str],
+    ) -> None: ...
+
+class PreparedBatch:
+    @property
+    def nbytes(self) -> int: ...
+    def submit(self, reader: ShardReader, into: Any | None = None) -> PendingRead: ...
+    def check(self, buffer: Any) -> None: ...
+    def layout(
+        self,
+    ) -> list[tuple[int, int, tuple[str, tuple[int, ...], bool] | None, tuple | None]]: ...
+    def pieces(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+class BatchPlan:
+    def __init__(
+        self,
+        fields: Sequence[
+            tuple[str, int, int, str, Sequence[str], Sequence[np.ndarray], np.ndarray | None]
+        ],
+    ) -> None: ...
+    def prepare(
+        self, indices: npt.ArrayLike, members: MemberColumns, key_of: Callable[[int], str]
+    ) -> PreparedBatch: ...

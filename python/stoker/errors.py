@@ -45,6 +45,7 @@ def located(
     error = cls(message) if errno is None else cls(errno, message)
     error.path = path  # type: ignore[attr-defined]
     error.offset = offset  # type: ignore[attr-defined]
+    error.detail = what  # type: ignore[attr-defined]
     return error
 
 

@@ -35,9 +35,9 @@ def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
     try:
         header = _core.npy_header(path)
     except ShardFormatError as e:
-        raise located(
-            ShardFormatError, path, getattr(e, "offset", 0), f"not a .npy file: {_detail(e)}"
-        ) from e
+        why = getattr(e, "detail", e)
+        offset = getattr(e, "offset", 0)
+        raise located(ShardFormatError, path, offset, f"not a .npy file: {why}") from e
     dtype, shape = np.dtype(header["descr"]), tuple(header["shape"])
     if header["fortran_order"] and sum(d > 1 for d in shape) > 1:
         raise located(
@@ -55,13 +55,6 @@ def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
             "type; save a.astype(a.dtype.newbyteorder('='))",
         )
     return dtype, shape, int(header["data_offset"]), int(header["data_bytes"])
-
-
-def _detail(error: Exception) -> str:
-    """An error's message without the file and offset it starts with."""
-    text = str(error)
-    prefix = f"{getattr(error, 'path', '')}: offset {getattr(error, 'offset', 0)}: "
-    return text[len(prefix) :] if text.startswith(prefix) else text
 
 
 def _torch_dtype(dtype: np.dtype, path: str) -> Any:

@@ -189,7 +189,15 @@ def write_manifest(
     paths = [os.path.abspath(os.fspath(p)) for p in shards]
     if member_index:  # first: the entries below then read the shards' fresh indexes
         archives = [p for p in paths if format_of(p) in ("tar", "zip")]
-        _core.write_member_index(archives, [format_of(p) for p in archives], num_threads)
+        formats = [format_of(p) for p in archives]
+        failed = [why for why in _core.write_member_index(archives, formats, num_threads) if why]
+        if failed:  # a read-only shard folder: the manifest still is written
+            log.warning(
+                "no member index written beside %s; those shards' headers are read when "
+                "they are first opened (%s)",
+                plural(len(failed), "shard"),
+                failed[0],
+            )
     with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
         entries = list(pool.map(lambda p: shard_entry(p, base), paths))
     text = json.dumps({"version": MANIFEST_VERSION, **(extra or {}), "shards": entries}, indent=1)

@@ -5,6 +5,8 @@
 seeds/      small valid shards, written by the standard writers (tarfile, zipfile, numpy):
             the starting corpus of scripts/fuzz.sh and of the mutation test in
             tests/test_malformed.py.
+index-seeds/  each tar and zip seed's member index (NAME.idx), the fuzz target's seeds
+            for its fourth format; written by stoker itself, so this needs stoker built.
 malformed/  shards that are wrong in one way each, named for what is wrong: every one must
             be refused with stoker.ShardFormatError, when the Dataset opens it or when its
             samples are read (tests/test_malformed.py). Inputs the fuzzer found are saved
@@ -28,6 +30,7 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 SEEDS = HERE / "seeds"
+INDEX_SEEDS = HERE / "index-seeds"
 MALFORMED = HERE / "malformed"
 MTIME = 1_700_000_000
 DATE = (2024, 1, 1, 0, 0, 0)
@@ -471,10 +474,27 @@ def write(folder: Path, files: dict[str, bytes]) -> None:
         (folder / name).write_bytes(data)
 
 
+def write_index_seeds() -> None:
+    """Each tar and zip seed's member index, as index-seeds/NAME.idx (the fuzz target's
+    fourth format). The shards' times are fixed first: an index records its shard's time."""
+    import os
+
+    from stoker import _core
+
+    shards = sorted(p for p in SEEDS.iterdir() if p.suffix in (".tar", ".zip"))
+    for path in shards:
+        os.utime(path, (MTIME, MTIME))
+    _core.write_member_index([str(p) for p in shards], [p.suffix[1:] for p in shards], 1)
+    for path in shards:
+        INDEX_SEEDS.mkdir(exist_ok=True)
+        os.replace(str(path) + _core.SIDECAR_SUFFIX, INDEX_SEEDS / (path.name + ".idx"))
+
+
 def main() -> None:
     write(SEEDS, {**tar_seeds(), **zip_seeds(), **npy_seeds()})
+    write_index_seeds()
     write(MALFORMED, {**tar_malformed(), **zip_malformed(), **npy_malformed()})
-    for folder in (SEEDS, MALFORMED):
+    for folder in (SEEDS, INDEX_SEEDS, MALFORMED):
         files = sorted(folder.iterdir())
         total = sum(f.stat().st_size for f in files)
         print(f"{folder.relative_to(HERE.parent.parent)}: {len(files)} files, {total} bytes")

@@ -1,7 +1,8 @@
 // libFuzzer target for the shard parsers and the reader on what they index.
 //
-// Input: one byte that picks the format (byte % 3: 0 tar, 1 zip, 2 npy), then
-// the shard's bytes. Each input is
+// Input: one byte that picks the format (byte % 4: 0 tar, 1 zip, 2 npy, 3 a
+// member index sidecar), then the shard's (or the sidecar's) bytes. A sidecar
+// is decoded, and what it says checked as any index is. A shard is
 //   1. indexed from memory (a WindowReader over the bytes, with a small window
 //      so that headers straddle windows) and from a real file (a memfd opened
 //      by its /proc/self/fd path, as a Dataset opens a shard); the two must
@@ -29,6 +30,7 @@
 
 #include "stoker/errors.hpp"
 #include "stoker/format/shard_index.hpp"
+#include "stoker/format/sidecar.hpp"
 #include "stoker/format/window_reader.hpp"
 #include "stoker/io/shard_reader.hpp"
 
@@ -38,7 +40,7 @@ using stoker::format::ShardIndex;
 using stoker::io::Codec;
 using stoker::io::ReadRequest;
 
-constexpr const char* kFormats[] = {"tar", "zip", "npy"};
+constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx"};
 // What one input may make the harness decode in all, and per batch of reads:
 // bounded, so memory stays far below libFuzzer's -rss_limit_mb.
 constexpr uint64_t kMaxDecodedBytes = 64ull << 20;
@@ -275,9 +277,20 @@ void read_as_ints(const std::shared_ptr<const stoker::io::FileTable>& files,
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const std::string format = kFormats[data[0] % 3];
+  const std::string format = kFormats[data[0] % 4];
   const uint8_t* shard = data + 1;
   const uint64_t shard_size = size - 1;
+  if (format == "idx") {  // a member index sidecar: decoded, and believed only if plausible
+    ShardIndex index;
+    uint64_t described = 0;
+    int64_t mtime_ns = 0;
+    std::vector<uint8_t> bytes(shard, shard + shard_size);
+    if (stoker::format::decode_sidecar(bytes, index, described, mtime_ns)) {
+      if (index.format != "tar" && index.format != "zip") bug("a sidecar of a " + index.format);
+      check_index(index, index.format, described, true);
+    }
+    return 0;
+  }
 
   // 1a. From memory, through a small window.
   auto read_memory = [shard, shard_size](uint8_t* dest, uint64_t length, uint64_t offset) {

@@ -128,7 +128,10 @@ ShardIndex index_shard(const std::string& path, const std::string& format) {
   if (format == "npy") return index_shard(in, format);
   ShardIndex index;
   SidecarState state;
-  if (read_sidecar(path, in.identity(), index, state) && index.format == format) return index;
+  if (read_sidecar(path, in.identity(), index, state)) {
+    if (index.format == format) return index;
+    state = SidecarState::kStale;  // the index of a shard of another format
+  }
   index = index_shard(in, format);
   index.sidecar = static_cast<uint8_t>(state);
   return index;

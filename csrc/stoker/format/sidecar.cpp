@@ -4,6 +4,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <string>
@@ -116,9 +117,40 @@ std::vector<uint8_t> encode(const ShardIndex& index) {
   return w.out;
 }
 
-// The index a sidecar holds, or false when it is not one stoker wrote whole.
-bool decode(const std::vector<uint8_t>& bytes, ShardIndex& index, uint64_t& size,
-            int64_t& mtime_ns) {
+// Whether `index` could have come from indexing a shard of `size` bytes: the
+// rules the parsers enforce (SampleBuilder, the tar and zip walks), checked
+// again, so that a sidecar with a good CRC still cannot say what no shard could.
+bool plausible(const ShardIndex& index, uint64_t size) {
+  size_t samples = index.keys.size(), fields = index.field_names.size();
+  if (index.key_runs < samples) return false;
+  std::vector<uint64_t> last_sample(fields, UINT64_MAX);
+  for (uint64_t s = 0; s < samples; ++s) {
+    if (index.sample_start[s] >= index.sample_start[s + 1]) return false;  // no empty sample
+    for (uint64_t m = index.sample_start[s]; m < index.sample_start[s + 1]; ++m) {
+      uint16_t field = index.member_field[m];
+      if (field >= fields || last_sample[field] == s) return false;  // a field twice
+      last_sample[field] = s;
+      uint64_t offset = index.member_offset[m], length = index.member_length[m];
+      uint64_t out = index.member_out_length[m];
+      if (offset > size || length > size - offset) return false;
+      auto codec = static_cast<io::Codec>(index.member_codec[m]);
+      if (codec == io::Codec::kStored) {
+        if (out != length) return false;
+      } else if (codec == io::Codec::kDeflate) {
+        // tar members are stored; deflate cannot expand more than about 1032:1
+        if (index.format != "zip" || out / 1032 > length + 1) return false;
+      } else {
+        return false;
+      }
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool decode_sidecar(const std::vector<uint8_t>& bytes, ShardIndex& index, uint64_t& size,
+                    int64_t& mtime_ns) {
   if (bytes.size() < sizeof kMagic + 4 || std::memcmp(bytes.data(), kMagic, sizeof kMagic)) {
     return false;
   }
@@ -155,21 +187,8 @@ bool decode(const std::vector<uint8_t>& bytes, ShardIndex& index, uint64_t& size
   if (!r.at_end() || index.sample_start.front() != 0 || index.sample_start.back() != members) {
     return false;
   }
-  for (uint64_t s = 0; s < samples; ++s) {
-    if (index.sample_start[s] > index.sample_start[s + 1]) return false;
-  }
-  for (uint64_t m = 0; m < members; ++m) {
-    bool inside =
-        index.member_offset[m] <= size && index.member_length[m] <= size - index.member_offset[m];
-    if (!inside || index.member_field[m] >= fields ||
-        index.member_codec[m] > static_cast<uint8_t>(io::Codec::kDeflate)) {
-      return false;
-    }
-  }
-  return true;
+  return plausible(index, size);
 }
-
-}  // namespace
 
 bool read_sidecar(const std::string& path, const io::FileIdentity& shard, ShardIndex& index,
                   SidecarState& state) {
@@ -191,7 +210,7 @@ bool read_sidecar(const std::string& path, const io::FileIdentity& shard, ShardI
   ShardIndex found;
   uint64_t size;
   int64_t mtime_ns;
-  if (!decode(bytes, found, size, mtime_ns)) return false;
+  if (!decode_sidecar(bytes, found, size, mtime_ns)) return false;
   if (size != shard.size || mtime_ns != shard.mtime_ns) {
     state = SidecarState::kStale;
     return false;
@@ -210,8 +229,11 @@ void write_sidecar(const std::string& path, const ShardIndex& index) {
   }
   std::vector<uint8_t> bytes = encode(index);
   std::string target = path + kSidecarSuffix;
-  std::string temp = target + ".tmp-" + std::to_string(::getpid());
-  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  // A name no other writer (thread or process) of the same sidecar uses.
+  static std::atomic<uint64_t> serial{0};
+  std::string temp =
+      target + ".tmp-" + std::to_string(::getpid()) + "-" + std::to_string(serial.fetch_add(1));
+  int fd = ::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   auto fail = [&](int err, const char* what) {
     if (fd >= 0) ::close(fd);
     ::unlink(temp.c_str());

@@ -8,7 +8,9 @@
 // trusted: the shard is indexed the long way, and the caller is told why.
 #pragma once
 
+#include <cstdint>
 #include <string>
+#include <vector>
 
 #include "stoker/format/shard_index.hpp"
 
@@ -27,6 +29,12 @@ enum class SidecarState : uint8_t {
 // it as it is now (`shard`: the shard's identity); `state` says what was found.
 bool read_sidecar(const std::string& path, const io::FileIdentity& shard, ShardIndex& index,
                   SidecarState& state);
+
+// The index in a sidecar's bytes, with the shard size and mtime it was written
+// for; false when the bytes are not a whole sidecar stoker wrote, or describe
+// what no shard could hold (the fuzz target's entry point too).
+bool decode_sidecar(const std::vector<uint8_t>& bytes, ShardIndex& index, uint64_t& size,
+                    int64_t& mtime_ns);
 
 // Writes the sidecar of `index` (of the shard at `path`, tar or zip) beside it:
 // to a temporary file, synced, then renamed into place. Throws ReadError

@@ -227,6 +227,12 @@ PreparedBatch BatchPlan::prepare(const int64_t* indices, size_t n, const Members
                                  const KeyOf& key_of) const {
   PreparedBatch batch;
   batch.indices.assign(indices, indices + n);
+  for (const FieldSpec& f : fields_) {
+    if (f.length < m.samples) {
+      throw Error("field '" + f.name + "' has " + std::to_string(f.length) +
+                  " entries for a dataset of " + std::to_string(m.samples) + " samples");
+    }
+  }
   for (size_t i = 0; i < n; ++i) {
     if (indices[i] < 0 || static_cast<uint64_t>(indices[i]) >= m.samples) {
       throw Error("sample " + std::to_string(indices[i]) + " is not in the dataset");

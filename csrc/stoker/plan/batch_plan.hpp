@@ -39,6 +39,7 @@ struct FieldSpec {
   std::vector<const int64_t*> tables;
   std::vector<std::string> alternatives;  // the tables' field names, for messages
   const int64_t* column = nullptr;        // kColumn: one value per sample
+  uint64_t length = 0;                    // entries in each table (or the column)
 };
 
 // The member table's columns as they are now (rows are only ever added).

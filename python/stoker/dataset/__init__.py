@@ -136,7 +136,13 @@ class Dataset:
         # One "shard" of every file: member i is file i's bytes.
         self._open(paths, paths, identities, ["files"], [index], np.arange(len(paths)))
         if labels is not None:
-            self.members.extras["label"] = np.asarray(labels, dtype=np.int64)
+            column = np.ascontiguousarray(labels, dtype=np.int64).reshape(-1)
+            if len(column) != len(paths):
+                raise UsageError(
+                    f"from_files got {len(column)} labels for {len(paths)} files: give one "
+                    "label per file, in the same order"
+                )
+            self.members.extras["label"] = column
         return self
 
     def _open(
@@ -189,7 +195,8 @@ class Dataset:
                     b,
                 )
             elif kind == "stale-index":
-                why = "is damaged" if a == 3 else "is for another version of the shard"
+                damaged = a == int(_core.SidecarState.DAMAGED)
+                why = "is damaged" if damaged else "is for another version of the shard"
                 log.warning(
                     "%s: its member index %s; the shard's headers were read instead. "
                     "(Said once per dataset; `stoker index` writes the indexes again. A "

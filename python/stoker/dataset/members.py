@@ -265,8 +265,9 @@ class MemberTable:
                 runs = int(index.get("key_runs", n))
                 if runs > n:
                     notes.append(("regrouped", shard, n, runs))
-                if index.get("sidecar", 0) >= 2:  # stale or damaged: the shard was walked
-                    notes.append(("stale-index", shard, int(index["sidecar"]), 0))
+                found = index.get("sidecar", 0)
+                if found in (_core.SidecarState.STALE, _core.SidecarState.DAMAGED):
+                    notes.append(("stale-index", shard, int(found), 0))  # the shard was walked
                 if n != expected and runs == expected:
                     raise located(
                         ShardFormatError,

@@ -120,7 +120,8 @@ class Loader:
         self.map = map
         self.collate = collate or default_collate
         self.fields = check_fields_argument(fields)
-        self.num_threads = num_threads or shared_reader(num_threads).num_threads
+        self._reader_threads = num_threads  # None: the process's default reader
+        self.num_threads = shared_reader(num_threads).num_threads
         self.pinned_bytes = pinned_bytes or _DEFAULT_PINNED_BYTES
         self._cursor = EpochCursor(
             Order(
@@ -152,7 +153,7 @@ class Loader:
             self._fields_plan,
             self._map_runner,
             self.collate,
-            shared_reader(self.num_threads),
+            shared_reader(self._reader_threads),
             stage,
             self._stats,
             self._torch,

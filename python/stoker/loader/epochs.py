@@ -61,6 +61,11 @@ class EpochCursor:
         self.elastic: tuple[int, tuple[int, bool, int]] | None = None
         self._plans: dict[int, EpochPlan] = {}
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_plans"] = {}  # an epoch's whole order: made again on the other side
+        return state
+
     def __len__(self) -> int:
         """Batches in a whole epoch on this rank (also while resuming mid-epoch)."""
         o = self.order

@@ -15,6 +15,7 @@ from stoker.errors import ShardFormatError, StokerError, UsageError, located, qu
 from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
 
 _KINDS = {Raw: _core.FieldKind.RAW, Int: _core.FieldKind.INT, Npy: _core.FieldKind.NPY}
+_BYTES = _core.FieldKind.BYTES
 
 
 def check_fields_argument(fields: object) -> dict[str, FieldSpec] | None:
@@ -69,7 +70,7 @@ class FieldsPlan:
                 column = table.extras[alternatives[0]]
                 specs.append((name, int(_core.FieldKind.COLUMN), 0, "", [], [], column))
                 continue
-            kind = _KINDS.get(type(spec), _core.FieldKind.BYTES)
+            kind = next((k for cls, k in _KINDS.items() if isinstance(spec, cls)), _BYTES)
             nbytes = spec.nbytes if isinstance(spec, Raw) else 0
             what = f"{spec.shape} {np.dtype(spec.dtype)}" if isinstance(spec, Raw) else ""
             tables = [table.field_table(a) for a in alternatives]
@@ -194,7 +195,7 @@ def name_member(
         if table.path_of_row(row) == path:
             field = table.field_names[int(table.field[row])]
             key = ds.key(int(table.sample[row]))
-            what = str(error).removeprefix(f"{path}: offset {offset}: ")
+            what = getattr(error, "detail", str(error))
             return located(
                 ShardFormatError, path, offset, f"field {field!r} of sample {quoted(key)}: {what}"
             )

@@ -50,20 +50,18 @@ class RemoteShards:
         self.cache_dir = os.path.abspath(os.fspath(cache_dir or default_cache_root()))
         self.cache_limit = cache_limit
         self.shards = shards
-        self._cache: ShardCache | None = None
         self._limit: int | None = None
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_cache"] = None  # per process
         state["_limit"] = None
         return state
 
     @property
     def cache(self) -> ShardCache:
-        if self._cache is None:
-            self._cache = cache_for(self.cache_dir)
-        return self._cache
+        """This process's view of the cache (a forked child has its own: its parent's
+        holds and locks are not its own)."""
+        return cache_for(self.cache_dir)
 
     @property
     def limit(self) -> int:
@@ -140,7 +138,7 @@ class RemoteShards:
                 if getattr(e, "transport", False):
                     # The server is not answering: the shards would fail too. Said of the
                     # shard the user named, not of a manifest they never typed.
-                    what = str(e).removeprefix(f"{url}: offset {getattr(e, 'offset', 0)}: ")
+                    what = getattr(e, "detail", str(e))
                     raise located(
                         FetchError,
                         members[0].url,

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from stoker import _core
 from stoker.dataset import Dataset
 from stoker.errors import StokerError, quoted
 from stoker.formats import SHARD_FORMATS
@@ -357,9 +358,13 @@ def pack(
         if made:
             os.rename(work, out)
         else:
-            for name in [*names, MANIFEST_NAME]:  # the manifest last: it says the rest is there
-                os.rename(os.path.join(work, name), os.path.join(out, name))
-                moved.append(os.path.join(out, name))
+            # Each shard with its member index (a rename keeps the time the index was
+            # written for), the manifest last: it says the rest is there.
+            written = [f for n in names for f in (n, n + _core.SIDECAR_SUFFIX)]
+            for name in [*written, MANIFEST_NAME]:
+                if os.path.exists(os.path.join(work, name)):
+                    os.rename(os.path.join(work, name), os.path.join(out, name))
+                    moved.append(os.path.join(out, name))
             os.rmdir(work)
     except BaseException:
         stop.set()
