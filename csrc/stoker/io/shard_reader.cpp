@@ -162,11 +162,23 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
   verify_crc(r, dest, r.out_length, path);
 }
 
+// The descriptor a chunk's previous run used, kept while the next runs read the
+// same file: runs are sorted by file, so most lookups in the cache are saved.
+struct OpenFile {
+  uint32_t file = UINT32_MAX;
+  std::shared_ptr<const FileDescriptor> fd;
+};
+
 void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
-                 std::vector<uint8_t>& scratch) {
+                 std::vector<uint8_t>& scratch, OpenFile& open) {
   const FileTable& table = *plan.files;
   const std::string& path = table.paths[run.file];
-  auto fd = cache.get(path, table.identities.empty() ? FileIdentity{} : table.identities[run.file]);
+  if (open.file != run.file) {
+    open.fd =
+        cache.get(path, table.identities.empty() ? FileIdentity{} : table.identities[run.file]);
+    open.file = run.file;
+  }
+  const auto& fd = open.fd;
   // Gap bytes land here and are never read; one per thread, as threads write it at once.
   thread_local uint8_t discard[kMaxGap];
   thread_local std::vector<struct iovec> iov;
@@ -272,7 +284,10 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
       auto started = std::chrono::steady_clock::now();
       try {
         auto [first, last] = plan_->chunks[c];
-        for (size_t i = first; i < last; ++i) execute_run(*plan_, plan_->runs[i], *files_, scratch);
+        OpenFile open;
+        for (size_t i = first; i < last; ++i) {
+          execute_run(*plan_, plan_->runs[i], *files_, scratch, open);
+        }
       } catch (...) {
         fail(std::current_exception());
       }

@@ -289,7 +289,7 @@ class Dataset:
         """Every shard of samples `indices` in the member table: local shards a manifest
         described are indexed now; remote ones must be held already (see holding)."""
         table = self.members
-        if len(indices) == 0 or table.indexed.all():
+        if table.complete or len(indices) == 0:
             return
         shards = np.unique(table.shards_of(indices))
         missing = shards[~table.indexed[shards]]

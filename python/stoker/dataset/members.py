@@ -80,6 +80,7 @@ class MemberTable:
         self.sample_first = np.full(n, -1, np.int64)
         self.sample_count = np.zeros(n, np.int64)
         self.indexed = np.zeros(len(shard_counts), bool)
+        self.complete = len(shard_counts) == 0  # every shard indexed
         self.field_names: list[str] = []
         self._field_ids: dict[str, int] = {}
         for name in field_names:
@@ -309,6 +310,7 @@ class MemberTable:
             for shard in shards:
                 self._fill_keys(self._key_array, shard)
         self.indexed[shards] = True
+        self.complete = bool(self.indexed.all())
         return notes
 
     def _append(self, new: dict[str, np.ndarray], added: int) -> None:

@@ -250,6 +250,7 @@ class Loader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         cursor, stats, batches = self._cursor, self._stats, self._batches
         generation, plan, next_batch = cursor.begin()
+        batches_in_plan = len(plan)
         if stats.started is None:
             stats.started = time.perf_counter()
         in_flight: deque[InFlight] = deque()
@@ -258,7 +259,7 @@ class Loader:
         done = next_batch  # batches handed out by this iterator, as plan numbers
         try:
             while True:
-                while len(in_flight) < self.prefetch and next_batch < len(plan):
+                while len(in_flight) < self.prefetch and next_batch < batches_in_plan:
                     if fetch is not None:
                         fetch.pump(next_batch)
                         if not fetch.ready(next_batch):
@@ -287,7 +288,7 @@ class Loader:
                 if fetch is not None:
                     fetch.finished(done)
                 done += 1
-                cursor.handed_out(generation, plan)
+                cursor.handed_out(generation, batches_in_plan)
                 yield batch
         finally:
             for item in in_flight:  # a loop left early: stop reading ahead

@@ -119,11 +119,12 @@ class EpochCursor:
         self.pinned = False
         return self.generation, self.plan(self.epoch), self.position
 
-    def handed_out(self, generation: int, plan: EpochPlan) -> None:
-        """The iterator of `generation` handed out its next batch of `plan`."""
+    def handed_out(self, generation: int, batches: int) -> None:
+        """The iterator of `generation` handed out its next batch of an epoch plan of
+        `batches`."""
         if generation == self.generation:
             self.position += 1
-            self.done = self.position >= len(plan)
+            self.done = self.position >= batches
 
     def ended(self, generation: int) -> None:
         """The iterator of `generation` reached StopIteration (an epoch of no batches

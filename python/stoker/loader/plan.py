@@ -77,6 +77,8 @@ class FieldsPlan:
             specs.append((name, int(kind), nbytes, what, list(alternatives), tables, None))
         self.plan = _core.BatchPlan(specs)
         self._layouts: dict[tuple, tuple[np.dtype, tuple[int, ...], int]] = {}
+        self._fixed = all(isinstance(spec, (Raw, Int)) for _, spec in self.entries)
+        self._recipes: dict[int, list[tuple]] = {}
 
     def _check(self, key: str, spec: FieldSpec, have: set[str]) -> tuple[str, tuple[str, ...]]:
         """A fields= entry's batch entry name and the alternatives it reads (lower-cased,
@@ -132,22 +134,25 @@ class FieldsPlan:
     ) -> dict[str, Any]:
         """The batch's tensors viewing `buffer` (the read of `prepared`); `copy`: Bytes
         fields are copied out (the buffer is a pinned slot the ring needs back)."""
-        prepared.check(buffer)
         n = len(indices)
+        # Fixed-size fields only (Raw, Int, integer columns): every batch of n samples has
+        # the same layout, so the views' recipe is worked out once per n.
+        recipe = self._recipes.get(n)
+        if recipe is None:
+            recipe = self._recipe(prepared, n)
+            if self._fixed:
+                self._recipes[n] = recipe
+        if not self._fixed:
+            prepared.check(buffer)  # .npy members' headers against the batch's first
         batch: dict[str, Any] = {}
-        for (name, spec), (offset, decoder, npy, pieces) in zip(self.entries, prepared.layout()):
+        for name, start, end, dtype, shape, pieces in recipe:
             if pieces is not None:  # Bytes
                 starts, lengths = pieces
                 views = (buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist()))
                 batch[name] = [v.copy() for v in views] if copy else list(views)
                 continue
-            if isinstance(spec, Bytes):  # no sample in the batch: an empty list
-                batch[name] = []
-                continue
-            dtype, shape, nbytes = self._layout_of(spec, decoder, npy)
-            view = buffer[offset : offset + n * nbytes].view(dtype).reshape((n, *shape))
             try:
-                batch[name] = torch.from_numpy(view)
+                batch[name] = torch.from_numpy(buffer[start:end].view(dtype).reshape(shape))
             except TypeError as e:  # a dtype torch has no tensor for (big-endian, strings)
                 raise StokerError(
                     f"field {name!r}: torch has no tensor type for {dtype} ({e}); read it "
@@ -155,6 +160,18 @@ class FieldsPlan:
                 ) from e
         batch["__key__"] = self.ds.members.keys(indices)
         return batch
+
+    def _recipe(self, prepared: Any, n: int) -> list[tuple]:
+        """(name, start, end, dtype, shape, pieces) of each field of the batch `prepared`
+        lays out: a view of buffer[start:end], or the Bytes pieces (starts, lengths)."""
+        recipe = []
+        for (name, spec), (offset, decoder, npy, pieces) in zip(self.entries, prepared.layout()):
+            if isinstance(spec, Bytes):
+                recipe.append((name, 0, 0, None, None, pieces or (np.zeros(0), np.zeros(0))))
+                continue
+            dtype, shape, nbytes = self._layout_of(spec, decoder, npy)
+            recipe.append((name, offset, offset + n * nbytes, dtype, (n, *shape), None))
+        return recipe
 
     def _layout_of(
         self, spec: FieldSpec, decoder: int, npy: tuple | None
