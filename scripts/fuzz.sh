@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer target (tests/fuzz, clang with AddressSanitizer and
-# UndefinedBehaviorSanitizer) and fuzzes the tar, zip and npy parsers, and the
-# reader on what they index, for SECONDS each (default 60).
+# UndefinedBehaviorSanitizer) and fuzzes the tar, zip and npy parsers and the
+# reader on what they index, the member index sidecars, and the JPEG and PNG
+# decoders behind stoker.Image(), for SECONDS each (default 60).
 #
 #   scripts/fuzz.sh [SECONDS]
 #
 # Each format has its own corpus, build-fuzz/corpus-<format>, kept between runs
-# and seeded from tests/data/seeds and tests/data/malformed (each file with the
+# and seeded from tests/data/seeds, tests/data/malformed, tests/data/index-seeds
+# and tests/data/image-seeds (each file with the
 # format byte the target expects in front). Crashes, leaks, timeouts and
 # out-of-memory inputs land in build-fuzz/artifacts; the script exits non-zero
 # when a run found one and prints how to reproduce it.
@@ -73,17 +75,20 @@ artifacts="$build/artifacts"
 mkdir -p "$artifacts"
 status=0
 found=()
-for format in tar zip npy idx; do
+for format in tar zip npy idx image; do
   case $format in
     tar) byte='\x00' ;;
     zip) byte='\x01' ;;
     npy) byte='\x02' ;;
     idx) byte='\x03' ;;  # member index sidecars (seeds: tests/data/index-seeds)
+    image) byte='\x04' ;;  # JPEG and PNG members for Image() (seeds: tests/data/image-seeds)
   esac
   corpus="$build/corpus-$format"
   mkdir -p "$corpus"
-  for file in tests/data/seeds/*."$format" tests/data/malformed/*."$format" \
-    tests/data/index-seeds/*."$format"; do
+  seeds=(tests/data/seeds/*."$format" tests/data/malformed/*."$format"
+    tests/data/index-seeds/*."$format")
+  [[ $format == image ]] && seeds=(tests/data/image-seeds/*)
+  for file in "${seeds[@]}"; do
     [[ -e $file ]] || continue
     name="seed-$(basename "$(dirname "$file")")-$(basename "$file")"
     { printf "$byte"; cat "$file"; } >"$corpus/$name"

@@ -9,4 +9,5 @@ PYBIND11_MODULE(_core, m) {
   stoker::bindings::register_formats(m);
   stoker::bindings::register_cuda(m);
   stoker::bindings::register_plan(m);
+  stoker::bindings::register_image(m);
 }

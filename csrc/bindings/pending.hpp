@@ -10,6 +10,7 @@
 #include <chrono>
 #include <memory>
 #include <optional>
+#include <vector>
 
 #include "stoker/io/shard_reader.hpp"
 
@@ -75,6 +76,7 @@ class PyPendingRead {
   bool done() const { return pending_->done(); }
   void cancel() { pending_->cancel(); }
   double busy_seconds() const { return pending_->busy_seconds(); }
+  std::vector<uint32_t> blanked() const { return pending_->blanked(); }
 
  private:
   std::shared_ptr<io::PendingRead> pending_;

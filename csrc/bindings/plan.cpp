@@ -167,13 +167,14 @@ PyBatchPlan make_plan(const py::list& fields) {
   std::vector<plan::FieldSpec> specs;
   for (const py::handle& item : fields) {
     auto t = item.cast<py::tuple>();
-    if (t.size() != 7) {
-      throw py::value_error("a field is (name, kind, nbytes, what, alternatives, tables, column)");
+    if (t.size() != 8) {
+      throw py::value_error(
+          "a field is (name, kind, nbytes, what, alternatives, tables, column, image)");
     }
     plan::FieldSpec f;
     f.name = t[0].cast<std::string>();
     auto kind = t[1].cast<int>();
-    if (kind < 0 || kind > static_cast<int>(plan::Kind::kColumn)) {
+    if (kind < 0 || kind > static_cast<int>(plan::Kind::kImage)) {
       throw py::value_error("unknown field kind " + std::to_string(kind));
     }
     f.kind = static_cast<plan::Kind>(kind);
@@ -191,6 +192,7 @@ PyBatchPlan make_plan(const py::list& fields) {
       f.tables.push_back(hold(table, "a field table"));
     }
     if (!t[6].is_none()) f.column = hold(t[6], "a column");
+    if (!t[7].is_none()) f.image = t[7].cast<std::shared_ptr<image::Target>>();
     specs.push_back(std::move(f));
   }
   out.plan = std::make_shared<const plan::BatchPlan>(std::move(specs));
@@ -204,13 +206,16 @@ void register_plan(py::module_& m) {
       .value("STORED", io::Codec::kStored)
       .value("DEFLATE", io::Codec::kDeflate)
       .value("ASCII_INT", io::Codec::kAsciiInt)
-      .value("DEFLATE_ASCII_INT", io::Codec::kDeflateAsciiInt);
+      .value("DEFLATE_ASCII_INT", io::Codec::kDeflateAsciiInt)
+      .value("IMAGE", io::Codec::kImage)
+      .value("DEFLATE_IMAGE", io::Codec::kDeflateImage);
   py::enum_<plan::Kind>(m, "FieldKind", "What a fields= decoder reads.")
       .value("RAW", plan::Kind::kRaw)
       .value("INT", plan::Kind::kInt)
       .value("NPY", plan::Kind::kNpy)
       .value("BYTES", plan::Kind::kBytes)
-      .value("COLUMN", plan::Kind::kColumn);
+      .value("COLUMN", plan::Kind::kColumn)
+      .value("IMAGE", plan::Kind::kImage);
   m.attr("ALIGN") = plan::kAlign;
 
   py::class_<PyMembers, std::shared_ptr<PyMembers>>(
@@ -231,17 +236,18 @@ void register_plan(py::module_& m) {
 
   py::class_<PyBatchPlan>(m, "BatchPlan", "The fields= layout of a Loader, made once.")
       .def(py::init(&make_plan), py::arg("fields"),
-           "fields: (name, kind, nbytes, what, alternatives, tables, column) per field.")
+           "fields: (name, kind, nbytes, what, alternatives, tables, column, image) per field.")
       .def(
           "prepare",
           [](const PyBatchPlan& self, const py::array_t<int64_t, py::array::c_style>& indices,
-             std::shared_ptr<PyMembers> members, py::function key_of) {
+             std::shared_ptr<PyMembers> members, py::function key_of, uint64_t augment_seed) {
             auto batch = self.plan->prepare(indices.data(), static_cast<size_t>(indices.size()),
-                                            members->members(), key_function(key_of));
+                                            members->members(), key_function(key_of), augment_seed);
             return PyPreparedBatch(self.plan, std::move(batch), std::move(members));
           },
-          py::arg("indices"), py::arg("members"), py::arg("key_of"),
-          "Lay out the batch of samples `indices`: the requests, regions and checks.");
+          py::arg("indices"), py::arg("members"), py::arg("key_of"), py::arg("augment_seed") = 0,
+          "Lay out the batch of samples `indices`: the requests, regions and checks. Images' "
+          "random crops are seeded by `augment_seed` and each sample's index.");
 }
 
 }  // namespace stoker::bindings

@@ -131,6 +131,9 @@ void register_reader(py::module_& m) {
       .def("done", &PyPendingRead::done)
       .def("busy_seconds", &PyPendingRead::busy_seconds,
            "Thread time spent reading and decoding this batch, summed over threads.")
+      .def(
+          "blanked", [](const PyPendingRead& self) { return vector_to_numpy(self.blanked()); },
+          "The requests whose image did not decode and were filled with zeros.")
       .def("cancel", &PyPendingRead::cancel,
            "Skip the chunks not yet started; wait() then raises StokerError.");
 

@@ -17,7 +17,7 @@ from stoker._core import __version__ as __version__
 from stoker.cuda import FallbackWarning, cuda_status
 from stoker.dataset import Dataset
 from stoker.errors import UsageError
-from stoker.fields import Bytes, Int, Npy, Raw
+from stoker.fields import Bytes, Image, Int, Npy, Raw
 from stoker.gds import GDSCache, load_npy, read_into
 from stoker.loader import Loader
 from stoker.remote import FetchOptions
@@ -25,6 +25,7 @@ from stoker.remote import FetchOptions
 __all__ = [
     "ChecksumError",
     "Bytes",
+    "Image",
     "CudaError",
     "CuFileError",
     "Dataset",

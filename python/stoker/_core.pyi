@@ -35,6 +35,7 @@ class PendingRead:
     def done(self) -> bool: ...
     def cancel(self) -> None: ...
     def busy_seconds(self) -> float: ...
+    def blanked(self) -> np.ndarray: ...
 
 class PinnedRing:
     def __init__(
@@ -165,6 +166,8 @@ class Codec(enum.IntEnum):
     DEFLATE = 1
     ASCII_INT = 2
     DEFLATE_ASCII_INT = 3
+    IMAGE = 4
+    DEFLATE_IMAGE = 5
 
 class FieldKind(enum.IntEnum):
     RAW = 0
@@ -172,6 +175,7 @@ class FieldKind(enum.IntEnum):
     NPY = 2
     BYTES = 3
     COLUMN = 4
+    IMAGE = 5
 
 class MemberColumns:
     def __init__(
@@ -197,9 +201,65 @@ class BatchPlan:
     def __init__(
         self,
         fields: Sequence[
-            tuple[str, int, int, str, Sequence[str], Sequence[np.ndarray], np.ndarray | None]
+            tuple[
+                str,
+                int,
+                int,
+                str,
+                Sequence[str],
+                Sequence[np.ndarray],
+                np.ndarray | None,
+                ImageTarget | None,
+            ]
         ],
     ) -> None: ...
     def prepare(
-        self, indices: npt.ArrayLike, members: MemberColumns, key_of: Callable[[int], str]
+        self,
+        indices: npt.ArrayLike,
+        members: MemberColumns,
+        key_of: Callable[[int], str],
+        augment_seed: int = 0,
     ) -> PreparedBatch: ...
+
+# -- images -------------------------------------------------------------------------
+
+MAX_IMAGE_PIXELS: int
+
+class Crop(enum.IntEnum):
+    RANDOM = 0
+    CENTER = 1
+    NONE = 2
+
+class ImageTarget:
+    def __init__(
+        self,
+        height: int,
+        width: int,
+        crop: Crop,
+        scale: tuple[float, float],
+        ratio: tuple[float, float],
+        flip: bool,
+        channels_last: bool,
+        blank_on_error: bool,
+    ) -> None: ...
+    @property
+    def nbytes(self) -> int: ...
+    @property
+    def shape(self) -> tuple[int, int, int]: ...
+
+def image_support() -> bool: ...
+def decode_image(
+    data: Any, target: ImageTarget, seed: int = 0, name: str = "<image>"
+) -> np.ndarray: ...
+def image_box(
+    width: int, height: int, target: ImageTarget, seed: int = 0
+) -> tuple[float, float, float, float, bool]: ...
+def decode_rgb(data: Any, name: str = "<image>") -> np.ndarray: ...
+def shrink_jpegs(
+    images: Sequence[bytes],
+    shorter_side: int,
+    quality: int,
+    num_threads: int,
+    names: Sequence[str],
+) -> tuple[list[bytes | None], list[str | None]]: ...
+def bench_decode(images: Sequence[bytes], height: int, width: int, num_threads: int) -> float: ...

@@ -3,10 +3,13 @@ laid out in the batch buffer and handed out, with no Python per sample."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Union
+from dataclasses import dataclass, field
+from typing import Any, Union
 
 import numpy as np
+
+from stoker import _core
+from stoker.errors import StokerError, UsageError
 
 
 @dataclass(frozen=True)
@@ -46,4 +49,85 @@ class Bytes:
     viewing the buffer, for ``map=`` or a decoder downstream."""
 
 
-FieldSpec = Union[Raw, Int, Npy, Bytes]
+_CROPS = {"random": _core.Crop.RANDOM, "center": _core.Crop.CENTER, "none": _core.Crop.NONE}
+_LAYOUTS = ("NCHW", "NHWC")
+_ON_ERROR = ("raise", "blank")
+
+
+@dataclass(frozen=True)
+class Image:
+    """A JPEG or PNG member, decoded, cropped and resized by the reader's C++ threads straight
+    into the batch: a uint8 tensor ``(batch, 3, H, W)`` (``layout="NCHW"``) or ``(batch, H, W,
+    3)`` (``"NHWC"``), RGB.
+
+    ``crop="random"``: a random area (``scale``, a fraction of the image's) and aspect ratio
+    (``ratio``, width over height, drawn log-uniformly), ten tries, then the whole image cut
+    to the nearest allowed ratio; ``flip=True`` adds a horizontal flip half the time. The
+    draws depend only on the Loader's seed, the epoch and the sample's index.
+    ``crop="center"``: the shorter side resized to ``size / 0.875``, the centre kept.
+    ``crop="none"``: the whole image resized to ``size``.
+    ``on_error="blank"``: a member that does not decode becomes zeros, is counted in
+    ``loader.stats()["images_blanked"]`` and its key is logged once; ``"raise"`` stops with a
+    ShardFormatError naming the member."""
+
+    size: tuple[int, int] = (224, 224)
+    crop: str = "random"
+    scale: tuple[float, float] = (0.08, 1.0)
+    ratio: tuple[float, float] = (3 / 4, 4 / 3)
+    flip: bool = False
+    layout: str = "NCHW"
+    on_error: str = "raise"
+    target: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        size = (self.size, self.size) if isinstance(self.size, int) else tuple(self.size)
+        if len(size) != 2 or not all(isinstance(d, int) and d > 0 for d in size):
+            raise UsageError(f"Image(size=) is (height, width) or one int, not {self.size!r}")
+        for name, value, allowed in (
+            ("crop", self.crop, tuple(_CROPS)),
+            ("layout", self.layout, _LAYOUTS),
+            ("on_error", self.on_error, _ON_ERROR),
+        ):
+            if value not in allowed:
+                raise UsageError(
+                    f"Image({name}={value!r}): use one of " + ", ".join(map(repr, allowed))
+                )
+        if not _core.image_support():
+            raise StokerError(
+                "stoker.Image() needs image support, and this build of stoker was made without "
+                "libjpeg-turbo and libpng: install their development files (Debian: apt-get "
+                "install libjpeg62-turbo-dev libpng-dev; Ubuntu: libjpeg-turbo8-dev libpng-dev) "
+                "and reinstall stoker"
+            )
+        scale = tuple(float(v) for v in self.scale)
+        ratio = tuple(float(v) for v in self.ratio)
+        try:
+            target = _core.ImageTarget(
+                size[0],
+                size[1],
+                _CROPS[self.crop],
+                scale,
+                ratio,
+                bool(self.flip),
+                self.layout == "NHWC",
+                self.on_error == "blank",
+            )
+        except (ValueError, TypeError) as e:
+            raise UsageError(f"Image: {e}") from e
+        object.__setattr__(self, "size", size)
+        object.__setattr__(self, "scale", scale)
+        object.__setattr__(self, "ratio", ratio)
+        object.__setattr__(self, "target", target)
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        # The C++ target is made again on the other side.
+        args = (self.size, self.crop, self.scale, self.ratio, self.flip, self.layout)
+        return (Image, (*args, self.on_error))
+
+    @property
+    def shape(self) -> tuple[int, int, int]:
+        """One sample's shape."""
+        return tuple(self.target.shape)
+
+
+FieldSpec = Union[Raw, Int, Npy, Bytes, Image]

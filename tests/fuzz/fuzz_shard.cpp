@@ -1,7 +1,9 @@
 // libFuzzer target for the shard parsers and the reader on what they index.
 //
-// Input: one byte that picks the format (byte % 4: 0 tar, 1 zip, 2 npy, 3 a
-// member index sidecar), then the shard's (or the sidecar's) bytes. A sidecar
+// Input: one byte that picks the format (byte % 5: 0 tar, 1 zip, 2 npy, 3 a
+// member index sidecar, 4 an image), then the shard's (or the sidecar's, or the
+// image's) bytes. An image is decoded as Image fields decode it, directly and
+// through the reader with blank_on_error. A sidecar
 // is decoded, and what it says checked as any index is. A shard is
 //   1. indexed from memory (a WindowReader over the bytes, with a small window
 //      so that headers straddle windows) and from a real file (a memfd opened
@@ -32,6 +34,7 @@
 #include "stoker/format/shard_index.hpp"
 #include "stoker/format/sidecar.hpp"
 #include "stoker/format/window_reader.hpp"
+#include "stoker/image/image.hpp"
 #include "stoker/io/shard_reader.hpp"
 
 namespace {
@@ -40,7 +43,7 @@ using stoker::format::ShardIndex;
 using stoker::io::Codec;
 using stoker::io::ReadRequest;
 
-constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx"};
+constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx", "image"};
 // What one input may make the harness decode in all, and per batch of reads:
 // bounded, so memory stays far below libFuzzer's -rss_limit_mb.
 constexpr uint64_t kMaxDecodedBytes = 64ull << 20;
@@ -275,11 +278,63 @@ void read_as_ints(const std::shared_ptr<const stoker::io::FileTable>& files,
 
 }  // namespace
 
+// An image: decoded into a few targets (each crop mode, both layouts) with a
+// pixel limit that keeps one input's memory small; FormatError is the expected
+// rejection. Then through the reader as one piece of a batch that blanks what
+// does not decode: that must never fail.
+void fuzz_image(const uint8_t* bytes, uint64_t size) {
+  using stoker::image::Crop;
+  using stoker::image::Target;
+  std::vector<std::shared_ptr<Target>> targets;
+  for (Crop crop : {Crop::kNone, Crop::kRandom, Crop::kCenter}) {
+    auto t = std::make_shared<Target>();
+    t->crop = crop;
+    t->height = crop == Crop::kRandom ? 16 : 24;
+    t->width = 20;
+    t->flip = crop == Crop::kRandom;
+    t->channels_last = crop != Crop::kCenter;
+    t->max_pixels = 1u << 22;
+    targets.push_back(t);
+  }
+  std::vector<uint8_t> out;
+  for (size_t k = 0; k < targets.size(); ++k) {
+    out.assign(targets[k]->nbytes(), 0);
+    try {
+      stoker::image::decode_into(bytes, size, *targets[k], size + k, out.data(), "image", 0);
+    } catch (const stoker::FormatError&) {
+    } catch (const std::exception& e) {
+      bug(std::string("decode_into threw ") + typeid(e).name() + ": " + e.what());
+    }
+  }
+  MemFile file(bytes, size);
+  auto files = std::make_shared<stoker::io::FileTable>();
+  files->paths = {file.path()};
+  auto blank = std::make_shared<Target>(*targets[1]);
+  blank->blank_on_error = true;
+  ReadRequest r;
+  r.length = size;
+  r.codec = Codec::kImage;
+  r.out_length = blank->nbytes();
+  r.image = blank;
+  r.seed = 1;
+  std::vector<uint8_t> dest(r.out_length);
+  try {
+    reader().submit(files, {r}, dest.data(), dest.size())->wait(-1);
+  } catch (const std::exception& e) {
+    bug(std::string("a blanking image read threw: ") + e.what());
+  }
+  reader().forget(file.path());
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const std::string format = kFormats[data[0] % 4];
+  const std::string format = kFormats[data[0] % 5];
   const uint8_t* shard = data + 1;
   const uint64_t shard_size = size - 1;
+  if (format == "image") {
+    fuzz_image(shard, shard_size);
+    return 0;
+  }
   if (format == "idx") {  // a member index sidecar: decoded, and believed only if plausible
     ShardIndex index;
     uint64_t described = 0;

@@ -478,6 +478,34 @@ def test_loader_integer_column_of_files_equals_cpu_batches(file_samples):
         assert_same(g, c, where=f"batch {i}")
 
 
+def test_loader_decoded_images_equal_cpu_batches(tmp_path):
+    """Image() fields decoded by the reader's threads into a pinned slot, then copied over:
+    the same pixels as the CPU loader's, crops and flips included."""
+    if not stoker._core.image_support():
+        pytest.skip("built without image support")
+    from PIL import Image
+
+    rng = np.random.default_rng(8)
+    with tarfile.open(tmp_path / "images.tar", "w") as tar:
+        for i in range(40):
+            y, x = np.mgrid[0 : 150 + i, 0:200]
+            pixels = np.stack([x % 256, y % 256, (x + y + 40 * i) % 256], -1).astype(np.uint8)
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, "JPEG" if i % 3 else "PNG", quality=90)
+            for name, data in ((f"{i:03d}.img", out.getvalue()), (f"{i:03d}.cls", b"%d" % i)):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                tar.addfile(info, io.BytesIO(data))
+    ds = stoker.Dataset(str(tmp_path / "images.tar"))
+    fields = {"img": stoker.Image(size=(48, 64), crop="random", flip=True), "cls": stoker.Int()}
+    kwargs = {"batch_size": 8, "shuffle": True, "seed": int(rng.integers(100)), "fields": fields}
+    for i, (g, c) in enumerate(
+        zip(stoker.Loader(ds, device="cuda", **kwargs), stoker.Loader(ds, **kwargs))
+    ):
+        assert g["img"].device.type == "cuda" and g["img"].shape == (8, 3, 48, 64)
+        assert_same(g, c, where=f"batch {i}")
+
+
 @pytest.mark.parametrize("collate", [None, _as_tuple], ids=["default-collate", "tuple-collate"])
 def test_loader_map_batches_equal_cpu_batches(tar_shards, collate):
     ds = stoker.Dataset(tar_shards)

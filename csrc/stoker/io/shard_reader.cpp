@@ -143,6 +143,8 @@ void verify_crc(const ReadRequest& r, const uint8_t* decoded, uint64_t length,
   }
 }
 
+bool is_image(Codec codec) { return codec == Codec::kImage || codec == Codec::kDeflateImage; }
+
 void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
                   const std::string& path) {
   if (r.codec == Codec::kStored) {
@@ -152,14 +154,44 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
     return;  // the text's CRC is not the int64's
   } else if (r.codec == Codec::kDeflateAsciiInt) {
     uint8_t text[kMaxIntText];
-    inflate_exact(src, r.length, text, r.text_length, path, r.offset);
-    verify_crc(r, text, r.text_length, path);
-    parse_ascii_int(text, r.text_length, dest, path, r.offset);
+    inflate_exact(src, r.length, text, r.inflated_length, path, r.offset);
+    verify_crc(r, text, r.inflated_length, path);
+    parse_ascii_int(text, r.inflated_length, dest, path, r.offset);
+    return;
+  } else if (r.codec == Codec::kImage) {
+    verify_crc(r, src, r.length, path);
+    image::decode_into(src, r.length, *r.image, r.seed, dest, path, r.offset);
+    return;
+  } else if (r.codec == Codec::kDeflateImage) {
+    thread_local std::vector<uint8_t> inflated;
+    inflated.resize(r.inflated_length);
+    inflate_exact(src, r.length, inflated.data(), r.inflated_length, path, r.offset);
+    verify_crc(r, inflated.data(), r.inflated_length, path);
+    image::decode_into(inflated.data(), r.inflated_length, *r.image, r.seed, dest, path, r.offset);
+    if (inflated.size() > kScratchKeep) std::vector<uint8_t>().swap(inflated);
     return;
   } else {
     inflate_exact(src, r.length, dest, r.out_length, path, r.offset);
   }
   verify_crc(r, dest, r.out_length, path);
+}
+
+// Decodes request `index`; an image that does not decode, where its field says
+// so, becomes zeros and is noted in `blanked` instead of failing the batch.
+void decode_or_blank(const ReadPlan& plan, uint32_t index, const uint8_t* src,
+                     const std::string& path, std::vector<uint32_t>& blanked) {
+  const ReadRequest& r = plan.requests[index];
+  uint8_t* dest = plan.dest + r.dest_offset;
+  if (!is_image(r.codec) || !r.image->blank_on_error) {
+    decode_piece(r, src, dest, path);
+    return;
+  }
+  try {
+    decode_piece(r, src, dest, path);
+  } catch (const FormatError&) {
+    std::memset(dest, 0, r.out_length);
+    blanked.push_back(index);
+  }
 }
 
 // The descriptor a chunk's previous run used, kept while the next runs read the
@@ -170,7 +202,7 @@ struct OpenFile {
 };
 
 void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
-                 std::vector<uint8_t>& scratch, OpenFile& open) {
+                 std::vector<uint8_t>& scratch, OpenFile& open, std::vector<uint32_t>& blanked) {
   const FileTable& table = *plan.files;
   const std::string& path = table.paths[run.file];
   if (open.file != run.file) {
@@ -187,11 +219,10 @@ void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
     uint64_t used = 0;
     for (uint32_t k = run.first; k < run.first + run.count; ++k) {
       const ReadRequest& r = plan.requests[plan.order[k]];
-      uint8_t* dest = plan.dest + r.dest_offset;
       if (r.codec == Codec::kStored) {
-        verify_crc(r, dest, r.length, path);
+        verify_crc(r, plan.dest + r.dest_offset, r.length, path);
       } else {
-        decode_piece(r, scratch.data() + used, dest, path);
+        decode_or_blank(plan, plan.order[k], scratch.data() + used, path, blanked);
         used += r.length;
       }
     }
@@ -203,7 +234,7 @@ void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
   pread_exact(fd->get(), path, scratch.data(), span, run.start);
   for (uint32_t k = run.first; k < run.first + run.count; ++k) {
     const ReadRequest& r = plan.requests[plan.order[k]];
-    decode_piece(r, scratch.data() + (r.offset - run.start), plan.dest + r.dest_offset, path);
+    decode_or_blank(plan, plan.order[k], scratch.data() + (r.offset - run.start), path, blanked);
   }
   if (scratch.size() > kScratchKeep) std::vector<uint8_t>().swap(scratch);
 }
@@ -221,16 +252,19 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
                   "stored piece has length " + std::to_string(r.length) + " but output length " +
                       std::to_string(r.out_length));
     }
-    if (r.codec > Codec::kDeflateAsciiInt) {
+    if (r.codec > Codec::kDeflateImage) {
       throw Error(path, r.offset, "unknown codec " + std::to_string(int(r.codec)));
+    }
+    if (is_image(r.codec) && (!r.image || r.out_length != r.image->nbytes())) {
+      throw Error(path, r.offset, "an image piece needs its target, and that target's size");
     }
     bool integer = r.codec == Codec::kAsciiInt || r.codec == Codec::kDeflateAsciiInt;
     if (integer && r.out_length != sizeof(int64_t)) {
       throw Error(path, r.offset, "an ASCII integer decodes to 8 bytes");
     }
-    if (r.codec == Codec::kDeflateAsciiInt && r.text_length > kMaxIntText) {
+    if (r.codec == Codec::kDeflateAsciiInt && r.inflated_length > kMaxIntText) {
       throw FormatError(path, r.offset,
-                        "an integer's text of " + std::to_string(r.text_length) +
+                        "an integer's text of " + std::to_string(r.inflated_length) +
                             " bytes: too long for an integer");
     }
     if (r.dest_offset > dest_size || r.out_length > dest_size - r.dest_offset) {
@@ -251,8 +285,16 @@ void plan_chunks(ReadPlan& plan, size_t num_threads) {
   size_t first = 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < plan.runs.size(); ++i) {
-    bytes += plan.runs[i].end - plan.runs[i].start;
-    if (bytes >= target) {
+    const Run& run = plan.runs[i];
+    bytes += run.end - run.start;
+    // An image takes about a millisecond to decode, a thousand times its read: a run
+    // with one is a chunk of its own, so that no thread is left waiting on another's
+    // long chunk at the end of a batch.
+    bool decodes = false;
+    for (uint32_t k = run.first; k < run.first + run.count && !decodes; ++k) {
+      decodes = is_image(plan.requests[plan.order[k]].codec);
+    }
+    if (bytes >= target || decodes) {
       plan.chunks.emplace_back(first, i + 1);
       first = i + 1;
       bytes = 0;
@@ -282,14 +324,20 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
     if (c >= chunks) break;
     if (!failed_.load(std::memory_order_relaxed)) {
       auto started = std::chrono::steady_clock::now();
+      thread_local std::vector<uint32_t> blanked;
+      blanked.clear();
       try {
         auto [first, last] = plan_->chunks[c];
         OpenFile open;
         for (size_t i = first; i < last; ++i) {
-          execute_run(*plan_, plan_->runs[i], *files_, scratch, open);
+          execute_run(*plan_, plan_->runs[i], *files_, scratch, open, blanked);
         }
       } catch (...) {
         fail(std::current_exception());
+      }
+      if (!blanked.empty()) {
+        std::lock_guard<std::mutex> lock(mutex_);
+        blanked_.insert(blanked_.end(), blanked.begin(), blanked.end());
       }
       busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - started)
@@ -304,6 +352,11 @@ void PendingRead::fail(std::exception_ptr error) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!error_) error_ = std::move(error);
   failed_.store(true, std::memory_order_relaxed);
+}
+
+std::vector<uint32_t> PendingRead::blanked() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return blanked_;
 }
 
 void PendingRead::cancel() {

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "stoker/image/image.hpp"
 #include "stoker/io/aligned_buffer.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/pinned_ring.hpp"
@@ -28,6 +29,8 @@ enum class Codec : uint8_t {
   kDeflate = 1,          // raw deflate (zip method 8), inflated into the destination
   kAsciiInt = 2,         // ASCII integer text (WebDataset's .cls), parsed into an int64
   kDeflateAsciiInt = 3,  // the same text deflated (a zip's): inflated, then parsed
+  kImage = 4,            // a JPEG or PNG, decoded, cropped and resized (ReadRequest::image)
+  kDeflateImage = 5,     // the same image deflated (a zip's): inflated, then decoded
 };
 
 // The longest integer text a member may hold, whitespace included.
@@ -46,10 +49,15 @@ struct ReadRequest {
   uint64_t length = 0;       // bytes on disk
   uint64_t dest_offset = 0;  // where the decoded bytes go in the batch buffer
   uint64_t out_length = 0;   // decoded size (== length for stored bytes; 8 for integers)
-  uint64_t text_length = 0;  // kDeflateAsciiInt: the inflated text's size (<= kMaxIntText)
+  // kDeflateAsciiInt, kDeflateImage: the size of the inflated bytes (for an integer's text,
+  // at most kMaxIntText).
+  uint64_t inflated_length = 0;
   Codec codec = Codec::kStored;
-  bool check_crc = false;  // compare the decoded bytes' CRC-32 with `crc32`
+  bool check_crc = false;  // compare the member's bytes' CRC-32 with `crc32`
   uint32_t crc32 = 0;
+  // kImage, kDeflateImage: what the image becomes, and the seed of its random crop.
+  std::shared_ptr<const image::Target> image;
+  uint64_t seed = 0;
 };
 
 struct ReadPlan;  // a batch's requests, sorted and grouped into runs (shard_reader.cpp)
@@ -72,6 +80,9 @@ class PendingRead {
   void cancel();
   // Thread time spent reading and decoding this batch so far, summed over threads.
   double busy_seconds() const { return busy_ns_.load(std::memory_order_relaxed) * 1e-9; }
+  // The requests (by index) whose image did not decode and were filled with
+  // zeros instead (image::Target::blank_on_error), in no particular order.
+  std::vector<uint32_t> blanked() const;
   // The buffer the batch was read into, when the reader allocated it.
   const std::shared_ptr<AlignedBuffer>& buffer() const { return buffer_; }
 
@@ -93,9 +104,10 @@ class PendingRead {
   std::atomic<size_t> remaining_;
   std::atomic<bool> failed_{false};
   std::atomic<int64_t> busy_ns_{0};
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable finished_;
   std::exception_ptr error_;
+  std::vector<uint32_t> blanked_;  // under mutex_
 };
 
 class ShardReader {

@@ -130,7 +130,7 @@ void plan_int(const FieldSpec& f, const std::vector<int64_t>& rows, const Member
             name_of(f) + " is " + std::to_string(r.out_length) + " bytes: too long for an integer");
       }
       r.codec = Codec::kDeflateAsciiInt;  // inflated, then parsed
-      r.text_length = r.out_length;
+      r.inflated_length = r.out_length;
     }
     r.out_length = sizeof(int64_t);
     add(batch, r, row);
@@ -152,6 +152,35 @@ void plan_bytes(const std::vector<int64_t>& rows, const Members& m, Regions& reg
   for (size_t i = 0; i < n; ++i) {
     out.starts[i] += out.offset;
     add(batch, request_for(m, rows[i], out.starts[i]), rows[i]);
+  }
+}
+
+// Mixes two 64-bit values into one well-spread seed (splitmix64's finaliser).
+uint64_t mix(uint64_t a, uint64_t b) {
+  uint64_t z = a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+// Images: each member is decoded by the reader into a fixed-size slot.
+void plan_image(const FieldSpec& f, const std::vector<int64_t>& rows, const Members& m,
+                uint64_t augment_seed, Regions& regions, FieldLayout& out, PreparedBatch& batch) {
+  size_t n = rows.size();
+  uint64_t nbytes = f.image->nbytes();
+  out.offset = regions.take(n * nbytes);
+  for (size_t i = 0; i < n; ++i) {
+    ReadRequest r = request_for(m, rows[i], out.offset + i * nbytes);
+    if (r.codec == Codec::kStored) {
+      r.codec = Codec::kImage;
+    } else {
+      r.codec = Codec::kDeflateImage;
+      r.inflated_length = r.out_length;
+    }
+    r.out_length = nbytes;
+    r.image = f.image;
+    r.seed = mix(augment_seed, static_cast<uint64_t>(batch.indices[i]));
+    add(batch, r, rows[i]);
   }
 }
 
@@ -220,11 +249,14 @@ BatchPlan::BatchPlan(std::vector<FieldSpec> fields) : fields_(std::move(fields))
     if (f.kind == Kind::kColumn ? f.column == nullptr : f.tables.empty()) {
       throw Error("field '" + f.name + "' has nothing to read");
     }
+    if (f.kind == Kind::kImage && !f.image) {
+      throw Error("field '" + f.name + "' is an image field with no target");
+    }
   }
 }
 
 PreparedBatch BatchPlan::prepare(const int64_t* indices, size_t n, const Members& m,
-                                 const KeyOf& key_of) const {
+                                 const KeyOf& key_of, uint64_t augment_seed) const {
   PreparedBatch batch;
   batch.indices.assign(indices, indices + n);
   for (const FieldSpec& f : fields_) {
@@ -259,6 +291,9 @@ PreparedBatch BatchPlan::prepare(const int64_t* indices, size_t n, const Members
         break;
       case Kind::kBytes:
         plan_bytes(rows, m, regions, out, batch);
+        break;
+      case Kind::kImage:
+        plan_image(f, rows, m, augment_seed, regions, out, batch);
         break;
       case Kind::kNpy: {
         bool all_members = true;

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "stoker/format/shard_index.hpp"
+#include "stoker/image/image.hpp"
 #include "stoker/io/shard_reader.hpp"
 
 namespace stoker::plan {
@@ -26,6 +27,7 @@ enum class Kind : uint8_t {
   kNpy = 2,     // a row of a .npy shard, or a .npy file stored as a member
   kBytes = 3,   // variable-length bytes, handed out one view per sample
   kColumn = 4,  // an integer column of the dataset (a CSV's labels): no member
+  kImage = 5,   // a JPEG or PNG, decoded into a fixed-size RGB array by the reader
 };
 
 struct FieldSpec {
@@ -37,9 +39,10 @@ struct FieldSpec {
   // not indexed yet), one table per alternative in order. Filled in place as
   // shards are indexed; owned by the caller for the plan's life.
   std::vector<const int64_t*> tables;
-  std::vector<std::string> alternatives;  // the tables' field names, for messages
-  const int64_t* column = nullptr;        // kColumn: one value per sample
-  uint64_t length = 0;                    // entries in each table (or the column)
+  std::vector<std::string> alternatives;       // the tables' field names, for messages
+  const int64_t* column = nullptr;             // kColumn: one value per sample
+  std::shared_ptr<const image::Target> image;  // kImage: what each image becomes
+  uint64_t length = 0;                         // entries in each table (or the column)
 };
 
 // The member table's columns as they are now (rows are only ever added).
@@ -91,9 +94,10 @@ class BatchPlan {
 
   // Everything about the batch of samples `indices` short of reading it. Throws
   // FormatError naming the file, offset, field and sample for a member that is
-  // missing or is not what its decoder needs.
+  // missing or is not what its decoder needs. An image's random crop is seeded
+  // by `augment_seed` and the sample's index alone.
   PreparedBatch prepare(const int64_t* indices, size_t n, const Members& members,
-                        const KeyOf& key_of) const;
+                        const KeyOf& key_of, uint64_t augment_seed = 0) const;
   // The integer columns' values, written into the batch's buffer.
   void write_columns(const PreparedBatch& batch, uint8_t* buffer) const;
   // After the read: every .npy member's header matches the batch's first.

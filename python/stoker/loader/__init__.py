@@ -30,7 +30,7 @@ from stoker.loader.collate import MapRunner, default_collate
 from stoker.loader.epochs import EpochCursor, Order
 from stoker.loader.plan import FieldsPlan, check_fields_argument
 from stoker.loader.prefetch import ShardPrefetch, shard_spans
-from stoker.loader.sampler import DEFAULT_SHUFFLE_WINDOW
+from stoker.loader.sampler import DEFAULT_SHUFFLE_WINDOW, augment_seed
 
 log = logging.getLogger("stoker.loader")
 
@@ -209,6 +209,7 @@ class Loader:
             "elapsed_s": elapsed,
             "wait_s": s.wait_s,
             "read_busy_s": s.read_busy_s,
+            "images_blanked": s.images_blanked,
             "input_bound_fraction": s.wait_s / elapsed if elapsed > 0 else 0.0,
             "samples_per_s": s.samples / elapsed if elapsed > 0 else 0.0,
         }
@@ -257,6 +258,7 @@ class Loader:
         holds = self.dataset.holds
         fetch = ShardPrefetch(self.dataset, holds, plan, next_batch) if holds else None
         done = next_batch  # batches handed out by this iterator, as plan numbers
+        augment = augment_seed(self.seed, cursor.epoch)
         try:
             while True:
                 while len(in_flight) < self.prefetch and next_batch < batches_in_plan:
@@ -271,7 +273,8 @@ class Loader:
                     try:
                         if fetch is not None:
                             fetch.arrive(next_batch)
-                        in_flight.append(batches.submit(plan.batch(next_batch), not in_flight))
+                        item = batches.submit(plan.batch(next_batch), not in_flight, augment)
+                        in_flight.append(item)
                     except RingFull:
                         break  # every pinned slot holds a batch read ahead: hand one out
                     except StokerError as error:  # raised when its batch's turn comes

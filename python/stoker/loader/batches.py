@@ -3,6 +3,7 @@ whole samples for map=), then waited for and turned into what the Loader hands o
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -15,6 +16,8 @@ from stoker.dataset.reads import samples_from, submit_members
 from stoker.errors import ShardFormatError, StokerError
 from stoker.loader.plan import FieldsPlan, name_member
 
+log = logging.getLogger("stoker.loader")
+
 
 @dataclass
 class Stats:
@@ -23,6 +26,7 @@ class Stats:
     bytes: int = 0
     wait_s: float = 0.0  # the consumer blocked in __next__
     read_busy_s: float = 0.0  # thread time spent reading and decoding, summed
+    images_blanked: int = 0  # Image(on_error="blank") members that did not decode
     started: float | None = None
 
 
@@ -78,16 +82,17 @@ class BatchReader:
         self.stats = stats
         self.torch = torch
 
-    def submit(self, indices: np.ndarray, can_wait: bool = True) -> InFlight:
+    def submit(self, indices: np.ndarray, can_wait: bool = True, augment_seed: int = 0) -> InFlight:
         """Start reading a batch. A device loader's fields= batch needs a pinned slot: when
         none is free and `can_wait` is false (batches are in flight, whose hand-out frees
-        one), this raises RingFull instead of waiting."""
+        one), this raises RingFull instead of waiting. `augment_seed`: the epoch's seed of
+        images' random crops."""
         if self.plan is None:
             self.ds.ensure_indexed(indices)
             rows, bounds = self.ds.members.member_rows(indices)
             pending = submit_members(self.ds.members, rows, self.reader)
             return InFlight(pending, indices, rows=rows, bounds=bounds)
-        prepared = self.plan.prepare(indices)
+        prepared = self.plan.prepare(indices, augment_seed)
         slot = None
         if self.stage is not None:
             # Read straight into a pinned slot: the batch then goes over in one copy.
@@ -108,6 +113,8 @@ class BatchReader:
                 raise name_member(self.ds, error, item.rows, offsets) from error
             raise  # a batch that failed before any read: its error says it all
         self.stats.read_busy_s += item.pending.busy_seconds()
+        if item.prepared is not None and self.plan.has_images:
+            self._count_blanked(item)
         self.stats.bytes += int(buffer.nbytes)
         self.stats.samples += len(item.indices)
         if item.prepared is not None:
@@ -119,3 +126,11 @@ class BatchReader:
             samples = self.map_fn(samples)
         batch = self.collate(samples)
         return self.stage.to_device(batch) if self.stage else batch
+
+    def _count_blanked(self, item: InFlight) -> None:
+        blanked = item.pending.blanked()
+        if not len(blanked):
+            return
+        self.stats.images_blanked += len(blanked)
+        for key in self.plan.blanked(item.prepared, blanked):
+            log.warning("sample %r: its image did not decode; it was served as zeros", key)

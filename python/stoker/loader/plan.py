@@ -12,9 +12,15 @@ import numpy as np
 from stoker import _core
 from stoker.dataset import Dataset
 from stoker.errors import ShardFormatError, StokerError, UsageError, located, quoted
-from stoker.fields import Bytes, FieldSpec, Int, Npy, Raw
+from stoker.fields import Bytes, FieldSpec, Image, Int, Npy, Raw
 
-_KINDS = {Raw: _core.FieldKind.RAW, Int: _core.FieldKind.INT, Npy: _core.FieldKind.NPY}
+_KINDS = {
+    Raw: _core.FieldKind.RAW,
+    Int: _core.FieldKind.INT,
+    Npy: _core.FieldKind.NPY,
+    Image: _core.FieldKind.IMAGE,
+}
+_DECODERS = (Raw, Int, Npy, Bytes, Image)
 _BYTES = _core.FieldKind.BYTES
 
 
@@ -32,7 +38,7 @@ def check_fields_argument(fields: object) -> dict[str, FieldSpec] | None:
         raise UsageError(
             f"fields= maps each field to its decoder, not a {type(fields).__name__} "
             f"({quoted(fields, 80)}): pass a dict such as {{{example}}}, with the decoder "
-            "each field needs: stoker.Raw(shape, dtype), Int(), Npy() or Bytes()"
+            "each field needs: stoker.Raw(shape, dtype), Int(), Npy(), Bytes() or Image()"
         )
     wrong = [key for key in fields if not isinstance(key, str)]
     if wrong:
@@ -44,7 +50,10 @@ def check_fields_argument(fields: object) -> dict[str, FieldSpec] | None:
 
 def _likely_decoder(name: str) -> str:
     """The decoder a field of this name usually needs, for an example in a message."""
-    return "Int" if name.lower() in ("cls", "label", "target", "index") else "Bytes"
+    lower = name.lower()
+    if lower in ("cls", "label", "target", "index"):
+        return "Int"
+    return "Image" if lower in ("jpg", "jpeg", "png", "image", "img") else "Bytes"
 
 
 def _some(names: list[str], most: int = 20) -> str:
@@ -68,16 +77,19 @@ class FieldsPlan:
             self.entries.append((name, spec))
             if alternatives[0] in table.extras:
                 column = table.extras[alternatives[0]]
-                specs.append((name, int(_core.FieldKind.COLUMN), 0, "", [], [], column))
+                specs.append((name, int(_core.FieldKind.COLUMN), 0, "", [], [], column, None))
                 continue
             kind = next((k for cls, k in _KINDS.items() if isinstance(spec, cls)), _BYTES)
             nbytes = spec.nbytes if isinstance(spec, Raw) else 0
             what = f"{spec.shape} {np.dtype(spec.dtype)}" if isinstance(spec, Raw) else ""
             tables = [table.field_table(a) for a in alternatives]
-            specs.append((name, int(kind), nbytes, what, list(alternatives), tables, None))
+            target = spec.target if isinstance(spec, Image) else None
+            specs.append((name, int(kind), nbytes, what, list(alternatives), tables, None, target))
         self.plan = _core.BatchPlan(specs)
         self._layouts: dict[tuple, tuple[np.dtype, tuple[int, ...], int]] = {}
-        self._fixed = all(isinstance(spec, (Raw, Int)) for _, spec in self.entries)
+        self._fixed = all(isinstance(spec, (Raw, Int, Image)) for _, spec in self.entries)
+        self.has_images = any(isinstance(spec, Image) for _, spec in self.entries)
+        self._blanked_keys: set[str] = set()
         self._recipes: dict[int, list[tuple]] = {}
 
     def _check(self, key: str, spec: FieldSpec, have: set[str]) -> tuple[str, tuple[str, ...]]:
@@ -89,17 +101,17 @@ class FieldsPlan:
             raise UsageError(
                 f"fields= key {key!r} has an empty name; alternatives are written 'jpg;jpeg;png'"
             )
-        if isinstance(spec, type) and spec in (Raw, Int, Npy, Bytes):
+        if isinstance(spec, type) and spec in _DECODERS:
             call = "Raw(shape, dtype)" if spec is Raw else f"{spec.__name__}()"
             raise UsageError(
                 f"fields={{{key!r}: stoker.{spec.__name__}}}: that is the decoder's class; "
                 f"call it: stoker.{call}"
             )
-        if not isinstance(spec, (Raw, Int, Npy, Bytes)):
+        if not isinstance(spec, _DECODERS):
             raise UsageError(
                 f"fields={{{key!r}: {quoted(spec, 80)}}}: the value is not a stoker field "
-                "decoder; use stoker.Raw(shape, dtype), stoker.Int(), stoker.Npy() or "
-                "stoker.Bytes()"
+                "decoder; use stoker.Raw(shape, dtype), stoker.Int(), stoker.Npy(), "
+                "stoker.Bytes() or stoker.Image()"
             )
         if any(entry == name for entry, _ in self.entries):
             raise UsageError(f"fields= names the batch entry {name!r} twice")
@@ -124,10 +136,23 @@ class FieldsPlan:
 
     # -- per batch -------------------------------------------------------------------
 
-    def prepare(self, indices: np.ndarray) -> Any:
-        """The batch of samples `indices` laid out: a _core.PreparedBatch to submit."""
+    def prepare(self, indices: np.ndarray, augment_seed: int = 0) -> Any:
+        """The batch of samples `indices` laid out: a _core.PreparedBatch to submit. Images'
+        random crops are seeded by `augment_seed` (the loader's seed and epoch) and each
+        sample's index."""
         self.ds.ensure_indexed(indices)
-        return self.plan.prepare(indices, self.ds.members.plan_columns(), self.ds.key)
+        columns = self.ds.members.plan_columns()
+        return self.plan.prepare(indices, columns, self.ds.key, augment_seed)
+
+    def blanked(self, prepared: Any, requests: np.ndarray) -> list[str]:
+        """The keys of the samples whose images the reader blanked (`requests`, its request
+        numbers) not reported before: each bad member is logged once, not every epoch."""
+        rows, _ = prepared.pieces()
+        table = self.ds.members
+        keys = [self.ds.key(int(table.sample[int(rows[r])])) for r in requests.tolist()]
+        new = [k for k in dict.fromkeys(keys) if k not in self._blanked_keys]
+        self._blanked_keys.update(new)
+        return new
 
     def assemble(
         self, prepared: Any, buffer: np.ndarray, indices: np.ndarray, torch: Any, copy: bool
@@ -187,6 +212,8 @@ class FieldsPlan:
                 dtype, shape = self.ds.members.decoders[decoder]
             elif isinstance(spec, Raw):
                 dtype, shape = np.dtype(spec.dtype), spec.shape
+            elif isinstance(spec, Image):
+                dtype, shape = np.dtype(np.uint8), spec.shape
             else:  # Int, and integer columns
                 dtype, shape = np.dtype(np.int64), ()
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize

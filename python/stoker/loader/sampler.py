@@ -33,6 +33,13 @@ class EpochPlan:
         return self.indices[k * self.batch_size : (k + 1) * self.batch_size]
 
 
+def augment_seed(seed: int, epoch: int) -> int:
+    """The seed of an epoch's random image crops: with each sample's index, it decides every
+    crop and flip, whichever thread decodes the sample and whenever."""
+    state = np.random.SeedSequence([seed, epoch, 2]).generate_state(1, np.uint64)
+    return int(state[0])
+
+
 def batch_count(samples: int, batch_size: int, drop_last: bool) -> int:
     """Batches `samples` make: a partial last one counts unless drop_last."""
     full, rest = divmod(samples, batch_size)

@@ -77,6 +77,8 @@ def _pack(args: argparse.Namespace) -> int:
         classes=classes,
         num_threads=args.threads,
         quiet=_quiet(args),
+        image_size=args.image_size,
+        image_quality=args.quality,
     )
     print(
         f"packed {result.samples:,} samples into {len(result.shards)} shard(s), "
@@ -228,6 +230,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--stratify", action="store_true", help="spread each label evenly over the shards"
     )
     pack.add_argument("--threads", type=_count, default=0, help="shards written at once")
+    pack.add_argument(
+        "--image-size",
+        type=int,
+        metavar="S",
+        help="re-encode JPEGs so that their shorter side is at most S pixels",
+    )
+    pack.add_argument(
+        "--quality", type=int, default=90, help="JPEG quality of --image-size (default 90)"
+    )
     pack.set_defaults(run=_pack)
 
     index = _command(

@@ -1,16 +1,20 @@
 """``stoker demo``: the whole path on a small dataset, in seconds, leaving nothing behind.
 
-A dataset of one image file per sample with a CSV of ``filename,label`` rows is written to
-a temporary folder, packed into tar shards with a manifest, served over HTTP on 127.0.0.1 by
-a server in a process of its own, and read remote -> node cache -> batches. Each stoker
-figure is set beside the baseline that does the same job without stoker: the remote epoch
-beside downloading the shards and running torch's DataLoader over them, the cached epoch
-beside torch's DataLoader over one local file per sample.
+A dataset of one JPEG file per sample with a CSV of ``filename,label`` rows is written to a
+temporary folder, packed into tar shards with a manifest, served over HTTP on 127.0.0.1 by
+a server in a process of its own, and read remote -> node cache -> batches of randomly
+cropped, flipped and resized images, decoded by ``stoker.Image()``. Each stoker figure is
+set beside the baseline that does the same job without stoker, decoding with Pillow in
+torch's DataLoader: the remote epoch beside downloading the shards and running the
+DataLoader over them, the cached epoch beside the DataLoader over one local file per sample.
 """
 
 from __future__ import annotations
 
+import io
+import math
 import os
+import random
 import shutil
 import sys
 import tarfile
@@ -23,28 +27,94 @@ from typing import Any
 
 import numpy as np
 
-SHAPE = (3, 64, 64)
+#: The images written, (height, width), and the crops the loaders make of them.
+IMAGE = (192, 256)
+CROP = 128
 BATCH = 64
 #: Downloads at once in the download-first baseline, as `aws s3 cp` or a few wgets would.
 DOWNLOADS = 4
+#: Distinct scenes; every sample is one of them shifted, mirrored and lit its own way.
+SCENES = 16
+
+
+def _scene(rng: np.random.Generator, height: int, width: int) -> np.ndarray:
+    """A smooth, photo-like picture: soft colour gradients and a few blurred discs (random
+    noise would not compress or decode like a photograph)."""
+    y, x = np.mgrid[0:height, 0:width] / max(height, width)
+    image = np.zeros((height, width, 3))
+    for c in range(3):
+        for _ in range(3):
+            fx, fy, phase = rng.uniform(0.5, 4, 2).tolist() + [rng.uniform(0, 2 * np.pi)]
+            image[..., c] += np.cos(2 * np.pi * (fx * x + fy * y) + phase)
+    image = (image - image.min()) / (np.ptp(image) + 1e-9) * 200 + 20
+    for _ in range(6):
+        cy, cx, r = rng.uniform(0, 1, 2).tolist() + [rng.uniform(0.05, 0.25)]
+        d = np.sqrt((y - cy * height / max(height, width)) ** 2 + (x - cx) ** 2)
+        inside = np.clip((r - d) / 0.01, 0, 1)[..., None]
+        image = image * (1 - inside) + rng.uniform(0, 255, 3) * inside
+    return image
 
 
 def write_files_and_csv(folder: str, samples: int, seed: int = 0) -> tuple[str, str]:
-    """labels_train.csv (``filename,label`` rows) and labels_train/ (one raw 3x64x64 image
-    per file)."""
+    """labels_train.csv (``filename,label`` rows) and labels_train/ (one JPEG per file)."""
+    from PIL import Image
+
     rng = np.random.default_rng(seed)
     root = os.path.join(folder, "labels_train")
     os.makedirs(root)
     csv = os.path.join(folder, "labels_train.csv")
     labels = rng.integers(0, 10, samples)
+    height, width = IMAGE
+    scenes = [_scene(rng, height, width) for _ in range(SCENES)]
+    shifts = rng.integers(0, width, samples)
+    gains = rng.uniform(0.8, 1.2, samples)
+
+    def write(i: int) -> None:
+        image = np.roll(scenes[i % SCENES], int(shifts[i]), axis=1) * gains[i]
+        if i % 2:
+            image = image[:, ::-1]
+        picture = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
+        picture.save(os.path.join(root, f"img{i:06d}.jpg"), quality=90)
+
+    with ThreadPoolExecutor(os.cpu_count()) as pool:  # Pillow encodes without the GIL
+        list(pool.map(write, range(samples)))
     with open(csv, "w") as f:
         f.write("filename,label\n")
-        for i in range(samples):
-            name = f"img{i:06d}.rgb"
-            with open(os.path.join(root, name), "wb") as image:
-                image.write(rng.integers(0, 256, SHAPE, dtype=np.uint8).tobytes())
-            f.write(f"{name},{labels[i]}\n")
+        f.writelines(f"img{i:06d}.jpg,{labels[i]}\n" for i in range(samples))
     return csv, root
+
+
+def random_resized_crop(width: int, height: int, rng: random.Random) -> tuple[int, ...]:
+    """RandomResizedCrop's box (area 8-100%, aspect 3/4-4/3, ten tries, then the centre),
+    as torchvision draws it."""
+    area = width * height
+    for _ in range(10):
+        target = area * rng.uniform(0.08, 1.0)
+        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        w, h = round(math.sqrt(target * aspect)), round(math.sqrt(target / aspect))
+        if 0 < w <= width and 0 < h <= height:
+            top, left = rng.randint(0, height - h), rng.randint(0, width - w)
+            return (left, top, left + w, top + h)
+    w, h = width, height
+    if width / height < 3 / 4:
+        h = round(w / (3 / 4))
+    elif width / height > 4 / 3:
+        w = round(h * (4 / 3))
+    left, top = (width - w) // 2, (height - h) // 2
+    return (left, top, left + w, top + h)
+
+
+def pillow_decode(data: bytes, rng: random.Random, size: int = CROP) -> np.ndarray:
+    """What a torch user's dataset does with a JPEG: Pillow decodes it, a RandomResizedCrop
+    and a random flip (torchvision's, on a PIL image), then a (3, size, size) uint8 array."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    box = random_resized_crop(image.width, image.height, rng)
+    image = image.resize((size, size), Image.BILINEAR, box=box)
+    if rng.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    return np.asarray(image).transpose(2, 0, 1)
 
 
 class _Members:
@@ -76,11 +146,12 @@ class TarMembersDataset:
 
     def __init__(self, shards: list[str]) -> None:
         self.images = _Members()
+        self.rng = random.Random(0)
         labels = _Members()
         for shard in shards:
             with tarfile.open(shard) as tar:
                 for member in tar.getmembers():
-                    if member.name.endswith(".rgb"):
+                    if member.name.endswith(".jpg"):
                         self.images.add(shard, member.offset_data, member.size)
                     elif member.name.endswith(".cls"):
                         labels.add(shard, member.offset_data, member.size)
@@ -92,7 +163,7 @@ class TarMembersDataset:
     def __getitem__(self, i: int):  # noqa: ANN204 - a (tensor, int) pair
         import torch
 
-        image = np.frombuffer(self.images.read(i), np.uint8).reshape(SHAPE)
+        image = pillow_decode(self.images.read(i), self.rng)
         return torch.from_numpy(image.copy()), self.labels[i]
 
 
@@ -103,6 +174,7 @@ class FilePerSampleDataset:
     def __init__(self, paths: list[str], labels: Iterable[int]) -> None:
         self.paths = paths
         self.labels = [int(label) for label in labels]
+        self.rng = random.Random(0)
 
     @classmethod
     def from_csv(cls, csv: str, root: str) -> FilePerSampleDataset:
@@ -118,14 +190,21 @@ class FilePerSampleDataset:
         import torch
 
         with open(self.paths[i], "rb") as f:
-            image = np.frombuffer(f.read(), np.uint8).reshape(SHAPE)
+            image = pillow_decode(f.read(), self.rng)
         return torch.from_numpy(image.copy()), self.labels[i]
 
 
+def _workers() -> int:
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
+
+
 def _data_loader(dataset: Any):  # noqa: ANN202 - a torch DataLoader
+    """torch's DataLoader as it is used for decoding: a worker process per core."""
     import torch
 
-    return torch.utils.data.DataLoader(dataset, batch_size=BATCH, shuffle=True, num_workers=0)
+    return torch.utils.data.DataLoader(
+        dataset, batch_size=BATCH, shuffle=True, num_workers=_workers()
+    )
 
 
 def _epoch(batches: Iterable, device: str, start: float | None = None) -> tuple[int, float, float]:
@@ -135,7 +214,7 @@ def _epoch(batches: Iterable, device: str, start: float | None = None) -> tuple[
     first = None
     samples = 0
     for batch in batches:
-        images = batch["rgb"] if isinstance(batch, dict) else batch[0]
+        images = batch["jpg"] if isinstance(batch, dict) else batch[0]
         if device != "cpu":
             images = images.to(device, non_blocking=True)
         samples += len(images)
@@ -187,8 +266,8 @@ def run(samples: int = 10_000, quiet: bool = False, keep: str | None = None) -> 
         start = time.perf_counter()
         csv, root = write_files_and_csv(work, samples)
         say(
-            f"1. wrote {samples:,} images of {SHAPE} uint8, one file per sample, in "
-            f"{os.path.relpath(root, work)}/, and their labels in "
+            f"1. wrote {samples:,} JPEG images of {IMAGE[1]}x{IMAGE[0]}, one file per sample, "
+            f"in {os.path.relpath(root, work)}/, and their labels in "
             f"{os.path.relpath(csv, work)} ({time.perf_counter() - start:.1f} s)"
         )
         start = time.perf_counter()
@@ -207,7 +286,8 @@ def run(samples: int = 10_000, quiet: bool = False, keep: str | None = None) -> 
         )
         with ServerProcess(os.path.join(work, "shards")) as server:
             say(f"3. serving the shards at {server.url}/ from a process of its own")
-            fields = {"rgb": stoker.Raw(SHAPE, "uint8"), "cls": stoker.Int()}
+            image = stoker.Image(size=CROP, crop="random", flip=True)
+            fields = {"jpg": image, "cls": stoker.Int()}
             start = time.perf_counter()  # opening the dataset counts: it is one request
             ds = stoker.Dataset(
                 server.url_for("stoker.json"), cache_dir=os.path.join(work, "cache")
@@ -222,7 +302,11 @@ def run(samples: int = 10_000, quiet: bool = False, keep: str | None = None) -> 
         def times(result: tuple[int, float, float], baseline: tuple[int, float, float]) -> str:
             return f"{(result[0] / result[1]) / (baseline[0] / baseline[1]):.1f}x"
 
-        say(f"4. one shuffled epoch each, batches of {BATCH} on {device}:\n")
+        say(
+            f"4. one shuffled epoch each: batches of {BATCH} random {CROP}x{CROP} crops, "
+            f"flipped half the time, on {device}; stoker decodes with stoker.Image() on its "
+            f"threads, the DataLoader with Pillow in {_workers()} worker processes:\n"
+        )
         say(f"     {'':<50} {'samples/s':>11} {'1st batch':>10}")
         say("   over HTTP, from the server process:")
         say(

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import logging
 import os
 import shutil
 import sys
@@ -27,6 +28,47 @@ from stoker.dataset import Dataset
 from stoker.errors import StokerError, quoted
 from stoker.formats import SHARD_FORMATS
 from stoker.manifest import MANIFEST_NAME, write_manifest
+
+log = logging.getLogger("stoker.pack")
+
+_JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+@dataclass(frozen=True)
+class ImageResize:
+    """``--image-size``: JPEG members re-encoded so that their shorter side is at most
+    `shorter_side`, at `quality`, on `num_threads` C++ threads (the GIL released)."""
+
+    shorter_side: int
+    quality: int = 90
+    num_threads: int = 1
+
+
+def shrink_images(batch: list[dict], resize: ImageResize, source: str) -> None:
+    """Every JPEG member of `batch` (samples as get_batch gives them) larger than
+    `resize` allows, replaced by its re-encoding. PNGs and other members are kept as they
+    are (re-encoding a PNG as a JPEG would change what its name says); a JPEG that does not
+    decode is kept, with a warning naming it."""
+    where, images, names = [], [], []
+    for s, sample in enumerate(batch):
+        for field, value in sample.items():
+            if field == "__key__" or not isinstance(value, np.ndarray):
+                continue
+            if value.dtype == np.uint8 and value.ndim == 1 and value[:3].tobytes() == _JPEG_MAGIC:
+                where.append((s, field))
+                images.append(value.tobytes())
+                names.append(f"{source}: {sample['__key__']}.{field}")
+    if not images:
+        return
+    resized, problems = _core.shrink_jpegs(
+        images, resize.shorter_side, resize.quality, resize.num_threads, names
+    )
+    for (s, field), data, problem in zip(where, resized, problems):
+        if problem is not None:
+            log.warning("kept as it is, it does not decode: %s", problem)
+        elif data is not None:
+            batch[s][field] = np.frombuffer(data, np.uint8)
+
 
 #: Header block size and the fixed fields every packed member gets.
 _BLOCK = 512
@@ -220,13 +262,17 @@ def write_shard(
     path: str,
     progress: Callable[[int], None],
     stop: threading.Event,
+    resize: ImageResize | None = None,
 ) -> None:
-    """Tar shard `path` of `samples`: each field a member ``KEY.FIELD``, a label ``KEY.cls``."""
+    """Tar shard `path` of `samples`: each field a member ``KEY.FIELD``, a label ``KEY.cls``;
+    JPEGs shrunk as `resize` says."""
     chunk = 256
     with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
         for at in range(0, len(samples), chunk):
             idx = samples[at : at + chunk]
             batch = ds.get_batch(idx)  # (fetches remote shards: their rows are known after)
+            if resize is not None:
+                shrink_images(batch, resize, ds.source)
             # (get_batch fetched and indexed the shards: their member rows are known)
             npy_rows = ds.members.decoder[ds.members.member_rows(idx)[0]] != 0  # .npy rows
             labels = ds.members.extras.get("label")
@@ -297,14 +343,28 @@ def pack(
     num_threads: int = 0,
     quiet: bool = False,
     prefix: str = "shard",
+    image_size: int | None = None,
+    image_quality: int = 90,
 ) -> PackResult:
     """Pack `ds` into tar shards and a ``stoker.json`` in `out` (new or empty). Everything
     is written in a hidden folder and moved into `out` at the end: a run that fails leaves
-    nothing behind."""
+    nothing behind. `image_size`: JPEG members re-encoded (at `image_quality`) so that their
+    shorter side is at most that many pixels; shards are then smaller than `shard_size`,
+    which is reckoned on the members as they were."""
     if shard_size is not None and samples_per_shard is not None:
         raise StokerError("give --shard-size or --samples-per-shard, not both")
     if shard_size is None and samples_per_shard is None:
         shard_size = 256 << 20
+    if image_size is not None and image_size < 1:
+        raise StokerError(f"--image-size is a number of pixels, at least 1, not {image_size}")
+    if not 1 <= image_quality <= 100:
+        raise StokerError(f"--quality is 1 to 100, not {image_quality}")
+    if image_size is not None and not _core.image_support():
+        raise StokerError(
+            "--image-size needs image support, and this build of stoker was made without "
+            "libjpeg-turbo and libpng (Debian: apt-get install libjpeg62-turbo-dev libpng-dev, "
+            "then reinstall stoker)"
+        )
     if (shard_size is not None and shard_size <= 0) or (
         samples_per_shard is not None and samples_per_shard <= 0
     ):
@@ -338,7 +398,14 @@ def pack(
     os.makedirs(work)
     moved: list[str] = []
     stop = threading.Event()
-    pool = ThreadPoolExecutor(max(1, num_threads or os.cpu_count() or 1))
+    writers = max(1, num_threads or os.cpu_count() or 1)
+    pool = ThreadPoolExecutor(writers)
+    resize = None
+    if image_size is not None:
+        # Shards are written side by side; their decoding threads share the cores.
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
+        threads = max(1, cores // min(writers, len(plan) or 1))
+        resize = ImageResize(image_size, image_quality, threads)
     try:
         lock = threading.Lock()
         with _progress(len(ds), quiet, "samples", "pack") as bar:
@@ -348,7 +415,9 @@ def pack(
                     bar.update(n)
 
             futures = [
-                pool.submit(write_shard, ds, members, os.path.join(work, name), progress, stop)
+                pool.submit(
+                    write_shard, ds, members, os.path.join(work, name), progress, stop, resize
+                )
                 for members, name in zip(plan, names)
             ]
             for future in futures:

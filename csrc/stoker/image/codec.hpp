@@ -1,0 +1,51 @@
+// The decoders behind decode_into: each reads an image's header, asks which part
+// of it is needed, and decodes just that part (a window) into RGB rows.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+namespace stoker::image::detail {
+
+// The part of the source image to decode, in source pixels: [x0, x1) x [y0, y1).
+// `eighths`: the scale the decoder may decode at, in eighths: 8, 4, 2 or 1 (a
+// JPEG is shrunk that much in the DCT; libjpeg-turbo's SIMD covers those scales).
+struct Region {
+  uint32_t x0 = 0, y0 = 0, x1 = 0, y1 = 0;
+  uint32_t eighths = 8;
+};
+
+// Given the source's width and height, the region to decode. Called once, after
+// the header is read and before any pixel is decoded.
+using ChooseRegion = std::function<Region(uint32_t width, uint32_t height)>;
+
+// Decoded pixels: rows [y0, y0 + rows) and columns [x0, x0 + cols) of the image
+// decoded at scaled_width x scaled_height, RGB, rows of cols * 3 bytes.
+struct Window {
+  uint32_t x0 = 0, y0 = 0, cols = 0, rows = 0;
+  uint32_t width = 0, height = 0;                // the source's size
+  uint32_t scaled_width = 0, scaled_height = 0;  // the size it was decoded at
+  std::vector<uint8_t> pixels;
+};
+
+// Each returns an empty string on success, else what is wrong with the bytes.
+std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& choose,
+                        Window& window);
+std::string decode_png(const uint8_t* src, uint64_t size, const ChooseRegion& choose,
+                       Window& window);
+
+// A JPEG of RGB rows; empty string on success.
+std::string encode_jpeg(const uint8_t* rgb, uint32_t width, uint32_t height, int quality,
+                        std::vector<uint8_t>& out);
+
+// Antialiased resampling (a triangle filter widened by the scale factor when
+// shrinking) of the box [x0, x1) x [y0, y1) of `src` (cols x rows RGB, rows of
+// cols * 3 bytes) to out_width x out_height, mirrored when `flip`, written as
+// (H, W, 3) when `channels_last`, else as (3, H, W).
+void resample(const uint8_t* src, uint32_t cols, uint32_t rows, double x0, double y0, double x1,
+              double y1, uint32_t out_width, uint32_t out_height, bool flip, bool channels_last,
+              uint8_t* dest);
+
+}  // namespace stoker::image::detail
