@@ -15,8 +15,10 @@ its first batch. The DataLoader's dataset decodes with Pillow and crops with the
 RandomResizedCrop rules in Python (what torchvision does with a PIL image; torchvision is
 not used, its PyPI build does not load beside the CPU torch here). The ceiling decodes every
 image whole with libjpeg-turbo and resizes it to 224x224 on bare threads, one per core, with
-no batching, no shuffling and no crop. Loaders take turns for --runs rounds; the table shows
-medians and ratios to the ceiling and to the best DataLoader.
+no batching, no shuffling and no crop. SPDL decodes with FFmpeg (its Python package needs
+FFmpeg's shared libraries: on Debian 12 `apt-get install libavformat59 libavfilter8
+libavdevice59`); where it does not import, its row says why. Loaders take turns for --runs
+rounds; the table shows medians and ratios to the ceiling and to the best DataLoader.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ import time
 
 import numpy as np
 
-from stoker.tools.demo import pillow_decode  # RandomResizedCrop + flip with Pillow
+from stoker.tools.demo import pillow_decode, seed_worker  # the Pillow baseline's decode
 
 BATCH = 64
 SIZE = 224
@@ -131,7 +133,13 @@ def run_dataloader(folder: str, workers: int):
                 image = pillow_decode(f.read(), self.rng, SIZE)
             return torch.from_numpy(image.copy()), int(label)
 
-    return DataLoader(JpegFolder(), batch_size=BATCH, shuffle=True, num_workers=workers)
+    return DataLoader(
+        JpegFolder(),
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=workers,
+        worker_init_fn=seed_worker,
+    )
 
 
 def run_stoker_map(folder: str):
@@ -154,6 +162,9 @@ def run_stoker(folder: str, crop: str, shards: str = "shards"):
 
 
 def run_spdl(folder: str):
+    """SPDL's pipeline, decoding with FFmpeg on a thread per core. The crop is RandomResizedCrop
+    in FFmpeg's filter language: an area and aspect ratio drawn per image, clamped to the
+    image instead of retried, then a bilinear scale to 224 and RGB."""
     import spdl.io
     import torch
     from spdl.pipeline import PipelineBuilder
@@ -161,22 +172,33 @@ def run_spdl(folder: str):
     with open(os.path.join(folder, "labels.csv")) as f:
         rows = [line.strip().split(",") for line in f.readlines()[1:]]
     order = np.random.default_rng(0).permutation(len(rows))
+    rng = random.Random(0)
 
     def load(i):
         name, label = rows[i]
+        area = rng.uniform(0.08, 1.0)
+        aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
+        x, y = rng.random(), rng.random()
+        crop = (
+            f"crop=w=min(iw\\,sqrt(iw*ih*{area}*{aspect})):h=min(ih\\,sqrt(iw*ih*{area}/{aspect}))"
+            f":x=(iw-ow)*{x}:y=(ih-oh)*{y}"
+        )
         packets = spdl.io.demux_image(os.path.join(folder, "files", name))
-        frames = spdl.io.decode_packets(packets, filter_desc=f"scale={SIZE}:{SIZE}")
-        return np.asarray(spdl.io.convert_frames(frames)), int(label)
+        frames = spdl.io.decode_packets(
+            packets, filter_desc=f"{crop},scale={SIZE}:{SIZE}:flags=bilinear,format=rgb24"
+        )
+        return np.asarray(spdl.io.convert_frames(frames)).transpose(2, 0, 1), int(label)
 
     def collate(items):
         return torch.from_numpy(np.stack([x[0] for x in items])), [x[1] for x in items]
 
-    builder = PipelineBuilder().add_source(order.tolist()).pipe(load, concurrency=os.cpu_count())
+    threads = len(os.sched_getaffinity(0))
+    builder = PipelineBuilder().add_source(order.tolist()).pipe(load, concurrency=threads)
     builder = builder.aggregate(BATCH).pipe(collate).add_sink(4)
 
     class Run:
         def __iter__(self):
-            pipeline = builder.build(num_threads=os.cpu_count())
+            pipeline = builder.build(num_threads=threads)
             with pipeline.auto_stop():
                 yield from pipeline
 
@@ -187,7 +209,7 @@ LOADERS = {
     "DataLoader + Pillow, 0 workers": lambda d: run_dataloader(d, 0),
     "DataLoader + Pillow, 2 workers": lambda d: run_dataloader(d, 2),
     "stoker Loader(map=) + Pillow": run_stoker_map,
-    "SPDL image pipeline (resize, no crop)": run_spdl,
+    "SPDL pipeline, FFmpeg decode + crop": run_spdl,
     "stoker Image(crop='random')": lambda d: run_stoker(d, "random"),
     "stoker Image(crop='center')": lambda d: run_stoker(d, "center"),
     "stoker Image(crop='random'), pack --image-size 256": lambda d: run_stoker(

@@ -293,6 +293,15 @@ def bomb_jpeg() -> bytes:
     return bytes(data)
 
 
+def progressive_bomb() -> bytes:
+    """A small progressive JPEG whose frame claims 13000 x 13000 pixels at full chroma: under
+    the pixel limit, but its coefficients would need about a gigabyte."""
+    data = bytearray(encoded(PIL.fromarray(RGB[:64, :64]), "JPEG", progressive=True, subsampling=0))
+    sof = data.find(b"\xff\xc2")
+    data[sof + 5 : sof + 9] = struct.pack(">HH", 13000, 13000)
+    return bytes(data)
+
+
 def bomb_png() -> bytes:
     data = bytearray(FORMATS["png rgb"]())
     ihdr = bytearray(data[12:29])  # type and data of IHDR
@@ -321,6 +330,7 @@ BAD = {
     "text named .jpg": (lambda: b"<html>not an image</html>", "not a JPEG or PNG"),
     "jpeg decompression bomb": (bomb_jpeg, "60000 x 60000 pixels, more than"),
     "png decompression bomb": (bomb_png, "100000 x 100000 pixels, more than"),
+    "progressive jpeg too big to decode": (progressive_bomb, "more than the 512 MiB"),
 }
 
 
@@ -354,6 +364,13 @@ def test_on_error_blank_serves_zeros_counts_and_logs_once(tmp_path, caplog):
     assert loader_.stats()["images_blanked"] == 4  # two a pass, two passes
     warned = [r.getMessage() for r in caplog.records if "did not decode" in r.getMessage()]
     assert len(warned) == 2 and "'b'" in warned[0] + warned[1]
+
+
+def test_a_missing_target_is_a_type_error_not_a_crash():
+    with pytest.raises(TypeError):
+        _core.decode_image(FORMATS["png rgb"](), None)
+    with pytest.raises(TypeError):
+        _core.image_box(10, 10, None)
 
 
 def test_image_arguments_are_checked():

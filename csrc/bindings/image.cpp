@@ -50,12 +50,16 @@ std::shared_ptr<Target> make_target(uint32_t height, uint32_t width, image::Crop
   return t;
 }
 
-// The bytes of a buffer object, which stays referenced by the caller.
-std::pair<const uint8_t*, uint64_t> bytes_of(const py::buffer& data) {
-  py::buffer_info info = data.request();
-  if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("a contiguous buffer");
-  return {static_cast<const uint8_t*>(info.ptr), uint64_t(info.size) * info.itemsize};
-}
+// A buffer object's bytes, exported (a bytearray cannot be resized under a
+// decode that runs without the GIL) for as long as this lives.
+struct Exported {
+  explicit Exported(const py::buffer& data) : info(data.request()) {
+    if (!PyBuffer_IsContiguous(info.view(), 'C')) throw py::value_error("a contiguous buffer");
+  }
+  const uint8_t* data() const { return static_cast<const uint8_t*>(info.ptr); }
+  uint64_t size() const { return uint64_t(info.size) * info.itemsize; }
+  py::buffer_info info;
+};
 
 // One sample's shape, as a Loader's Image field hands it out.
 py::tuple shape_of(const Target& t) {
@@ -94,15 +98,16 @@ void register_image(py::module_& m) {
       "decode_image",
       [](const py::buffer& data, std::shared_ptr<Target> target, uint64_t seed,
          const std::string& name) {
-        auto [src, size] = bytes_of(data);
+        Exported bytes(data);
         std::vector<uint8_t> out(target->nbytes());
         {
           py::gil_scoped_release release;
-          image::decode_into(src, size, *target, seed, out.data(), name, 0);
+          image::decode_into(bytes.data(), bytes.size(), *target, seed, out.data(), name, 0);
         }
         return vector_to_numpy(std::move(out)).attr("reshape")(shape_of(*target));
       },
-      py::arg("data"), py::arg("target"), py::arg("seed") = 0, py::arg("name") = "<image>",
+      py::arg("data"), py::arg("target").none(false), py::arg("seed") = 0,
+      py::arg("name") = "<image>",
       "One image decoded as an Image field decodes it (seed: its random crop's seed).");
 
   m.def(
@@ -111,17 +116,17 @@ void register_image(py::module_& m) {
         image::Box b = image::choose_box(width, height, *target, seed);
         return py::make_tuple(b.x0, b.y0, b.x1, b.y1, b.flip);
       },
-      py::arg("width"), py::arg("height"), py::arg("target"), py::arg("seed") = 0,
+      py::arg("width"), py::arg("height"), py::arg("target").none(false), py::arg("seed") = 0,
       "The crop (x0, y0, x1, y1, flip) an Image field takes of a width x height image.");
 
   m.def(
       "decode_rgb",
       [](const py::buffer& data, const std::string& name) {
-        auto [src, size] = bytes_of(data);
+        Exported bytes(data);
         image::Rgb rgb;
         {
           py::gil_scoped_release release;
-          rgb = image::decode_rgb(src, size, name, 0);
+          rgb = image::decode_rgb(bytes.data(), bytes.size(), name, 0);
         }
         return rgb_array(std::move(rgb));
       },

@@ -22,13 +22,25 @@ struct Region {
 using ChooseRegion = std::function<Region(uint32_t width, uint32_t height)>;
 
 // Decoded pixels: rows [y0, y0 + rows) and columns [x0, x0 + cols) of the image
-// decoded at scaled_width x scaled_height, RGB, rows of cols * 3 bytes.
+// as decoded (scale_x and scale_y decoded pixels to a source pixel), RGB, rows of
+// cols * 3 bytes.
 struct Window {
   uint32_t x0 = 0, y0 = 0, cols = 0, rows = 0;
-  uint32_t width = 0, height = 0;                // the source's size
-  uint32_t scaled_width = 0, scaled_height = 0;  // the size it was decoded at
+  uint32_t width = 0, height = 0;  // the source's size
+  double scale_x = 1, scale_y = 1;
   std::vector<uint8_t> pixels;
 };
+
+// What one decoder may allocate for a single image besides its output window.
+constexpr long kMaxDecoderMemory = 512L << 20;
+
+// Thread-local buffers are given back once a large image made them grow past this.
+constexpr size_t kKeepBytes = 16u << 20;
+
+template <typename T>
+void give_back_if_large(std::vector<T>& buffer) {
+  if (buffer.capacity() * sizeof(T) > kKeepBytes) std::vector<T>().swap(buffer);
+}
 
 // Each returns an empty string on success, else what is wrong with the bytes.
 std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& choose,

@@ -168,11 +168,11 @@ void decode_into(const uint8_t* src, uint64_t size, const Target& target, uint64
   };
   decode_window(src, size, choose, window, path, offset, target.max_pixels);
   // The box in the window's pixels (the window may be decoded at a smaller scale).
-  const double fx = double(window.scaled_width) / window.width;
-  const double fy = double(window.scaled_height) / window.height;
+  const double fx = window.scale_x, fy = window.scale_y;
   detail::resample(window.pixels.data(), window.cols, window.rows, box.x0 * fx - window.x0,
                    box.y0 * fy - window.y0, box.x1 * fx - window.x0, box.y1 * fy - window.y0,
                    target.width, target.height, box.flip, target.channels_last, dest);
+  detail::give_back_if_large(window.pixels);
 }
 
 Rgb decode_rgb(const uint8_t* src, uint64_t size, const std::string& path, uint64_t offset,

@@ -22,6 +22,8 @@ enum class Crop : uint8_t {
 // Images larger than this are refused before anything is allocated for them: a
 // tiny file can declare a huge size (a decompression bomb).
 constexpr uint64_t kMaxPixels = 178956970;
+// A compressed member that claims to inflate to more than this is refused unread.
+constexpr uint64_t kMaxEncodedBytes = uint64_t(1) << 30;
 
 // What a field's images become: every sample is height x width x 3 uint8.
 struct Target {

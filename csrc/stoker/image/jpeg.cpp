@@ -5,6 +5,7 @@
 #ifdef STOKER_HAVE_IMAGE
 
 #include <algorithm>
+#include <cmath>
 #include <csetjmp>
 #include <cstdio>
 #include <cstdlib>
@@ -29,7 +30,14 @@ struct ErrorManager {
 
 [[noreturn]] void on_error(j_common_ptr cinfo) {
   auto* err = reinterpret_cast<ErrorManager*>(cinfo->err);
-  (*cinfo->err->format_message)(cinfo, err->message);
+  if (cinfo->err->msg_code == JERR_NO_BACKING_STORE) {  // past max_memory_to_use
+    std::snprintf(err->message, sizeof err->message,
+                  "decoding it would take more than the %ld MiB an image may use (a progressive "
+                  "JPEG keeps every coefficient of the image in memory)",
+                  kMaxDecoderMemory >> 20);
+  } else {
+    (*cinfo->err->format_message)(cinfo, err->message);
+  }
   std::longjmp(err->jump, 1);
 }
 
@@ -69,6 +77,7 @@ void cmyk_to_rgb(const uint8_t* in, uint8_t* out, uint32_t count, bool inverted)
 std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& choose,
                         Window& window) {
   jpeg_decompress_struct cinfo;
+  std::memset(&cinfo, 0, sizeof cinfo);  // destroyable even if creating it fails
   ErrorManager err;
   std::memset(&err, 0, sizeof err);
   install(err.base);
@@ -81,6 +90,9 @@ std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& c
     return err.message;
   }
   jpeg_create_decompress(&cinfo);
+  // A progressive JPEG keeps every coefficient of the image in memory: a tiny file
+  // may declare a large image. Past this, libjpeg fails with "insufficient memory".
+  cinfo.mem->max_memory_to_use = kMaxDecoderMemory;
   jpeg_mem_src(&cinfo, src, static_cast<unsigned long>(size));
   jpeg_read_header(&cinfo, TRUE);
   window.width = cinfo.image_width;
@@ -98,17 +110,21 @@ std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& c
   cinfo.scale_denom = 8;
   cinfo.dct_method = JDCT_ISLOW;
   jpeg_start_decompress(&cinfo);
-  window.scaled_width = cinfo.output_width;
-  window.scaled_height = cinfo.output_height;
+  // Decoded pixel i covers source pixels [8i / e, 8(i + 1) / e): the scale is e / 8
+  // exactly, whatever the rounding of the decoded size, unless libjpeg chose another.
+  const uint64_t eighths = region.eighths;
+  bool as_asked = cinfo.output_width == (uint64_t(cinfo.image_width) * eighths + 7) / 8 &&
+                  cinfo.output_height == (uint64_t(cinfo.image_height) * eighths + 7) / 8;
+  window.scale_x = as_asked ? eighths / 8.0 : double(cinfo.output_width) / cinfo.image_width;
+  window.scale_y = as_asked ? eighths / 8.0 : double(cinfo.output_height) / cinfo.image_height;
   // The region at the decoded scale, widened to whole pixels.
-  auto scaled = [&](uint32_t v) { return JDIMENSION(uint64_t(v) * region.eighths / 8); };
-  auto scaled_up = [&](uint32_t v) { return JDIMENSION((uint64_t(v) * region.eighths + 7) / 8); };
-  JDIMENSION x0 = scaled(region.x0);
-  JDIMENSION x1 = std::min<JDIMENSION>(scaled_up(region.x1), cinfo.output_width);
-  JDIMENSION y0 = scaled(region.y0);
-  JDIMENSION y1 = std::min<JDIMENSION>(scaled_up(region.y1), cinfo.output_height);
-  if (x1 <= x0) x1 = std::min<JDIMENSION>(x0 + 1, cinfo.output_width);
-  if (y1 <= y0) y1 = std::min<JDIMENSION>(y0 + 1, cinfo.output_height);
+  const double sx = window.scale_x, sy = window.scale_y;
+  JDIMENSION x0 = std::min<JDIMENSION>(JDIMENSION(region.x0 * sx), cinfo.output_width - 1);
+  JDIMENSION x1 = std::min<JDIMENSION>(JDIMENSION(std::ceil(region.x1 * sx)), cinfo.output_width);
+  JDIMENSION y0 = std::min<JDIMENSION>(JDIMENSION(region.y0 * sy), cinfo.output_height - 1);
+  JDIMENSION y1 = std::min<JDIMENSION>(JDIMENSION(std::ceil(region.y1 * sy)), cinfo.output_height);
+  if (x1 <= x0) x1 = x0 + 1;
+  if (y1 <= y0) y1 = y0 + 1;
   JDIMENSION crop_x = x0, crop_width = x1 - x0;
   if (crop_width < cinfo.output_width) {
     // Moves crop_x down to an iMCU boundary and widens crop_width to match.
@@ -119,8 +135,13 @@ std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& c
   window.y0 = y0;
   window.cols = cols;
   window.rows = y1 - y0;
-  window.pixels.resize(size_t(cols) * window.rows * 3);
-  if (cmyk) cmyk_row.resize(size_t(cols) * 4);
+  try {
+    window.pixels.resize(size_t(cols) * window.rows * 3);
+    if (cmyk) cmyk_row.resize(size_t(cols) * 4);
+  } catch (...) {
+    jpeg_destroy_decompress(&cinfo);
+    throw;
+  }
   if (y0 > 0) jpeg_skip_scanlines(&cinfo, y0);
   for (JDIMENSION r = 0; r < window.rows; ++r) {
     uint8_t* out = window.pixels.data() + size_t(r) * cols * 3;
@@ -140,22 +161,66 @@ std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& c
   return {};
 }
 
+namespace {
+
+// Compressed bytes go straight into the caller's vector (which is not of the
+// encoder's frame, so a jump leaves it whole), a block at a time.
+struct VectorDestination {
+  jpeg_destination_mgr base;
+  std::vector<uint8_t>* out;
+  JOCTET block[16384];
+};
+
+void start_block(j_compress_ptr cinfo) {
+  auto* dest = reinterpret_cast<VectorDestination*>(cinfo->dest);
+  dest->base.next_output_byte = dest->block;
+  dest->base.free_in_buffer = sizeof dest->block;
+}
+
+boolean flush_block(j_compress_ptr cinfo) {
+  auto* dest = reinterpret_cast<VectorDestination*>(cinfo->dest);
+  try {
+    dest->out->insert(dest->out->end(), dest->block, dest->block + sizeof dest->block);
+  } catch (...) {
+    ERREXIT(cinfo, JERR_OUT_OF_MEMORY);
+  }
+  start_block(cinfo);
+  return TRUE;
+}
+
+void finish_blocks(j_compress_ptr cinfo) {
+  auto* dest = reinterpret_cast<VectorDestination*>(cinfo->dest);
+  size_t used = sizeof dest->block - dest->base.free_in_buffer;
+  try {
+    dest->out->insert(dest->out->end(), dest->block, dest->block + used);
+  } catch (...) {
+    ERREXIT(cinfo, JERR_OUT_OF_MEMORY);
+  }
+}
+
+}  // namespace
+
 std::string encode_jpeg(const uint8_t* rgb, uint32_t width, uint32_t height, int quality,
                         std::vector<uint8_t>& out) {
   jpeg_compress_struct cinfo;
+  std::memset(&cinfo, 0, sizeof cinfo);
   ErrorManager err;
   std::memset(&err, 0, sizeof err);
   install(err.base);
   cinfo.err = &err.base;
-  unsigned char* buffer = nullptr;
-  unsigned long length = 0;
+  VectorDestination dest;
+  dest.base.init_destination = start_block;
+  dest.base.empty_output_buffer = flush_block;
+  dest.base.term_destination = finish_blocks;
+  dest.out = &out;
+  out.clear();
   if (setjmp(err.jump)) {
     jpeg_destroy_compress(&cinfo);
-    std::free(buffer);
+    out.clear();
     return err.message;
   }
   jpeg_create_compress(&cinfo);
-  jpeg_mem_dest(&cinfo, &buffer, &length);
+  cinfo.dest = &dest.base;
   cinfo.image_width = width;
   cinfo.image_height = height;
   cinfo.input_components = 3;
@@ -168,9 +233,7 @@ std::string encode_jpeg(const uint8_t* rgb, uint32_t width, uint32_t height, int
     jpeg_write_scanlines(&cinfo, &row, 1);
   }
   jpeg_finish_compress(&cinfo);
-  out.assign(buffer, buffer + length);
   jpeg_destroy_compress(&cinfo);
-  std::free(buffer);
   return {};
 }
 

@@ -58,8 +58,9 @@ std::string decode_png(const uint8_t* src, uint64_t size, const ChooseRegion& ch
   png_read_info(png, info);
   const uint32_t width = png_get_image_width(png, info);
   const uint32_t height = png_get_image_height(png, info);
-  window.width = window.scaled_width = width;
-  window.height = window.scaled_height = height;
+  window.width = width;
+  window.height = height;
+  window.scale_x = window.scale_y = 1;
   Region region;
   try {
     region = choose(width, height);
@@ -88,11 +89,16 @@ std::string decode_png(const uint8_t* src, uint64_t size, const ChooseRegion& ch
   window.y0 = y0;
   window.cols = x1 - x0;
   window.rows = y1 - y0;
-  window.pixels.resize(size_t(window.cols) * window.rows * 3);
+  try {
+    window.pixels.resize(size_t(window.cols) * window.rows * 3);
+    // An interlaced image is only complete after its last pass: it is decoded whole.
+    rows.resize(passes > 1 ? stride * height : stride);
+    row_pointers.resize(passes > 1 ? height : 0);
+  } catch (...) {
+    png_destroy_read_struct(&png, &info, nullptr);
+    throw;
+  }
   if (passes > 1) {
-    // An interlaced image is only complete after its last pass: decode it whole.
-    rows.resize(stride * height);
-    row_pointers.resize(height);
     for (uint32_t r = 0; r < height; ++r) row_pointers[r] = rows.data() + r * stride;
     png_read_image(png, row_pointers.data());
     for (uint32_t r = y0; r < y1; ++r) {
@@ -101,7 +107,6 @@ std::string decode_png(const uint8_t* src, uint64_t size, const ChooseRegion& ch
     }
   } else {
     // Rows up to the region's last; the rest of the image is never inflated.
-    rows.resize(stride);
     for (uint32_t r = 0; r < y1; ++r) {
       png_read_row(png, rows.data(), nullptr);
       if (r >= y0) {
@@ -111,6 +116,8 @@ std::string decode_png(const uint8_t* src, uint64_t size, const ChooseRegion& ch
     }
   }
   png_destroy_read_struct(&png, &info, nullptr);
+  give_back_if_large(rows);
+  give_back_if_large(row_pointers);
   return {};
 }
 

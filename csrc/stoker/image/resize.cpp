@@ -73,8 +73,9 @@ bool untouched(double in0, double in1, uint32_t in_size, uint32_t out_size) {
 // Filters down the columns: each output row is a weighted sum of whole input
 // rows, so the inner loop runs along memory and the compiler vectorises it.
 // x86-64's baseline (SSE2) has no 32-bit multiply across lanes; an AVX2 copy is
-// built beside it and picked at load time where the CPU has AVX2.
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// built beside it and picked at load time where the CPU has AVX2. Not under
+// ThreadSanitizer: the loader runs the picking function before TSan has started.
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_THREAD__)
 __attribute__((target_clones("avx2", "default")))
 #endif
 void filter_rows(const uint8_t* src, size_t src_stride, const Taps& taps, uint32_t out_rows,
@@ -93,6 +94,7 @@ void filter_rows(const uint8_t* src, size_t src_stride, const Taps& taps, uint32
     uint8_t* out = dst + size_t(o) * dst_stride;
     for (size_t i = 0; i < row_bytes; ++i) out[i] = to_byte(acc[i]);
   }
+  give_back_if_large(sums);
 }
 
 // Swaps rows and columns of an image of 3-byte pixels.
@@ -168,6 +170,9 @@ void resample(const uint8_t* src, uint32_t cols, uint32_t rows, double x0, doubl
       }
     }
   }
+  give_back_if_large(down);
+  give_back_if_large(across);
+  give_back_if_large(result);
 }
 
 }  // namespace stoker::image::detail

@@ -38,7 +38,10 @@ struct Run {
   uint64_t end;
   uint32_t first;  // into the plan's order[]
   uint32_t count;
+  bool image;  // one of its pieces is an image to decode (at most one is)
 };
+
+bool is_image(Codec codec) { return codec == Codec::kImage || codec == Codec::kDeflateImage; }
 
 }  // namespace
 
@@ -66,13 +69,18 @@ void plan_runs(ReadPlan& plan) {
     if (!plan.runs.empty()) {
       Run& run = plan.runs.back();
       uint64_t new_end = std::max(run.end, end);
-      if (run.file == r.file && r.offset <= run.end + kMaxGap && new_end - run.start <= kMaxRun) {
+      // An image takes about a millisecond to decode, a thousand times its read: one
+      // per run, so that a batch of small images still spreads over every thread.
+      bool second_image = run.image && is_image(r.codec);
+      if (run.file == r.file && r.offset <= run.end + kMaxGap && new_end - run.start <= kMaxRun &&
+          !second_image) {
         run.end = new_end;
         ++run.count;
+        run.image = run.image || is_image(r.codec);
         continue;
       }
     }
-    plan.runs.push_back(Run{r.file, r.offset, end, k, 1});
+    plan.runs.push_back(Run{r.file, r.offset, end, k, 1, is_image(r.codec)});
   }
 }
 
@@ -143,8 +151,6 @@ void verify_crc(const ReadRequest& r, const uint8_t* decoded, uint64_t length,
   }
 }
 
-bool is_image(Codec codec) { return codec == Codec::kImage || codec == Codec::kDeflateImage; }
-
 void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
                   const std::string& path) {
   if (r.codec == Codec::kStored) {
@@ -164,11 +170,15 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
     return;
   } else if (r.codec == Codec::kDeflateImage) {
     thread_local std::vector<uint8_t> inflated;
+    struct Shrink {  // when decoding throws too
+      ~Shrink() {
+        if (inflated.capacity() > kScratchKeep) std::vector<uint8_t>().swap(inflated);
+      }
+    } shrink;
     inflated.resize(r.inflated_length);
     inflate_exact(src, r.length, inflated.data(), r.inflated_length, path, r.offset);
     verify_crc(r, inflated.data(), r.inflated_length, path);
     image::decode_into(inflated.data(), r.inflated_length, *r.image, r.seed, dest, path, r.offset);
-    if (inflated.size() > kScratchKeep) std::vector<uint8_t>().swap(inflated);
     return;
   } else {
     inflate_exact(src, r.length, dest, r.out_length, path, r.offset);
@@ -258,6 +268,12 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
     if (is_image(r.codec) && (!r.image || r.out_length != r.image->nbytes())) {
       throw Error(path, r.offset, "an image piece needs its target, and that target's size");
     }
+    if (r.codec == Codec::kDeflateImage && r.inflated_length > image::kMaxEncodedBytes) {
+      throw FormatError(path, r.offset,
+                        "an image member that inflates to " + std::to_string(r.inflated_length) +
+                            " bytes, more than the " + std::to_string(image::kMaxEncodedBytes) +
+                            " an encoded image may be");
+    }
     bool integer = r.codec == Codec::kAsciiInt || r.codec == Codec::kDeflateAsciiInt;
     if (integer && r.out_length != sizeof(int64_t)) {
       throw Error(path, r.offset, "an ASCII integer decodes to 8 bytes");
@@ -285,16 +301,10 @@ void plan_chunks(ReadPlan& plan, size_t num_threads) {
   size_t first = 0;
   uint64_t bytes = 0;
   for (size_t i = 0; i < plan.runs.size(); ++i) {
-    const Run& run = plan.runs[i];
-    bytes += run.end - run.start;
-    // An image takes about a millisecond to decode, a thousand times its read: a run
-    // with one is a chunk of its own, so that no thread is left waiting on another's
-    // long chunk at the end of a batch.
-    bool decodes = false;
-    for (uint32_t k = run.first; k < run.first + run.count && !decodes; ++k) {
-      decodes = is_image(plan.requests[plan.order[k]].codec);
-    }
-    if (bytes >= target || decodes) {
+    bytes += plan.runs[i].end - plan.runs[i].start;
+    // A run with an image is a chunk of its own, so that no thread is left waiting
+    // on another's long chunk at the end of a batch.
+    if (bytes >= target || plan.runs[i].image) {
       plan.chunks.emplace_back(first, i + 1);
       first = i + 1;
       bytes = 0;

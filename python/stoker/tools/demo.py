@@ -198,12 +198,19 @@ def _workers() -> int:
     return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
 
 
+def seed_worker(worker: int) -> None:
+    """Each worker its own crops (a forked worker would repeat its parent's draws)."""
+    import torch
+
+    torch.utils.data.get_worker_info().dataset.rng.seed(worker)
+
+
 def _data_loader(dataset: Any):  # noqa: ANN202 - a torch DataLoader
     """torch's DataLoader as it is used for decoding: a worker process per core."""
     import torch
 
     return torch.utils.data.DataLoader(
-        dataset, batch_size=BATCH, shuffle=True, num_workers=_workers()
+        dataset, batch_size=BATCH, shuffle=True, num_workers=_workers(), worker_init_fn=seed_worker
     )
 
 
