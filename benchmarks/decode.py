@@ -38,6 +38,7 @@ import time
 
 import numpy as np
 
+from stoker._process import usable_cores
 from stoker.tools.demo import pillow_decode, seed_worker  # the Pillow baseline's decode
 
 BATCH = 64
@@ -192,7 +193,7 @@ def run_spdl(folder: str):
     def collate(items):
         return torch.from_numpy(np.stack([x[0] for x in items])), [x[1] for x in items]
 
-    threads = len(os.sched_getaffinity(0))
+    threads = usable_cores()
     builder = PipelineBuilder().add_source(order.tolist()).pipe(load, concurrency=threads)
     builder = builder.aggregate(BATCH).pipe(collate).add_sink(4)
 
@@ -237,7 +238,7 @@ def child(name: str, folder: str, images: int) -> dict:
         for n in names:
             with open(os.path.join(folder, "files", n), "rb") as f:
                 data.append(f.read())
-        seconds = _core.bench_decode(data, SIZE, SIZE, os.cpu_count() or 1)
+        seconds = _core.bench_decode(data, SIZE, SIZE, usable_cores())
         return {"rate": len(data) / seconds}
     loader = LOADERS[name](folder)
     done, start = 0, None
@@ -280,7 +281,7 @@ def main() -> None:
                 failed[name] = (out.stderr.strip().splitlines() or ["?"])[-1][:150]
                 continue
             results[name].append(json.loads(out.stdout.strip().splitlines()[-1])["rate"])
-    cores = len(os.sched_getaffinity(0))
+    cores = usable_cores()
     print(
         f"{args.samples} JPEGs (500x375 and similar, quality 90), RandomResizedCrop(224) "
         f"batches of {BATCH}, {args.images} images timed after the first batch, median of "

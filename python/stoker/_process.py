@@ -111,6 +111,14 @@ class DaemonPool:
             del future, fn
 
 
+def usable_cores() -> int:
+    """Cores this process may run on (a container or taskset may allow fewer than exist)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
 def daemon_pool(workers: int, name: str) -> DaemonPool:
     """This process's pool of `workers` daemon threads called `name`."""
     return per_process(("daemon-pool", name, workers), lambda: DaemonPool(workers, name))

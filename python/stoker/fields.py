@@ -49,6 +49,17 @@ class Bytes:
     viewing the buffer, for ``map=`` or a decoder downstream."""
 
 
+def require_image_support(what: str) -> None:
+    """A StokerError saying what to install, unless this build decodes images."""
+    if not _core.image_support():
+        raise StokerError(
+            f"{what} needs image support, and this build of stoker was made without "
+            "libjpeg-turbo and libpng: install their development files (Debian: apt-get "
+            "install libjpeg62-turbo-dev libpng-dev; Ubuntu: libjpeg-turbo8-dev libpng-dev) "
+            "and reinstall stoker"
+        )
+
+
 _CROPS = {"random": _core.Crop.RANDOM, "center": _core.Crop.CENTER, "none": _core.Crop.NONE}
 _LAYOUTS = ("NCHW", "NHWC")
 _ON_ERROR = ("raise", "blank")
@@ -92,13 +103,7 @@ class Image:
                 raise UsageError(
                     f"Image({name}={value!r}): use one of " + ", ".join(map(repr, allowed))
                 )
-        if not _core.image_support():
-            raise StokerError(
-                "stoker.Image() needs image support, and this build of stoker was made without "
-                "libjpeg-turbo and libpng: install their development files (Debian: apt-get "
-                "install libjpeg62-turbo-dev libpng-dev; Ubuntu: libjpeg-turbo8-dev libpng-dev) "
-                "and reinstall stoker"
-            )
+        require_image_support("stoker.Image()")
         scale = tuple(float(v) for v in self.scale)
         ratio = tuple(float(v) for v in self.ratio)
         try:

@@ -12,14 +12,18 @@ namespace {
 
 // A counter-based stream of random numbers (splitmix64): each sample's draws
 // depend on its seed alone, never on which thread decodes it or when.
+constexpr uint64_t kGolden = 0x9e3779b97f4a7c15ULL;
+
+// splitmix64's finaliser: every bit of `z` spread over every bit of the result.
+uint64_t scramble(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
 struct Random {
   uint64_t state;
-  uint64_t next() {
-    uint64_t z = (state += 0x9e3779b97f4a7c15ULL);
-    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-    return z ^ (z >> 31);
-  }
+  uint64_t next() { return scramble(state += kGolden); }
   double uniform(double lo, double hi) { return lo + (hi - lo) * ((next() >> 11) * 0x1.0p-53); }
   // An integer in [0, n).
   uint64_t below(uint64_t n) { return n ? next() % n : 0; }
@@ -94,6 +98,10 @@ std::string encode_jpeg(const uint8_t*, uint32_t, uint32_t, int, std::vector<uin
 }
 }  // namespace detail
 #endif
+
+uint64_t sample_seed(uint64_t epoch_seed, uint64_t sample) {
+  return scramble(epoch_seed ^ scramble(sample + kGolden));
+}
 
 Box choose_box(uint32_t width, uint32_t height, const Target& target, uint64_t seed) {
   Random random{seed};

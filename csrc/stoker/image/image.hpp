@@ -48,6 +48,9 @@ struct Box {
 // Whether this build can decode (it found libjpeg and libpng).
 bool supported();
 
+// A sample's crop seed, from its epoch's seed and its index alone.
+uint64_t sample_seed(uint64_t epoch_seed, uint64_t sample);
+
 // The crop of a `width` x `height` image: a pure function of the target and `seed`,
 // so the same seed gives the same pixels on any thread.
 Box choose_box(uint32_t width, uint32_t height, const Target& target, uint64_t seed);

@@ -155,14 +155,6 @@ void plan_bytes(const std::vector<int64_t>& rows, const Members& m, Regions& reg
   }
 }
 
-// Mixes two 64-bit values into one well-spread seed (splitmix64's finaliser).
-uint64_t mix(uint64_t a, uint64_t b) {
-  uint64_t z = a ^ (b + 0x9e3779b97f4a7c15ULL + (a << 6) + (a >> 2));
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
-}
-
 // Images: each member is decoded by the reader into a fixed-size slot.
 void plan_image(const FieldSpec& f, const std::vector<int64_t>& rows, const Members& m,
                 uint64_t augment_seed, Regions& regions, FieldLayout& out, PreparedBatch& batch) {
@@ -179,7 +171,7 @@ void plan_image(const FieldSpec& f, const std::vector<int64_t>& rows, const Memb
     }
     r.out_length = nbytes;
     r.image = f.image;
-    r.seed = mix(augment_seed, static_cast<uint64_t>(batch.indices[i]));
+    r.seed = image::sample_seed(augment_seed, static_cast<uint64_t>(batch.indices[i]));
     add(batch, r, rows[i]);
   }
 }

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 import stoker
+from stoker._process import usable_cores
 from stoker.errors import StokerError
 from stoker.formats import is_url
 
@@ -69,18 +70,10 @@ class Row:
 # -- arguments ------------------------------------------------------------------
 
 
-def _cores() -> int:
-    """Cores this process may run on (a container or taskset may allow fewer than exist)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # macOS, Windows
-        return os.cpu_count() or 1
-
-
 def default_threads(cores: int | None = None) -> list[int]:
     """1, 2 and 4 where the machine has them, and the core count: more threads than cores
     only contend with each other and with the training loop."""
-    cores = cores or _cores()
+    cores = cores or usable_cores()
     return sorted({t for t in (1, 2, 4) if t <= cores} | {cores})
 
 

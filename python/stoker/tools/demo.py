@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 
+from stoker._process import usable_cores
+
 #: The images written, (height, width), and the crops the loaders make of them.
 IMAGE = (192, 256)
 CROP = 128
@@ -76,7 +78,7 @@ def write_files_and_csv(folder: str, samples: int, seed: int = 0) -> tuple[str, 
         picture = Image.fromarray(np.clip(image, 0, 255).astype(np.uint8))
         picture.save(os.path.join(root, f"img{i:06d}.jpg"), quality=90)
 
-    with ThreadPoolExecutor(os.cpu_count()) as pool:  # Pillow encodes without the GIL
+    with ThreadPoolExecutor(usable_cores()) as pool:  # Pillow encodes without the GIL
         list(pool.map(write, range(samples)))
     with open(csv, "w") as f:
         f.write("filename,label\n")
@@ -194,10 +196,6 @@ class FilePerSampleDataset:
         return torch.from_numpy(image.copy()), self.labels[i]
 
 
-def _workers() -> int:
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
-
-
 def seed_worker(worker: int) -> None:
     """Each worker its own crops (a forked worker would repeat its parent's draws)."""
     import torch
@@ -210,7 +208,11 @@ def _data_loader(dataset: Any):  # noqa: ANN202 - a torch DataLoader
     import torch
 
     return torch.utils.data.DataLoader(
-        dataset, batch_size=BATCH, shuffle=True, num_workers=_workers(), worker_init_fn=seed_worker
+        dataset,
+        batch_size=BATCH,
+        shuffle=True,
+        num_workers=usable_cores(),
+        worker_init_fn=seed_worker,
     )
 
 
@@ -312,7 +314,7 @@ def run(samples: int = 10_000, quiet: bool = False, keep: str | None = None) -> 
         say(
             f"4. one shuffled epoch each: batches of {BATCH} random {CROP}x{CROP} crops, "
             f"flipped half the time, on {device}; stoker decodes with stoker.Image() on its "
-            f"threads, the DataLoader with Pillow in {_workers()} worker processes:\n"
+            f"threads, the DataLoader with Pillow in {usable_cores()} worker processes:\n"
         )
         say(f"     {'':<50} {'samples/s':>11} {'1st batch':>10}")
         say("   over HTTP, from the server process:")

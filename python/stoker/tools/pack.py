@@ -24,8 +24,10 @@ from dataclasses import dataclass
 import numpy as np
 
 from stoker import _core
+from stoker._process import usable_cores
 from stoker.dataset import Dataset
 from stoker.errors import StokerError, quoted
+from stoker.fields import require_image_support
 from stoker.formats import SHARD_FORMATS
 from stoker.manifest import MANIFEST_NAME, write_manifest
 
@@ -359,12 +361,8 @@ def pack(
         raise StokerError(f"--image-size is a number of pixels, at least 1, not {image_size}")
     if not 1 <= image_quality <= 100:
         raise StokerError(f"--quality is 1 to 100, not {image_quality}")
-    if image_size is not None and not _core.image_support():
-        raise StokerError(
-            "--image-size needs image support, and this build of stoker was made without "
-            "libjpeg-turbo and libpng (Debian: apt-get install libjpeg62-turbo-dev libpng-dev, "
-            "then reinstall stoker)"
-        )
+    if image_size is not None:
+        require_image_support("--image-size")
     if (shard_size is not None and shard_size <= 0) or (
         samples_per_shard is not None and samples_per_shard <= 0
     ):
@@ -403,8 +401,7 @@ def pack(
     resize = None
     if image_size is not None:
         # Shards are written side by side; their decoding threads share the cores.
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 1
-        threads = max(1, cores // min(writers, len(plan) or 1))
+        threads = max(1, usable_cores() // min(writers, len(plan) or 1))
         resize = ImageResize(image_size, image_quality, threads)
     try:
         lock = threading.Lock()
