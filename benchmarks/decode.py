@@ -6,8 +6,8 @@ Pillow, and against a bare C++ decode loop.
 The data (written once under --data): --samples JPEGs of photographs (scikit-image's sample
 photos, cut at random places and scales and resized to the usual ImageNet sizes, 500x375,
 375x500, 500x333 and 400x300, quality 90), as one file per sample with a filename,label CSV
-(the seeds' layout, which the DataLoader reads) and as tar shards with a stoker.json; and the
-same shards re-encoded by ``stoker pack --image-size 256``.
+(as torch's tutorial keeps images; the DataLoader reads these) and as tar shards with a
+stoker.json; and the same shards re-encoded by ``stoker pack --image-size 256``.
 
 Every loader makes shuffled batches of 64 RandomResizedCrop(224) images (uint8, 3x224x224)
 and their labels; each measurement runs in a fresh process and times --images images after
@@ -119,7 +119,7 @@ def run_dataloader(folder: str, workers: int):
     import torch
     from torch.utils.data import DataLoader, Dataset
 
-    class JpegFolder(Dataset):  # the seeds' dataset: a file per sample, decoded per item
+    class JpegFolder(Dataset):  # a file per sample, decoded per item
         def __init__(self) -> None:
             with open(os.path.join(folder, "labels.csv")) as f:
                 self.rows = [line.strip().split(",") for line in f.readlines()[1:]]

@@ -4,6 +4,7 @@ StatefulDataLoader over a stoker.Dataset with worker processes."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -37,7 +38,11 @@ def _loader(shards: str) -> stoker.Loader:
 # -- Lightning -----------------------------------------------------------------------------
 
 
-def _fit(shards: str, root, seen: list, ckpt_path: str | None = None, callbacks=()) -> None:
+def _fit(
+    shards: str, root, seen: list, ckpt_path: str | None = None, callbacks=(), make_loader=None
+) -> None:
+    """Lightning's Trainer over `make_loader(shards)` (default: the labels only) for 3 epochs;
+    `seen` gets (epoch, keys) per step, and the batch's image bytes where it has images."""
     lightning = pytest.importorskip("lightning", reason="lightning is a test dependency")
 
     class Model(lightning.LightningModule):
@@ -46,7 +51,8 @@ def _fit(shards: str, root, seen: list, ckpt_path: str | None = None, callbacks=
             self.weight = torch.nn.Parameter(torch.ones(1))
 
         def training_step(self, batch, batch_idx):
-            seen.append((self.current_epoch, tuple(batch["__key__"])))
+            step = (self.current_epoch, tuple(batch["__key__"]))
+            seen.append((*step, batch["jpg"].numpy().tobytes()) if "jpg" in batch else step)
             return (self.weight * batch["cls"].float()).mean()
 
         def configure_optimizers(self):
@@ -65,7 +71,8 @@ def _fit(shards: str, root, seen: list, ckpt_path: str | None = None, callbacks=
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # Lightning's advice on DataLoader workers
-        trainer.fit(Model(), train_dataloaders=_loader(shards), ckpt_path=ckpt_path)
+        loader = (make_loader or _loader)(shards)
+        trainer.fit(Model(), train_dataloaders=loader, ckpt_path=ckpt_path)
 
 
 def test_lightning_epochs_reshuffle_and_resume_exactly(shards, tmp_path):
@@ -100,6 +107,53 @@ def test_lightning_epochs_reshuffle_and_resume_exactly(shards, tmp_path):
         resumed: list = []
         _fit(shards, tmp_path, resumed, ckpt_path=str(checkpoint))
         assert [keys for _, keys in resumed] == stream[step:], checkpoint.name
+
+
+def _image_loader(shards: str) -> stoker.Loader:
+    image = stoker.Image(size=16, crop="random", flip=True)
+    fields = {"jpg": image, "cls": stoker.Int()}
+    return stoker.Loader(stoker.Dataset(shards), BATCH, fields=fields, seed=7)
+
+
+def test_lightning_image_crops_change_each_epoch_and_resume_exactly(tmp_path):
+    from lightning.pytorch.callbacks import ModelCheckpoint
+    from PIL import Image
+
+    folder = tmp_path / "images"
+    folder.mkdir()
+    for s in range(2):
+        samples = []
+        for i in range(12):
+            pixels = torch.arange(48 * 64 * 3, dtype=torch.int64).reshape(48, 64, 3)
+            pixels = ((pixels * (i + 1) + s * 31) % 251).to(torch.uint8).numpy()
+            out = io.BytesIO()
+            Image.fromarray(pixels).save(out, "JPEG", quality=90)
+            samples.append((f"s{s}/{i:02d}", {"jpg": out.getvalue(), "cls": b"%d" % i}))
+        write_tar(folder / f"shard-{s}.tar", samples)
+    steps = ModelCheckpoint(dirpath=tmp_path / "ckpt", every_n_train_steps=2, save_top_k=-1)
+    seen: list = []
+    _fit(str(folder), tmp_path, seen, callbacks=[steps], make_loader=_image_loader)
+    # Per epoch, each sample's crop: a new crop of the same image every epoch.
+    crops = [{} for _ in range(3)]
+    for epoch, keys, pixels in seen:
+        per_sample = len(pixels) // len(keys)
+        for n, key in enumerate(keys):
+            crops[epoch][key] = pixels[n * per_sample : (n + 1) * per_sample]
+    assert all(len(c) == 24 for c in crops)
+    assert sum(crops[0][k] != crops[1][k] for k in crops[0]) > 20
+    # The crops are stoker's own epochs' crops, and resuming reproduces them exactly.
+    reference = _image_loader(str(folder))
+    reference.set_epoch(2)
+    for batch in reference:
+        for n, key in enumerate(batch["__key__"]):
+            assert batch["jpg"][n].numpy().tobytes() == crops[2][key]
+    # Three steps an epoch: step 4 is one batch into epoch 1.
+    (checkpoint,) = (tmp_path / "ckpt").glob("*step=4.ckpt")
+    step = torch.load(checkpoint, weights_only=False)["global_step"]
+    assert step == 4
+    resumed: list = []
+    _fit(str(folder), tmp_path, resumed, ckpt_path=str(checkpoint), make_loader=_image_loader)
+    assert resumed == seen[step:]
 
 
 # -- torchrun, DDP on gloo ---------------------------------------------------------------

@@ -449,3 +449,23 @@ def test_pack_image_size_from_the_command_line(tmp_path):
     for bad in (["--image-size", "0"], ["--quality", "101", "--image-size", "10"]):
         result = subprocess.run([*command[:6], *bad], capture_output=True, text=True)
         assert result.returncode != 0 and "Traceback" not in result.stderr
+
+
+def test_a_deflated_image_that_claims_to_inflate_past_a_gibibyte_is_refused_unread(tmp_path):
+    # Incompressible bytes, so that the claimed size stays within the zip index's ratio check.
+    payload = np.random.default_rng(0).integers(0, 256, 1_200_000, dtype=np.uint8).tobytes()
+    path = tmp_path / "big.zip"
+    with zipfile.ZipFile(path, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("0.jpg", payload)
+    data = bytearray(path.read_bytes())
+    claim = struct.pack("<I", 1_100_000_000)
+    data[22:26] = claim  # the local header's uncompressed size
+    central = data.rfind(b"PK\x01\x02")
+    data[central + 24 : central + 28] = claim  # and the central directory's
+    path.write_bytes(bytes(data))
+    loader = stoker.Loader(
+        stoker.Dataset(str(path)), batch_size=1, fields={"jpg": stoker.Image(size=8, crop="none")}
+    )
+    with pytest.raises(stoker.ShardFormatError, match="inflates to 1100000000 bytes") as caught:
+        next(iter(loader))
+    assert caught.value.path == str(path)
