@@ -124,7 +124,9 @@ def test_the_loader_carries_on_when_the_server_dies_and_comes_back(tmp_path):
         ds = stoker.Dataset(
             server.url_for("stoker.json"),
             cache_dir=tmp_path / "cache",
-            fetch=stoker.FetchOptions(retries=10, connections=2, **FAST),
+            # Full-jitter backoff of at most 0.5 s: 30 retries wait about 7 s on average,
+            # never near the 1 s outage (10 retries, about 2 s on average, now and then were).
+            fetch=stoker.FetchOptions(retries=30, connections=2, **FAST),
         )
 
         def outage() -> None:  # while a shard is on its way: the download must recover
