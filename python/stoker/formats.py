@@ -15,7 +15,19 @@ _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 
 
 def is_url(text: str) -> bool:
-    return text.startswith(("http://", "https://"))
+    """Whether `text` names something remote: an http(s) URL or an object in a store
+    (``s3://``, ``gs://``)."""
+    return text.startswith(("http://", "https://", "s3://", "gs://"))
+
+
+def join_url(base: str, relative: str) -> str:
+    """`relative` (a manifest's shard path) resolved against the URL `base`."""
+    if is_url(relative):
+        return relative
+    scheme, _, rest = base.partition("://")
+    # urljoin resolves paths for the schemes it knows only: an object URL borrows https's.
+    joined = urllib.parse.urljoin("https://" + rest, relative)
+    return scheme + "://" + joined.partition("://")[2]
 
 
 def format_of(path: str) -> str:
@@ -49,3 +61,10 @@ def shards_in_folder(folder: str) -> list[str]:
             if os.path.splitext(name.lower())[1] in SHARD_FORMATS:
                 found.append(os.path.join(root, name))
     return found
+
+
+def samples_and_fields(index: dict, fmt: str) -> tuple[int, list[str]]:
+    """How many samples a shard's index (from the C++ indexer) holds, and their fields."""
+    if fmt == "npy":
+        return int(index["shape"][0]), ["npy"]
+    return len(index["keys"]), list(index["field_names"])

@@ -11,14 +11,13 @@ import logging
 import os
 import re
 import tempfile
-import urllib.parse
 import zipfile
 from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from stoker import _core
 from stoker.errors import ShardFormatError, located, plural
-from stoker.formats import SHARD_FORMATS, format_of, is_url
+from stoker.formats import SHARD_FORMATS, format_of, is_url, join_url, samples_and_fields
 
 log = logging.getLogger("stoker.manifest")
 
@@ -68,10 +67,10 @@ def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
                 )
             entry = {**entry, "sha256": digest.lower()}
         if is_url(where):
-            location = urllib.parse.urljoin(where, entry["path"])
+            location = join_url(where, entry["path"])
             if not is_url(location):
                 raise located(
-                    ShardFormatError, where, 0, f"manifest shard {i}: {location!r} is not http(s)"
+                    ShardFormatError, where, 0, f"manifest shard {i}: {location!r} is not a URL"
                 )
         elif is_url(entry["path"]):
             location = entry["path"]
@@ -151,10 +150,7 @@ def shard_entry(path: str, relative_to: str) -> dict:
             raise located(
                 ShardFormatError, path, 0, f"member {bad!r} does not match its CRC-32: corrupt"
             )
-    if fmt == "npy":
-        samples, fields = int(index["shape"][0]), ["npy"]
-    else:
-        samples, fields = len(index["keys"]), list(index["field_names"])
+    samples, fields = samples_and_fields(index, fmt)
     entry = {
         "path": os.path.relpath(path, relative_to),
         "bytes": int(index["file_size"]),
@@ -200,6 +196,11 @@ def write_manifest(
             )
     with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
         entries = list(pool.map(lambda p: shard_entry(p, base), paths))
+    return write_entries(out, entries, extra)
+
+
+def write_entries(out: str, entries: list[dict], extra: dict | None = None) -> str:
+    """Write a manifest of `entries` (see shard_entry) to the file `out`, atomically."""
     text = json.dumps({"version": MANIFEST_VERSION, **(extra or {}), "shards": entries}, indent=1)
     write_atomically(out, [(text + "\n").encode("utf-8")])
     return out

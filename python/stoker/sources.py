@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fnmatch
 import glob
 import os
 import re
@@ -9,9 +10,10 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Union
 
-from stoker.errors import StokerError
+from stoker.errors import StokerError, plural
 from stoker.formats import SHARD_FORMATS, is_url, shards_in_folder
 from stoker.manifest import MANIFEST_NAME, parse_manifest, read_local_manifest
+from stoker.remote.stores import is_object_url
 
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
@@ -41,27 +43,41 @@ def expand_braces(pattern: str) -> list[str]:
     return [head + item + rest for item in items for rest in expand_braces(tail)]
 
 
+#: Lists the objects under a store prefix: (URL, size, ETag) each.
+Lister = Callable[[str], "list[tuple[str, int, str | None]]"]
+
+
 def resolve(
-    source: Source, read_url: Callable[[str], bytes] | None = None, note_drift: bool = True
+    source: Source,
+    read_url: Callable[[str], bytes] | None = None,
+    note_drift: bool = True,
+    list_url: Lister | None = None,
 ) -> list[tuple[str, dict | None]]:
     """Shard paths and URLs for `source`, each with its manifest entry (or None), in order.
 
     `source` may be a folder (its ``stoker.json`` if it has one, else every shard under it,
     sorted), a manifest, a glob, a brace pattern, a path, an http(s) URL (of a shard or a
-    manifest, read with `read_url`), or a list of any of these. A local manifest that no
-    longer matches its folder is logged (`note_drift`).
+    manifest, read with `read_url`), an object in a store (``s3://``, ``gs://``: a shard, a
+    manifest, a prefix ending in ``/`` or a glob, listed with `list_url`), or a list of
+    any of these. A local manifest that no longer matches its folder is logged
+    (`note_drift`).
     """
     if isinstance(source, (list, tuple)):
         out: list[tuple[str, dict | None]] = []
         for item in source:
-            out.extend(resolve(item, read_url, note_drift))
+            out.extend(resolve(item, read_url, note_drift, list_url))
         return out
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"a source is a path, pattern or list of them, not {type(source)!r}")
     text = os.fspath(source)
     names = expand_braces(text)
     if len(names) > 1:
-        return [entry for name in names for entry in resolve(name, read_url, note_drift)]
+        return [entry for name in names for entry in resolve(name, read_url, note_drift, list_url)]
+    if is_object_url(text) and (text.endswith("/") or "/" not in text.partition("://")[2]):
+        return _listed(text, text.rstrip("/") + "/", None, read_url, list_url)
+    if is_object_url(text) and any(c in text for c in "*?["):
+        prefix = text[: min(text.index(c) for c in "*?[" if c in text)]
+        return _listed(text, prefix, text, read_url, list_url)
     if is_url(text):
         if urllib.parse.urlsplit(text).path.lower().endswith(".json"):
             if read_url is None:
@@ -69,7 +85,7 @@ def resolve(
             return parse_manifest(read_url(text), text)
         return [(text, None)]
     if _SCHEME.match(text):
-        raise StokerError(f"{text}: only local paths and http(s) URLs are sources")
+        raise StokerError(f"{text}: sources are local paths, http(s) URLs, s3:// and gs://")
     if any(c in text for c in "*?["):
         matches = sorted(glob.glob(text, recursive=True))
         if not matches:
@@ -92,3 +108,32 @@ def resolve(
     if not os.path.exists(text) and os.path.splitext(text)[1].lower() not in SHARD_FORMATS:
         raise StokerError(f"{text}: no such file or folder")
     return [(text, None)]
+
+
+def _listed(
+    text: str,
+    prefix: str,
+    pattern: str | None,
+    read_url: Callable[[str], bytes] | None,
+    list_url: Lister | None,
+) -> list[tuple[str, dict | None]]:
+    """The shards under a store prefix: its ``stoker.json`` if it has one (for a prefix
+    that names a folder), else every shard object, in key order (only those matching
+    `pattern`, a glob whose ``*`` also matches ``/``)."""
+    if list_url is None or read_url is None:
+        raise StokerError(f"{text}: a store listing needs a fetcher")
+    objects = list_url(prefix)
+    if pattern is None and any(url == prefix + MANIFEST_NAME for url, _, _ in objects):
+        return parse_manifest(read_url(prefix + MANIFEST_NAME), prefix + MANIFEST_NAME)
+    found = [
+        (url, {"bytes": size, "etag": etag} if etag else {"bytes": size})
+        for url, size, etag in sorted(objects)
+        if os.path.splitext(url.lower())[1] in SHARD_FORMATS
+        and (pattern is None or fnmatch.fnmatchcase(url, pattern))
+    ]
+    if not found:
+        raise StokerError(
+            f"{text}: no shards there ({plural(len(objects), 'object')} under {prefix}; "
+            f"looked for {', '.join(SHARD_FORMATS)})"
+        )
+    return found

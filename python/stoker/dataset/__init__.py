@@ -23,7 +23,7 @@ from stoker.dataset.files import files_index, read_labels_csv
 from stoker.dataset.holds import ShardHolds
 from stoker.dataset.members import MemberTable, Note
 from stoker.dataset.reads import samples_from, shared_reader, submit_members
-from stoker.errors import ReadError, ShardFormatError, StokerError, UsageError, located
+from stoker.errors import ReadError, ShardFormatError, StokerError, UsageError, human, located
 from stoker.formats import format_of, is_url
 from stoker.remote import FetchOptions, RemoteShard, RemoteShards, apply_entry, fetcher_for
 from stoker.sources import Source, resolve
@@ -59,7 +59,11 @@ class Dataset:
             fetcher = fetcher_for(options)
             return fetcher.call(fetcher.read_all(url))
 
-        shards = resolve(source, read_url)
+        def list_url(url: str) -> list[tuple[str, int, str | None]]:
+            fetcher = fetcher_for(options)
+            return fetcher.call(fetcher.list_objects(url))
+
+        shards = resolve(source, read_url, list_url=list_url)
         names = [path for path, _ in shards]
         paths = list(names)
         formats = [format_of(path) for path in paths]
@@ -344,7 +348,8 @@ def _open_remote(
     if remote.limit < 2 * largest:
         raise StokerError(
             f"cache_limit={remote.limit} bytes cannot hold two of these shards at once (one "
-            f"being read, one arriving): it needs at least {2 * largest}"
+            f"being read, one arriving): raise cache_limit to at least {2 * largest} "
+            f"({human(2 * largest)}), or write smaller shards"
         )
     return remote
 

@@ -14,7 +14,7 @@ from stoker import _core
 from stoker._process import wait_result
 from stoker.dataset.members import MemberTable, same_index
 from stoker.dataset.reads import forget_everywhere
-from stoker.errors import FetchError, StokerError, located
+from stoker.errors import FetchError, StokerError, human, located
 from stoker.remote import Hold, RemoteShards
 
 #: A fetched shard: its hold, and its index when this process had none (or must compare).
@@ -155,7 +155,8 @@ class ShardHolds:
         need = int(np.cumsum(delta).max()) * processes
         if self.limit < need:
             raise StokerError(
-                f"cache_limit={self.limit} bytes is too small for this loader: the shards it "
-                f"holds at once ({what}) need {need} bytes; raise cache_limit, or lower "
-                "shuffle_window or prefetch"
+                f"cache_limit={self.limit} bytes ({human(self.limit)}) is too small for this "
+                f"loader: the shards it holds at once ({what}) need {need} bytes "
+                f"({human(need)}); raise cache_limit to at least {need}, or lower "
+                "shuffle_window or prefetch (fewer shards held at once)"
             )

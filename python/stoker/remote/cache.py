@@ -9,6 +9,11 @@ process and are not dropped when some other descriptor of the same file is close
   exclusive lock first, so a shard in use is never deleted;
 - ``.locks/cache`` around accounting, so the directory (partial downloads included, each
   preallocated to its full size) never holds more than the limit.
+
+``.index/`` remembers, for every process and later run on the node, what opening a
+remote shard without a manifest learnt (its samples and fields, keyed by URL, size and
+ETag or Last-Modified) and which servers ignore range requests. Each record is written
+under its shard's download lock, so a shard is looked into once per node.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import contextlib
 import errno
 import fcntl
 import hashlib
+import json
 import logging
 import math
 import os
@@ -36,6 +42,7 @@ log = logging.getLogger("stoker.remote")
 
 _PART = ".part"
 _LOCKS = ".locks"
+_RECORDS = ".index"
 _MARKER = ".stoker-cache"  # a folder stoker may evict from has this file
 
 
@@ -190,6 +197,48 @@ class ShardCache:
         rel = os.path.relpath(path, self.root)
         return os.path.join(self.root, _LOCKS, hashlib.sha1(rel.encode()).hexdigest()[:24])
 
+    @contextlib.contextmanager
+    def shard_lock(self, path: str, what: str) -> Iterator[None]:
+        """The node-wide lock of the shard cached at `path`, held for the block (waiting
+        for whoever holds it, for as long as their process lives): one download, and
+        one look into a shard, per node."""
+        fd = _open_locked_fd(self._lock_file(path), os.O_RDWR | os.O_CREAT)
+        try:
+            _lock_polling(fd, True, math.inf, what)
+            yield
+        finally:
+            _close_locked_fd(fd)
+
+    # -- records -------------------------------------------------------------------
+
+    def _record_path(self, key: str) -> str:
+        name = hashlib.sha1(key.encode()).hexdigest()[:32] + ".json"
+        return os.path.join(self.root, _RECORDS, name)
+
+    def read_record(self, key: str) -> dict | None:
+        """What was remembered under `key`, or None (also for a damaged record: it is
+        only ever a saving)."""
+        try:
+            with open(self._record_path(key), encoding="utf-8") as f:
+                record = json.load(f)
+        except (OSError, ValueError):
+            return None
+        return record if isinstance(record, dict) and record.get("key") == key else None
+
+    def write_record(self, key: str, record: dict) -> None:
+        """Remember `record` under `key`, atomically (a reader sees the old or the new)."""
+        path = self._record_path(key)
+        _private_dirs(os.path.dirname(path))
+        tmp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
+        try:
+            with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+                json.dump({**record, "key": key}, f)
+            os.replace(tmp, path)
+        except OSError as e:  # a full disk: the shard is looked into again next time
+            log.debug("%s: record not written: %s", key, e)
+            with contextlib.suppress(OSError):
+                os.unlink(tmp)
+
     # -- holding ------------------------------------------------------------------
 
     def hold(self, path: str, size: int | None) -> Hold | None:
@@ -275,27 +324,23 @@ class ShardCache:
         progress: Callable[[int], None] | None = None,
         wait_for_room: bool = True,
         priority: tuple[int, int] = (0, 0),
+        locked: bool = False,
     ) -> Hold:
         """Hold the shard `url` at `path`, downloading it if no one has: one download per
         node; whoever else wants it waits for that one (for as long as its process lives:
-        the lock dies with it). Without `wait_for_room`, NoRoom when the cache is full."""
-        while True:
-            hold = self.hold(path, size)
-            if hold is not None:
-                return hold
-            fd = _open_locked_fd(self._lock_file(path), os.O_RDWR | os.O_CREAT)
-            try:
-                if not _try_lock(fd, True):  # someone is downloading it: wait for them
-                    _lock_polling(fd, True, math.inf, url)
-                    continue  # their download is done (or they died): look again
-                hold = self.hold(path, size)
-                if hold is not None:
-                    return hold
-                return self._download(
-                    url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority
-                )
-            finally:
-                _close_locked_fd(fd)
+        the lock dies with it). Without `wait_for_room`, NoRoom when the cache is full.
+        `locked`: the caller holds the shard's lock already (see shard_lock)."""
+        hold = self.hold(path, size)
+        if hold is not None:
+            return hold
+        if locked:
+            return self._download(
+                url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority
+            )
+        with self.shard_lock(path, url):  # a download in flight: wait for it, then look
+            return self.fetch(
+                url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority, True
+            )
 
     def _download(
         self,
@@ -403,7 +448,7 @@ class ShardCache:
         out = []
         for folder, dirs, files in os.walk(self.root):
             if folder == self.root:
-                dirs[:] = [d for d in dirs if d != _LOCKS]
+                dirs[:] = [d for d in dirs if d not in (_LOCKS, _RECORDS)]
                 files = [f for f in files if f != _MARKER]
             for name in files:
                 path = os.path.join(folder, name)

@@ -2,7 +2,9 @@
 
 Every transfer retries connection errors, 5xx, 429 (after ``Retry-After``), stalls and
 short bodies with exponential backoff and jitter, and resumes a partial body with a Range
-request where the server allows it.
+request where the server allows it. Objects in stores (``s3://``, ``gs://``) go the same
+way, with each request signed (:mod:`.stores`); a store that keeps throttling gets fewer
+downloads at once.
 """
 
 from __future__ import annotations
@@ -22,12 +24,23 @@ import random
 import re
 import threading
 import time
+import urllib.parse
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from stoker._process import per_process, wait_result
 from stoker.errors import ChecksumError, FetchError, clip, located, plural
+from stoker.remote.stores import (
+    AUTH_CODES,
+    THROTTLE_CODES,
+    ObjectName,
+    ObjectStore,
+    is_object_url,
+    parse_listing,
+    store_error,
+    without_signature,
+)
 
 log = logging.getLogger("stoker.remote")
 
@@ -45,6 +58,27 @@ class FetchOptions:
     connect_timeout: float = 10.0
     max_redirects: int = 5
     cache_wait: float = 600.0  # how long to wait for room in a full cache before failing
+    # Object stores. s3://: the endpoint (else AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL,
+    # S3_ENDPOINT_URL, else AWS itself), the region (else AWS_REGION, AWS_DEFAULT_REGION,
+    # the profile's), the botocore profile (else AWS_PROFILE). gs://: the endpoint (else
+    # storage.googleapis.com). unsigned: no credentials (public buckets).
+    endpoint_url: str | None = None
+    region: str | None = None
+    profile: str | None = None
+    unsigned: bool = False
+    requester_pays: bool = False
+    gs_endpoint_url: str | None = None
+
+
+@dataclass(frozen=True)
+class RemoteObject:
+    """What one look at a remote object says: its size, what identifies this version of
+    it (a strong ETag, else Last-Modified), and whether its server takes ranges (None:
+    it did not say)."""
+
+    size: int | None
+    validator: str | None
+    ranges: bool | None
 
 
 def _retry_delay(options: FetchOptions, attempt: int) -> float:
@@ -87,19 +121,30 @@ class Fetcher:
 
     def __init__(self, options: FetchOptions) -> None:
         import aiohttp
+        import yarl
 
         self.options = options
         self._aiohttp = aiohttp
+        self._yarl = yarl
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="stoker-fetch")
         self._thread.daemon = True
         self._thread.start()
         self._session = self.call(self._open_session())
         # Whole-shard downloads take turns for the connections in priority order (loop
-        # thread only): the shard a reader waits for goes before read-ahead.
-        self._free = options.connections
+        # thread only): the shard a reader waits for goes before read-ahead. A store that
+        # throttles lowers `_cap` (halved, at most once a second); downloads that pass
+        # raise it again, one at a time.
+        self._cap = options.connections
+        self._active = 0
+        self._last_cut = -math.inf
+        self._calm = 0
         self._turns: list[tuple[tuple[int, int], int, asyncio.Future]] = []
         self._arrivals = 0
+        self._stores: dict[str, ObjectStore] = {}
+        self._stores_lock = threading.Lock()
+        #: Hosts that answered a range request with the whole body (host:port).
+        self.rangeless: set[str] = set()
         atexit.register(self.close)
 
     async def _open_session(self) -> Any:
@@ -141,32 +186,90 @@ class Fetcher:
 
     # -- transfers ----------------------------------------------------------------
 
+    def store_of(self, url: str) -> ObjectStore:
+        """The store an ``s3://`` or ``gs://`` URL is in, as this process reaches it."""
+        scheme = url.partition("://")[0]
+        with self._stores_lock:
+            store = self._stores.get(scheme)
+            if store is None:
+                store = self._stores[scheme] = ObjectStore(scheme, self.options)
+            return store
+
+    def cache_url(self, url: str) -> str:
+        """What names `url`'s object in the cache: an object in a store by its https URL
+        (the endpoint is part of its name), any URL less the parameters that sign it."""
+        if is_object_url(url):
+            return self.store_of(url).url_of(ObjectName.parse(url))
+        return without_signature(url)
+
+    @property
+    def concurrency(self) -> int:
+        """Downloads allowed at once now (fewer than `connections` after throttling)."""
+        return self._cap
+
     @contextlib.asynccontextmanager
     async def _turn(self, priority: tuple[int, int]) -> Any:
-        if self._free > 0 and not self._turns:
-            self._free -= 1
+        if self._active < self._cap and not self._turns:
+            self._active += 1
         else:
             waiter = self._loop.create_future()
             self._arrivals += 1
             heapq.heappush(self._turns, (priority, self._arrivals, waiter))
             try:
-                await waiter
+                await waiter  # whoever wakes us has counted us active
             except asyncio.CancelledError:
                 if waiter.done() and not waiter.cancelled():
-                    self._pass_turn()  # it was handed over as we were cancelled
+                    self._active -= 1  # it was handed over as we were cancelled
+                    self._wake()
                 raise
         try:
             yield
         finally:
-            self._pass_turn()
+            self._active -= 1
+            self._wake()
 
-    def _pass_turn(self) -> None:
-        while self._turns:
+    def _wake(self) -> None:
+        while self._turns and self._active < self._cap:
             _, _, waiter = heapq.heappop(self._turns)
             if not waiter.done():
+                self._active += 1
                 waiter.set_result(None)
-                return
-        self._free += 1
+
+    def _throttled(self, url: str, why: str) -> None:
+        """A store said "slow down": fewer downloads at once (halved, at most once a
+        second, so that one burst of refusals counts once)."""
+        now = self._loop.time()
+        if self._cap <= 1 or now - self._last_cut < 1.0:
+            return
+        before, self._cap = self._cap, max(1, self._cap // 2)
+        self._last_cut, self._calm = now, 0
+        log.warning(
+            "%s: the server is throttling (%s): %d downloads at once from now on, not %d",
+            host_of(url),
+            why,
+            self._cap,
+            before,
+        )
+
+    def _passed(self) -> None:
+        """A download went through: after as many as are allowed at once, one more."""
+        if self._cap >= self.options.connections:
+            return
+        self._calm += 1
+        if self._calm >= self._cap:
+            self._cap, self._calm = self._cap + 1, 0
+            log.info("fetch: %d downloads at once again", self._cap)
+            self._wake()
+
+    def note_rangeless(self, url: str) -> None:
+        host = host_of(url)
+        if host not in self.rangeless:
+            self.rangeless.add(host)
+            log.info(
+                "%s ignores range requests: its shards are downloaded whole into the cache "
+                "and indexed there",
+                host,
+            )
 
     async def _attempts(self, url: str, offset: Callable[[], int], attempt: Any) -> Any:
         """Call `attempt()` until it succeeds, retrying what may pass; FetchError after.
@@ -208,37 +311,127 @@ class Fetcher:
                 await asyncio.sleep(wait)
         raise failed(f"gave up after {plural(o.retries + 1, 'attempt')}; last: {last}")
 
-    def _check_response(self, url: str, offset: int, response: Any) -> None:
+    async def _check_response(self, url: str, offset: int, response: Any) -> None:
+        """Raise what a response that is not the bytes asked for means: retry (5xx, 429,
+        408, a store's SlowDown) or a FetchError in words (a store's error code
+        explained: a wrong secret, a missing key)."""
         status = response.status
+        if status in (200, 206):
+            coding = response.headers.get("Content-Encoding", "identity").strip().lower()
+            if coding not in ("", "identity"):
+                what = f"the server sent a {coding}-encoded body, asked not to"
+                raise located(FetchError, url, offset, what)
+            return
+        body = b""
+        with contextlib.suppress(Exception):  # an error's body is small, and only a help
+            body = await response.content.read(64 << 10)
+        code, words = store_error(status, body)
         reason = f"HTTP {status} {clip(response.reason or '')}".strip()
-        if status == 429 or status == 408 or status >= 500:
+        if code in THROTTLE_CODES or status in (429, 503):
+            self._throttled(url, f"{reason}" + (f" {code}" if code else ""))
+        retry = status in (408, 429) or status >= 500 or code in THROTTLE_CODES
+        if retry and code not in AUTH_CODES:
             raise _Retryable(
-                reason, retry_after_seconds(response.headers.get("Retry-After"), self.options)
+                reason + (f" ({code})" if code else ""),
+                retry_after_seconds(response.headers.get("Retry-After"), self.options),
             )
-        if status not in (200, 206):
-            error = located(FetchError, url, offset, reason)
-            error.status = status  # type: ignore[attr-defined]
-            raise error
-        coding = response.headers.get("Content-Encoding", "identity").strip().lower()
-        if coding not in ("", "identity"):
-            raise located(
-                FetchError, url, offset, f"the server sent a {coding}-encoded body, asked not to"
-            )
+        region = response.headers.get("x-amz-bucket-region")
+        if region and status in (301, 307, 400) and is_object_url(url):
+            words = f"the bucket is in region {region}: set AWS_REGION={region}"
+        elif not words and status == 404:
+            words = "not found"
+        elif not words and status == 412:
+            words = "the object changed since it was first looked at"
+        error = located(FetchError, url, offset, f"{reason}: {words}" if words else reason)
+        error.status = status  # type: ignore[attr-defined]
+        error.code = code  # type: ignore[attr-defined]
+        raise error
 
-    def _get(self, url: str, headers: dict[str, str] | None = None) -> Any:
-        return self._session.get(
-            url, headers=headers, max_redirects=self.options.max_redirects, allow_redirects=True
-        )
+    @contextlib.asynccontextmanager
+    async def _get(
+        self,
+        url: str,
+        headers: dict[str, str] | None = None,
+        method: str = "GET",
+        target: str | None = None,
+    ) -> Any:
+        """A request for `url`: an http(s) URL, sent as given, or an object in a store,
+        sent to its https URL (or to `target`, a request of the store's that is not an
+        object's: a listing), signed."""
+        yarl = self._yarl
+        headers = dict(headers or {})
+        redirects = True
+        if is_object_url(url):
+            store = self.store_of(url)
+            target = target or store.url_of(ObjectName.parse(url))
+            headers = await store.sign(method, target, headers)
+            # A signature is for one host: a redirect is an error that names the region.
+            redirects = False
+            sent = yarl.URL(target, encoded=True)
+        elif _ENCODED.fullmatch(url):
+            # Already percent-encoded: sent byte for byte, so that a presigned URL's
+            # signature still matches what arrives.
+            sent = yarl.URL(url, encoded=True)
+        else:
+            sent = yarl.URL(url)
+        async with self._session.request(
+            method,
+            sent,
+            headers=headers,
+            allow_redirects=redirects,
+            max_redirects=self.options.max_redirects,
+        ) as response:
+            yield response
 
-    async def size_of(self, url: str) -> int | None:
-        """The size of `url` in bytes, from one ranged GET (HEAD is not always served)."""
+    async def stat(self, url: str) -> RemoteObject:
+        """One look at `url`: HEAD where it can be trusted to be served (a plain URL),
+        else a one-byte ranged GET (a URL signed for GET, an object in a store, whose
+        error bodies say what is wrong)."""
 
-        async def attempt() -> int | None:
+        async def by_head() -> RemoteObject | None:
+            async with self._get(url, method="HEAD") as response:
+                if response.status in (400, 403, 405, 501):
+                    return None  # no HEAD here: ask with a GET
+                await self._check_response(url, 0, response)
+                accept = response.headers.get("Accept-Ranges", "").strip().lower()
+                ranges = True if "bytes" in accept else (False if accept == "none" else None)
+                if ranges is False:
+                    self.note_rangeless(url)
+                return RemoteObject(response.content_length, _validator(response), ranges)
+
+        async def by_range() -> RemoteObject:
             async with self._get(url, {"Range": "bytes=0-0"}) as response:
-                self._check_response(url, 0, response)
-                return _total_size(response)
+                await self._check_response(url, 0, response)
+                if response.status == 200:
+                    self.note_rangeless(url)
+                ranged = response.status == 206
+                return RemoteObject(_total_size(response), _validator(response), ranged)
 
-        return await self._attempts(url, lambda: 0, attempt)
+        if not is_object_url(url) and not urllib.parse.urlsplit(url).query:
+            found = await self._attempts(url, lambda: 0, by_head)
+            if found is not None and found.size is not None:
+                return found
+        return await self._attempts(url, lambda: 0, by_range)
+
+    async def list_objects(self, url: str) -> list[tuple[str, int, str | None]]:
+        """Every object under the prefix `url` (``s3://bucket/prefix``), page by page:
+        (URL, size, ETag) each."""
+        store = self.store_of(url)
+        name = ObjectName.parse(url)
+        found: list[tuple[str, int, str | None]] = []
+        token: str | None = None
+        while True:
+            target = store.list_request(name, token)
+
+            async def attempt(target: str = target) -> bytes:
+                async with self._get(url, target=target) as response:
+                    await self._check_response(url, 0, response)
+                    return await response.read()
+
+            objects, token = parse_listing(await self._attempts(url, lambda: 0, attempt), url)
+            found += [(f"{name.scheme}://{name.bucket}/{key}", n, etag) for key, n, etag in objects]
+            if token is None:
+                return found
 
     async def read_range(self, url: str, offset: int, length: int) -> bytes:
         """Bytes [offset, offset + length) of `url`."""
@@ -248,7 +441,7 @@ class Fetcher:
         async def attempt() -> bytes:
             headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
             async with self._get(url, headers) as response:
-                self._check_response(url, offset, response)
+                await self._check_response(url, offset, response)
                 if response.status == 206:
                     start = _range_start(response)
                     if start != offset:
@@ -256,6 +449,7 @@ class Fetcher:
                             FetchError, url, offset, f"asked for offset {offset}, got {start}"
                         )
                 else:  # no ranges here: skip to the bytes wanted in the whole body
+                    self.note_rangeless(url)
                     skipped = 0
                     while skipped < offset:
                         chunk = await response.content.read(min(1 << 20, offset - skipped))
@@ -271,7 +465,7 @@ class Fetcher:
 
         async def attempt() -> bytes:
             async with self._get(url) as response:
-                self._check_response(url, 0, response)
+                await self._check_response(url, 0, response)
                 parts, got = [], 0
                 async for chunk in response.content.iter_chunked(1 << 20):
                     got += len(chunk)
@@ -319,7 +513,7 @@ class Fetcher:
                     if state["since"] is not None:
                         headers["If-Range"] = state["since"]
             async with self._get(url, headers) as response:
-                self._check_response(url, state["got"], response)
+                await self._check_response(url, state["got"], response)
                 if response.status == 206 and state["got"]:
                     start = _range_start(response)
                     if start != state["got"]:
@@ -367,6 +561,7 @@ class Fetcher:
         try:
             async with self._turn(priority):
                 await self._attempts(url, lambda: state["got"], attempt)
+                self._passed()
         except FetchError as e:
             if state["bad"] and not isinstance(e, ChecksumError):
                 error = located(
@@ -381,6 +576,17 @@ class Fetcher:
             raise
         finally:
             os.close(fd)
+
+
+#: A URL with nothing left to percent-encode (what a signer produced, say).
+_ENCODED = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*")
+
+
+def host_of(url: str) -> str:
+    """What a server is known by: host and port (a bucket, for a store)."""
+    if is_object_url(url):
+        return url.partition("://")[0] + "://" + ObjectName.parse(url).bucket
+    return urllib.parse.urlsplit(url).netloc
 
 
 def _validator(response: Any) -> str | None:

@@ -12,8 +12,10 @@ from typing import Any
 
 from stoker._process import daemon_pool, wait_result
 from stoker.errors import FetchError, ShardFormatError, located
+from stoker.formats import samples_and_fields
 from stoker.remote.cache import Hold, NoRoom, ShardCache, cache_for, cache_name, default_cache_root
-from stoker.remote.http import Fetcher, FetchOptions, fetcher_for
+from stoker.remote.http import Fetcher, FetchOptions, fetcher_for, host_of
+from stoker.remote.stores import AUTH_CODES
 
 log = logging.getLogger("stoker.remote")
 
@@ -29,10 +31,25 @@ class RemoteShard:
     samples: int | None = None
     fields: list[str] | None = None
     name: str = ""  # where it lives under the cache root, once size and sha256 are known
+    validator: str | None = None  # its ETag or Last-Modified, where known
+    ranges: bool | None = None  # whether its server said it takes range requests
 
 
-#: Read-ahead of the header walk over a tar shard that has no manifest entry.
-PROBE_WINDOW = 64 * 1024
+#: The first read of a probe (the header walk over a shard that has no manifest entry).
+#: Reads that follow each other closely (small members) double the read-ahead, up to
+#: PROBE_READ_AHEAD, so a dense walk takes few requests.
+PROBE_WINDOW = 16 * 1024
+PROBE_READ_AHEAD = 4 << 20
+#: A shard this small is downloaded whole, where the cache has room for it, rather than
+#: probed: a probe would read a good share of it, and read it again when it is fetched.
+SMALL_SHARD = 256 * 1024
+#: A probe that has read, or is about to read, more than this share of the bytes it has
+#: walked over stops; the shard is downloaded whole instead, where the cache has room.
+PROBE_SHARE = 1 / 8
+
+
+class _WholeIsCheaper(Exception):
+    """A probe stopped: downloading the shard costs less than walking on."""
 
 
 class RemoteShards:
@@ -86,40 +103,176 @@ class RemoteShards:
 
     def describe(self) -> None:
         """Learn each shard's size and samples that no manifest gave: from a manifest beside
-        the shards if there is one, else from their headers, read with range requests."""
+        the shards if there is one, else from what this node remembers of them (in the
+        cache), else by looking into them once per node (see _describe_one)."""
         missing = [s for s in self.shards if s.size is None or s.samples is None]
         if missing:
             self._adopt_manifests(missing)
             missing = [s for s in missing if s.size is None or s.samples is None]
-        if missing:
-            log.info(
-                "%d remote shard(s) have no manifest entry: reading their headers with range "
-                "requests (a stoker.json beside them saves this)",
-                len(missing),
-            )
-            pool = daemon_pool(self._threads, "stoker-shards")
-            for future in [pool.submit(lambda s=s: self._probe(s)) for s in missing]:
-                wait_result(future)
+        fetcher = self.fetcher
         for shard in self.shards:
-            shard.name = cache_name(shard.url, shard.sha256)
+            shard.name = cache_name(fetcher.cache_url(shard.url), shard.sha256)
+        if not missing:
+            return
+        pool = daemon_pool(self._threads, "stoker-shards")
+        cache = self.cache
+        for host in {host_of(s.url) for s in missing}:
+            if cache.read_record(_RANGELESS + host) is not None:
+                fetcher.rangeless.add(host)
+        # First a look at each (size, version), so that what is remembered can be
+        # checked and whether the whole dataset fits in the cache is known.
+        looks = [s for s in missing if s.size is None or s.validator is None]
+        for future in [pool.submit(lambda s=s: self._look(s)) for s in looks]:
+            wait_result(future)
+        for host in fetcher.rangeless - {host_of(s.url) for s in missing if s.ranges}:
+            cache.write_record(_RANGELESS + host, {"ranges": False})
+        fits = sum(s.size or 0 for s in self.shards) <= self.limit
+        todo = [i for i, s in enumerate(self.shards) if s.samples is None]
+        futures = [pool.submit(lambda i=i: self._describe_one(i, fits)) for i in todo]
+        for future in futures:
+            wait_result(future)
 
-    def _probe(self, shard: RemoteShard) -> None:
+    def _look(self, shard: RemoteShard) -> None:
+        fetcher = self.fetcher
+        found = fetcher.call(fetcher.stat(shard.url))
+        if found.size is None:
+            raise located(FetchError, shard.url, 0, "the server does not say its size")
+        if shard.size is not None and found.size != shard.size:
+            raise located(
+                FetchError,
+                shard.url,
+                min(found.size, shard.size),
+                f"the server has {found.size} bytes but {shard.size} were expected: the "
+                "shard changed",
+            )
+        shard.size, shard.validator, shard.ranges = found.size, found.validator, found.ranges
+
+    def _describe_one(self, i: int, fits: bool) -> None:
+        """Samples and fields of shard `i`: remembered by this node (for this size and
+        version of it), else indexed from its copy in the cache, else looked into, once
+        per node (under its lock, so others wait and then read the record). A shard
+        whose probe would read a good share of it (small, or small members), or whose
+        server ignores ranges, is downloaded whole instead, where the cache has room, and
+        indexed locally: its bytes then cross the network once."""
+        shard, cache, fetcher = self.shards[i], self.cache, self.fetcher
+        key = fetcher.cache_url(shard.url)
+        if self._remembered(shard, cache.read_record(key)):
+            return
+        path = self.path_of(i)
+        with cache.shard_lock(path, shard.url):
+            record = cache.read_record(key)
+            if self._remembered(shard, record):
+                return
+            if record is not None and not cache.evict(path):  # the object changed
+                what = "the shard changed on the server while a process reads its cached copy"
+                raise located(FetchError, shard.url, 0, what)
+            assert shard.size is not None
+            hold = cache.hold(path, shard.size)
+            try:
+                rangeless = host_of(shard.url) in fetcher.rangeless
+                small = shard.size <= SMALL_SHARD or shard.ranges is None
+                if hold is None and (rangeless or (fits and small)):
+                    hold = self._download_now(i, wait=rangeless)
+                if hold is not None:
+                    index = self._index_cached(hold.path, shard)
+                else:
+                    try:
+                        index = self._probe(shard, give_up=fits)
+                    except _WholeIsCheaper:
+                        rangeless = host_of(shard.url) in fetcher.rangeless
+                        hold = self._download_now(i, wait=rangeless)
+                        if hold is not None:
+                            index = self._index_cached(hold.path, shard)
+                        else:
+                            index = self._probe(shard, give_up=False)
+            finally:
+                if hold is not None:
+                    cache.release(path)
+            shard.samples, shard.fields = samples_and_fields(index, shard.format)
+            cache.write_record(
+                key,
+                {
+                    "bytes": shard.size,
+                    "version": _version(shard.validator),
+                    "format": shard.format,
+                    "samples": shard.samples,
+                    "fields": shard.fields,
+                },
+            )
+
+    @staticmethod
+    def _remembered(shard: RemoteShard, record: dict | None) -> bool:
+        """Take samples and fields from `record` if it is of this size and version of
+        the shard."""
+        if (
+            record is None
+            or record.get("bytes") != shard.size
+            or record.get("version") != _version(shard.validator)
+            or record.get("format") != shard.format
+            or not isinstance(record.get("samples"), int)
+        ):
+            return False
+        shard.samples = record["samples"]
+        fields = record.get("fields")
+        shard.fields = [str(f) for f in fields] if isinstance(fields, list) else None
+        return True
+
+    def _download_now(self, i: int, wait: bool) -> Hold | None:
+        """Shard `i` downloaded into the cache and held, for a caller that holds its
+        lock; None if the cache has no room now (and `wait` is False)."""
+        shard = self.shards[i]
+        assert shard.size is not None
+        fetcher = self.fetcher
+        try:
+            return self.cache.fetch(
+                shard.url,
+                self.path_of(i),
+                shard.size,
+                shard.sha256,
+                fetcher,
+                self.limit,
+                wait_for_room=wait,
+                locked=True,
+            )
+        except NoRoom:
+            return None
+
+    @staticmethod
+    def _index_cached(path: str, shard: RemoteShard) -> dict:
+        from stoker import _core
+
+        return _core.index_shards([path], [shard.format], 1)[0]
+
+    def _probe(self, shard: RemoteShard, give_up: bool) -> dict:
+        """The index of a shard's headers, read with range requests. With `give_up`,
+        _WholeIsCheaper once the walk reads more than PROBE_SHARE of what it walks over,
+        or once its server turns out to ignore ranges."""
         from stoker import _core
 
         fetcher = self.fetcher
-        if shard.size is None:
-            shard.size = fetcher.call(fetcher.size_of(shard.url))
-            if shard.size is None:
-                raise located(FetchError, shard.url, 0, "the server does not say its size")
+        size = shard.size
+        assert size is not None
+        host = host_of(shard.url)
+        buffer = {"start": 0, "data": b"", "ahead": PROBE_WINDOW, "read": 0}
 
         def read(offset: int, length: int) -> bytes:
-            return fetcher.call(fetcher.read_range(shard.url, offset, length))
+            start, data = buffer["start"], buffer["data"]
+            if start <= offset and offset + length <= start + len(data):
+                return data[offset - start : offset + length - start]
+            if buffer["read"] and host in fetcher.rangeless:
+                raise _WholeIsCheaper  # each read would be the whole body up to it
+            walked = min(offset + length, size)
+            if give_up and buffer["read"] and buffer["read"] + length > PROBE_SHARE * walked:
+                raise _WholeIsCheaper
+            ahead = buffer["ahead"]
+            if data and offset <= start + len(data) + ahead:  # close behind: a dense walk
+                ahead = buffer["ahead"] = min(2 * ahead, PROBE_READ_AHEAD)
+            want = min(max(length, ahead), size - offset)
+            got = fetcher.call(fetcher.read_range(shard.url, offset, want))
+            buffer.update(start=offset, data=got, read=buffer["read"] + len(got))
+            return got[:length]
 
-        index = _core.index_remote(shard.url, shard.size, shard.format, read, PROBE_WINDOW)
-        if shard.format == "npy":
-            shard.samples, shard.fields = int(index["shape"][0]), ["npy"]
-        else:
-            shard.samples, shard.fields = len(index["keys"]), list(index["field_names"])
+        return _core.index_remote(shard.url, size, shard.format, read, PROBE_WINDOW)
 
     def _adopt_manifests(self, shards: list[RemoteShard]) -> None:
         """Use the ``stoker.json`` beside the shards, where there is one that lists them:
@@ -129,6 +282,8 @@ class RemoteShards:
         fetcher = self.fetcher
         folders: dict[str, list[RemoteShard]] = {}
         for shard in shards:
+            if "?" in shard.url:  # a signed URL: a manifest beside it would need its own
+                continue
             folders.setdefault(shard.url.rsplit("/", 1)[0] + "/", []).append(shard)
         for folder, members in folders.items():
             url = folder + MANIFEST_NAME
@@ -145,6 +300,11 @@ class RemoteShards:
                         0,
                         f"{what} (while looking for a {MANIFEST_NAME} beside it)",
                     ) from e
+                if getattr(e, "code", None) in AUTH_CODES or getattr(e, "status", None) == 401:
+                    # Wrong credentials: said now, of the shard the user named, with no
+                    # further request that would fail the same way.
+                    what = getattr(e, "detail", str(e))
+                    raise located(FetchError, members[0].url, 0, what) from None
                 log.debug("%s: no manifest (%s)", url, e)
                 continue
             except ShardFormatError as e:  # something else answers to that name: a web page
@@ -217,5 +377,18 @@ def apply_entry(shard: RemoteShard, entry: dict) -> None:
     shard.size = entry.get("bytes", shard.size)
     shard.samples = entry.get("samples", shard.samples)
     shard.sha256 = entry.get("sha256", shard.sha256)
+    shard.validator = entry.get("etag", shard.validator)
     if isinstance(entry.get("fields"), list):
         shard.fields = [str(f) for f in entry["fields"]]
+
+
+#: The record that says a host ignores range requests.
+_RANGELESS = "no ranges: "
+
+
+def _version(validator: str | None) -> str | None:
+    """An ETag or Last-Modified as compared: a listing and a response may quote an ETag
+    differently, or mark it weak."""
+    if validator is None:
+        return None
+    return (validator[2:] if validator.startswith("W/") else validator).strip().strip('"')

@@ -90,13 +90,25 @@ def _pack(args: argparse.Namespace) -> int:
 def _index(args: argparse.Namespace) -> int:
     from stoker.tools import inspect
 
-    written, entries = inspect.index(args.source, args.out, args.threads)
+    remote = [s for s in args.source if stoker.formats.is_url(s)]
+    if remote:
+        if len(remote) != len(args.source):
+            raise stoker.UsageError("stoker index: give either local shards or URLs, not both")
+        written, entries, folder = inspect.index_remote(
+            remote, args.out, cache_dir=args.cache_dir, cache_limit=args.cache_limit
+        )
+    elif len(args.source) > 1:
+        raise stoker.UsageError("stoker index: one local source (a folder, glob or pattern)")
+    else:
+        written, entries = inspect.index(args.source[0], args.out, args.threads)
     samples = sum(e["samples"] for e in entries)
     size = sum(e["bytes"] for e in entries)
     print(
         f"wrote {written}: {len(entries)} shard(s), {samples:,} samples, "
         f"{human(size)}, sha256 of each"
     )
+    if remote:
+        print(f"put it beside the shards ({folder}): opening them then reads it, and nothing else")
     return 0
 
 
@@ -245,10 +257,20 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "index",
         "write stoker.json (samples, fields, sha256 of each shard) for existing shards",
-        "stoker index data/",
+        "stoker index data/\n  stoker index 's3://bucket/set/shard-{000000..000099}.tar'",
     )
-    index.add_argument("source", help="local shards: a folder, glob, brace pattern or file")
-    index.add_argument("--out", help="where to write it (default: the shards' folder)")
+    index.add_argument(
+        "source",
+        nargs="+",
+        help="local shards (a folder, glob, brace pattern or file), or remote ones: URLs, "
+        "a brace pattern of URLs, an s3:// or gs:// prefix",
+    )
+    index.add_argument(
+        "--out",
+        help="where to write it (default: the shards' folder; ./stoker.json for remote ones)",
+    )
+    index.add_argument("--cache-dir", help="remote shards: the cache they are fetched through")
+    index.add_argument("--cache-limit", type=parse_size, help="remote shards: the cache's limit")
     index.add_argument("--threads", type=_count, default=0, help="shards read at once")
     index.set_defaults(run=_index)
 
@@ -269,7 +291,9 @@ def build_parser() -> argparse.ArgumentParser:
         "stoker fetch http://host/data/stoker.json --cache-dir /local/cache --cache-limit 200G",
         quiet=True,
     )
-    fetch.add_argument("source", help="http(s) URLs: a stoker.json, a brace pattern or a shard")
+    fetch.add_argument(
+        "source", help="remote shards: a stoker.json, brace pattern or shard URL, an s3:// prefix"
+    )
     fetch.add_argument("--cache-dir", help="the cache (default: $STOKER_CACHE or ~/.cache/stoker)")
     fetch.add_argument("--cache-limit", type=parse_size, help="bytes the cache may hold, e.g. 200G")
     fetch.add_argument("--connections", type=int, default=16, help="downloads at once")

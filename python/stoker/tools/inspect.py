@@ -19,8 +19,11 @@ from stoker.manifest import (
     describe_drift,
     manifest_drift,
     read_manifest,
+    shard_entry,
+    write_entries,
     write_manifest,
 )
+from stoker.remote import FetchOptions
 from stoker.sources import resolve
 
 
@@ -62,6 +65,49 @@ def index(source: str, out: str | None = None, num_threads: int = 0) -> tuple[st
             out = os.path.commonpath([os.path.dirname(os.path.abspath(p)) for p in paths])
     written = write_manifest(paths, out, num_threads=num_threads, extra=extra or None)
     return written, [entry for _, entry in read_manifest(written)]
+
+
+def index_remote(
+    sources: list[str],
+    out: str | None = None,
+    *,
+    cache_dir: str | None = None,
+    cache_limit: int | None = None,
+    fetch: FetchOptions | None = None,
+) -> tuple[str, list[dict], str]:
+    """Write ``stoker.json`` for remote shards (http(s), ``s3://``, ``gs://``) to the local
+    file `out` (default ``./stoker.json``), to be put beside them. Each shard is fetched
+    through the node cache once (as a first epoch would) and described from its copy
+    there: bytes, samples, fields, sha256. Paths are relative to the shards' common
+    folder (returned too), where the manifest belongs."""
+    from stoker.dataset import Dataset
+
+    ds = Dataset(
+        sources if len(sources) > 1 else sources[0],
+        cache_dir=cache_dir,
+        cache_limit=cache_limit,
+        fetch=fetch,
+    )
+    remote = ds.remote
+    if remote is None or len(remote.shards) != len(ds.shards):
+        raise StokerError(f"{sources[0]}: remote shards only (local: `stoker index FOLDER`)")
+    urls = [shard.url for shard in remote.shards]
+    folder = os.path.commonprefix([url.rsplit("/", 1)[0] + "/" for url in urls])
+    folder = folder[: folder.rfind("/") + 1]
+
+    def one(i: int) -> dict:
+        hold = remote.acquire(i)
+        try:
+            entry = shard_entry(hold.path, os.path.dirname(hold.path))
+        finally:
+            remote.release(i)
+        entry["path"] = urls[i][len(folder) :]
+        return entry
+
+    with ThreadPoolExecutor(remote.options.connections) as pool:
+        entries = list(pool.map(one, range(len(urls))))
+    written = write_entries(out or MANIFEST_NAME, entries)
+    return written, entries, folder
 
 
 @dataclass

@@ -249,6 +249,11 @@ class ShardServer:
                     return f
         return None
 
+    def peek_fault(self, relpath: str) -> Fault | None:
+        """The fault the next GET of `relpath` would take, left in place."""
+        with self._lock:
+            return next((f for f in self._faults if f.matches(relpath)), None)
+
     # -- counters ----------------------------------------------------------------------
 
     @property

@@ -74,6 +74,10 @@ class FileResponses:
     async def respond(self, request: web.Request) -> web.StreamResponse:
         relpath = request.path.lstrip("/")
         fault = self.server.take_fault(relpath) if request.method == "GET" else None
+        if request.method == "HEAD":  # a HEAD is redirected or refused as its GET would be
+            fault = self.server.peek_fault(relpath)
+            if fault is not None and not (fault.kind == "status" and fault.params["status"] < 500):
+                fault = None
         if fault is not None:
             log.debug("fault %s on %s", fault.kind, relpath)
         if self.server.latency > 0:
