@@ -321,3 +321,32 @@ def test_stoker_index_url_writes_a_manifest_to_put_beside_the_shards(tars, tmp_p
             assert [r.path for r in server.requests] == ["stoker.json"]
         finally:
             os.unlink(os.path.join(tars, "stoker.json"))
+
+
+def test_a_shard_whole_in_the_cache_is_indexed_there_not_probed(tars, tmp_path):
+    cache = str(tmp_path / "cache")
+    with ShardServer(tars) as server:
+        urls = shard_urls(server.url, 3)
+        want = read_every_sample(urls, cache)
+        for name in os.listdir(os.path.join(cache, ".index")):  # what was remembered: gone
+            os.unlink(os.path.join(cache, ".index", name))
+        server.reset_counters()
+        assert read_every_sample(urls, cache) == want
+        assert {r.method for r in server.requests} <= {"HEAD", "GET"}
+        assert server.bytes_sent == 0  # HEADs, and a manifest looked for: no shard bytes
+
+
+def test_signed_url_parameters_are_left_out_of_cache_names():
+    from stoker.remote.stores import without_signature
+
+    gcs = (
+        "https://storage.googleapis.com/b/set/a.tar?X-Goog-Algorithm=GOOG4-RSA-SHA256"
+        "&X-Goog-Credential=sa%40p.iam.gserviceaccount.com%2F20261201%2Fauto%2Fstorage"
+        "%2Fgoog4_request&X-Goog-Date=20261201T000000Z&X-Goog-Expires=600"
+        "&X-Goog-SignedHeaders=host&X-Goog-Signature=00ff"
+    )
+    sas = "https://acct.blob.core.windows.net/c/a.tar?sv=2024-05-04&st=2026-12-01&se=2026-12-02&sr=b&sp=r&sig=ab%2Bc%3D"
+    assert without_signature(gcs) == "https://storage.googleapis.com/b/set/a.tar"
+    assert without_signature(sas) == "https://acct.blob.core.windows.net/c/a.tar"
+    kept = "https://host/a.tar?version=2&X-Amz-Signature=1"
+    assert without_signature(kept) == "https://host/a.tar?version=2"  # it names the object

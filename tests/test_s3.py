@@ -7,7 +7,6 @@ import itertools
 import os
 import subprocess
 import sys
-import time
 
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ from shards import make_samples, write_tar, write_zip
 
 import stoker
 from stoker.manifest import write_manifest
+from stoker.remote.stores import ObjectStore
 
 pytest.importorskip("botocore")
 object_store = pytest.importorskip("object_store")
@@ -64,6 +64,7 @@ def local(store, tmp_path_factory: pytest.TempPathFactory) -> str:
     write_manifest([os.path.join(indexed, n) for n in names], indexed)
     for name in [*names, "stoker.json"]:
         store.put_file("shards", f"indexed/{name}", os.path.join(indexed, name))
+    store.put_file("shards", "odd/a b+c=d&e~f%20.tar", os.path.join(root, "shard-000.tar"))
     store.put_many("shards", {f"many/a-{i:04d}.bin": b"x" * 16 for i in range(1100)})
     store.put_file("shards", "many/zz-last.tar", os.path.join(root, "shard-000.tar"))
     store.make_public("public")
@@ -159,16 +160,68 @@ def test_credentials_from_a_profile(store, local, env, tmp_path):
     assert len(ds) == 40 and ds[0]["__key__"].startswith("s0/")
 
 
-def test_a_wrong_secret_is_one_clear_error(local, env, tmp_path):
+@pytest.fixture
+def signed_requests(monkeypatch) -> list[str]:
+    """The URL of every request signed for a store, in order."""
+    sent: list[str] = []
+    sign = ObjectStore.sign
+
+    async def counting(self, method: str, url: str, headers: dict) -> dict:
+        sent.append(url)
+        return await sign(self, method, url, headers)
+
+    monkeypatch.setattr(ObjectStore, "sign", counting)
+    return sent
+
+
+@pytest.mark.parametrize("source", ["s3://shards/set/", "s3://shards/set/shard-000.tar"])
+def test_a_wrong_secret_is_one_clear_error(local, env, tmp_path, signed_requests, source):
     env.setenv("AWS_SECRET_ACCESS_KEY", "not-the-secret")
-    start = time.monotonic()
     with pytest.raises(stoker.FetchError) as info:
-        stoker.Dataset("s3://shards/set/", cache_dir=tmp_path / "c", fetch=options(retries=6))
-    assert time.monotonic() - start < 2  # no retries
+        stoker.Dataset(source, cache_dir=tmp_path / "c", fetch=options(retries=6))
+    assert len(signed_requests) == 1  # no retry, nothing else tried
     message = str(info.value)
-    assert "s3://shards/set/" in message and "HTTP 403" in message
+    assert message.startswith(source) and "HTTP 403" in message
     assert "signature does not match: check the secret key and the region" in message
     assert "Traceback" not in message
+
+
+def test_keys_with_characters_urls_encode_are_signed_as_sent(local, env, tmp_path):
+    url = "s3://shards/odd/a b+c=d&e~f%20.tar"
+    ds = stoker.Dataset(url, cache_dir=tmp_path / "c", fetch=options())
+    assert samples_of(ds) == samples_of(stoker.Dataset(os.path.join(local, "shard-000.tar")))
+    assert stoker.Dataset("s3://shards/odd/", cache_dir=tmp_path / "c", fetch=options()).shards == [
+        url
+    ]
+
+
+_CREDENTIAL_PROCESS = """
+import datetime, json, sys
+with open(sys.argv[1], "a") as f:
+    f.write("ran\\n")
+soon = datetime.datetime.now(datetime.timezone.utc) + datetime.timedelta(minutes=12)
+print(json.dumps({"Version": 1, "AccessKeyId": sys.argv[2], "SecretAccessKey": sys.argv[3],
+                  "Expiration": soon.isoformat()}))
+"""
+
+
+def test_credentials_that_expire_are_refreshed(store, local, env, tmp_path):
+    # A credential_process whose credentials expire within botocore's refresh window: each
+    # signing asks for fresh ones (off the event loop), as with SSO or a role.
+    env.delenv("AWS_ACCESS_KEY_ID")
+    env.delenv("AWS_SECRET_ACCESS_KEY")
+    script, runs = tmp_path / "creds.py", tmp_path / "runs"
+    script.write_text(_CREDENTIAL_PROCESS)
+    config = tmp_path / "config"
+    config.write_text(
+        "[profile refreshing]\ncredential_process = "
+        f"{sys.executable} {script} {runs} {store.access_key} {store.secret_key}\n"
+    )
+    env.setenv("AWS_CONFIG_FILE", str(config))
+    fetch = options(profile="refreshing")
+    ds = stoker.Dataset("s3://shards/set/", cache_dir=tmp_path / "c", fetch=fetch)
+    assert len(ds.get_batch(np.arange(len(ds)))) == 224
+    assert runs.read_text().count("ran") >= 2
 
 
 def test_a_missing_key_names_bucket_and_key(local, env, tmp_path):
@@ -176,6 +229,8 @@ def test_a_missing_key_names_bucket_and_key(local, env, tmp_path):
         stoker.Dataset("s3://shards/set/nope.tar", cache_dir=tmp_path / "c", fetch=options())
     with pytest.raises(stoker.FetchError, match=r"s3://no-bucket/.*no such bucket"):
         stoker.Dataset("s3://no-bucket/x/", cache_dir=tmp_path / "c", fetch=options())
+    with pytest.raises(stoker.StokerError, match=r"end it with '/': s3://shards/set/"):
+        stoker.Dataset("s3://shards/set", cache_dir=tmp_path / "c", fetch=options())
 
 
 def test_a_presigned_url_is_a_plain_https_source(store, local, tmp_path):
@@ -240,3 +295,21 @@ def test_without_botocore_an_s3_source_says_what_to_install(monkeypatch, tmp_pat
     monkeypatch.setitem(sys.modules, "botocore.session", None)
     with pytest.raises(stoker.UsageError, match=r"pip install 'stoker\[s3\]'"):
         stoker.Dataset("s3://bucket/set/a.tar", cache_dir=tmp_path, fetch=options())
+
+
+def test_requester_pays_and_region_are_signed(env):
+    import asyncio
+
+    env.setenv("AWS_REGION", "eu-west-3")
+    env.delenv("AWS_ENDPOINT_URL_S3")
+    store = ObjectStore("s3", options(requester_pays=True))
+    assert store.region == "eu-west-3"
+    url = store.url_of(stoker.remote.stores.ObjectName.parse("s3://my-bucket/a/b c.tar"))
+    assert url == "https://my-bucket.s3.eu-west-3.amazonaws.com/a/b%20c.tar"
+    dotted = store.url_of(stoker.remote.stores.ObjectName.parse("s3://my.bucket/k.tar"))
+    assert dotted == "https://s3.eu-west-3.amazonaws.com/my.bucket/k.tar"  # path-style
+    headers = asyncio.run(store.sign("GET", url, {"Range": "bytes=0-0"}))
+    assert headers["x-amz-request-payer"] == "requester"
+    auth = headers["Authorization"]
+    assert "/eu-west-3/s3/aws4_request" in auth and "x-amz-request-payer" in auth
+    assert "range" in auth.split("SignedHeaders=")[1]

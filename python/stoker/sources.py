@@ -78,6 +78,11 @@ def resolve(
     if is_object_url(text) and any(c in text for c in "*?["):
         prefix = text[: min(text.index(c) for c in "*?[" if c in text)]
         return _listed(text, prefix, text, read_url, list_url)
+    if is_object_url(text) and not text.lower().endswith((".json", *SHARD_FORMATS)):
+        raise StokerError(
+            f"{text}: neither a shard ({', '.join(SHARD_FORMATS)}) nor a manifest (.json); "
+            f"to list a prefix, end it with '/': {text}/"
+        )
     if is_url(text):
         if urllib.parse.urlsplit(text).path.lower().endswith(".json"):
             if read_url is None:
