@@ -37,6 +37,7 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -485,3 +486,84 @@ if __name__ == "__main__":  # manual smoke test: python tests/object_store.py
     with SeaweedS3() as server:
         print(f"{server.endpoint} ready in {server.startup_seconds:.2f}s; log {server.log_path}")
         sys.stdout.flush()
+
+
+class CountingProxy:
+    """A reverse proxy on 127.0.0.1 in front of a store that records every request it
+    passes on (method, path, Range), the server-side count of what clients asked for.
+    Headers go through unchanged, Host included, so that signatures made for the proxy's
+    address verify at the store (SeaweedFS checks the Host it is given)."""
+
+    def __init__(self, upstream: str) -> None:
+        self.upstream = upstream
+        self.requests: list[tuple[str, str, str | None]] = []
+        self.port = 0
+        self._loop: Any = None
+        self._thread: threading.Thread | None = None
+        self._runner: Any = None
+
+    @property
+    def endpoint(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> CountingProxy:
+        import asyncio
+
+        import aiohttp
+        import yarl
+        from aiohttp import web
+
+        hop_by_hop = {"connection", "keep-alive", "te", "trailer", "transfer-encoding"}
+
+        async def forward(request: web.Request) -> web.StreamResponse:
+            self.requests.append((request.method, request.path, request.headers.get("Range")))
+            headers = [(k, v) for k, v in request.headers.items() if k.lower() not in hop_by_hop]
+            async with session.request(
+                request.method,
+                yarl.URL(self.upstream + request.raw_path, encoded=True),
+                headers=headers,
+                data=await request.read() if request.body_exists else None,
+                allow_redirects=False,
+                skip_auto_headers=("Accept", "Accept-Encoding", "Content-Type", "User-Agent"),
+            ) as answer:
+                response = web.StreamResponse(status=answer.status, reason=answer.reason)
+                for k, v in answer.headers.items():
+                    if k.lower() not in hop_by_hop:
+                        response.headers.add(k, v)
+                await response.prepare(request)
+                async for data in answer.content.iter_chunked(1 << 16):
+                    await response.write(data)
+                await response.write_eof()
+                return response
+
+        async def start() -> int:
+            nonlocal session
+            session = aiohttp.ClientSession(auto_decompress=False)
+            app = web.Application()
+            app.router.add_route("*", "/{path:.*}", forward)
+            self._runner = web.AppRunner(app, access_log=None)
+            await self._runner.setup()
+            listener = socket.socket()
+            listener.bind(("127.0.0.1", 0))
+            await web.SockSite(self._runner, listener).start()
+            return listener.getsockname()[1]
+
+        async def stop() -> None:
+            await self._runner.cleanup()
+            await session.close()
+
+        session: Any = None
+        self._stop = stop
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._thread.start()
+        self.port = asyncio.run_coroutine_threadsafe(start(), self._loop).result(10)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        import asyncio
+
+        asyncio.run_coroutine_threadsafe(self._stop(), self._loop).result(10)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        assert self._thread is not None
+        self._thread.join(5)

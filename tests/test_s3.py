@@ -239,7 +239,7 @@ def test_a_presigned_url_is_a_plain_https_source(store, local, tmp_path):
     assert samples_of(ds) == samples_of(stoker.Dataset(os.path.join(local, "shard-002.tar")))
 
 
-def test_a_public_bucket_reads_unsigned(local, env, tmp_path, caplog):
+def test_a_public_bucket_reads_unsigned(store, local, env, tmp_path, caplog):
     env.delenv("AWS_ACCESS_KEY_ID")
     env.delenv("AWS_SECRET_ACCESS_KEY")
     ds = stoker.Dataset("s3://public/set/", cache_dir=tmp_path / "c", fetch=options(unsigned=True))
@@ -248,6 +248,18 @@ def test_a_public_bucket_reads_unsigned(local, env, tmp_path, caplog):
     ds = stoker.Dataset("s3://public/set/shard-000.tar", cache_dir=tmp_path / "d", fetch=options())
     assert len(ds) == 40
     assert "no credentials found" in caplog.text
+    # The command line says it all in flags: no endpoint or credentials in the environment.
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("AWS_ENDPOINT")}
+    run = subprocess.run(
+        [sys.executable, "-m", "stoker", "inspect", "s3://public/set/", "--unsigned"]
+        + ["--endpoint-url", store.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**environ, "STOKER_CACHE": str(tmp_path / "cli")},
+    )
+    assert run.returncode == 0, run.stderr
+    assert "224 samples" in run.stdout
 
 
 _CHILD = """
@@ -257,26 +269,34 @@ print(len(ds.get_batch(np.arange(len(ds)))))
 """
 
 
-def test_two_processes_share_one_cached_copy(local, env, tmp_path):
+def test_two_processes_download_each_object_once(store, local, env, tmp_path):
+    # Counted where the requests arrive: a proxy in front of the store.
     urls = [f"s3://shards/set/{n}" for n in ("shard-000.tar", "shard-001.zip", "shard-002.tar")]
     cache = str(tmp_path / "cache")
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", _CHILD, cache, *urls],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(2)
+    with object_store.CountingProxy(store.endpoint) as proxy:
+        env.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        children = [
+            subprocess.Popen(
+                [sys.executable, "-c", _CHILD, cache, *urls],
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        for child in children:
+            out, err = child.communicate(timeout=120)
+            assert child.returncode == 0, err
+            assert out.strip() == "120"
+    whole = [path for method, path, ranged in proxy.requests if method == "GET" and not ranged]
+    shards = [p for p in whole if p.endswith((".tar", ".zip"))]
+    assert sorted(shards) == [
+        "/shards/set/shard-000.tar",
+        "/shards/set/shard-001.zip",
+        "/shards/set/shard-002.tar",
     ]
-    for child in children:
-        out, err = child.communicate(timeout=120)
-        assert child.returncode == 0, err
-        assert out.strip() == "120"
-    copies = sorted(
-        n for _, _, files in os.walk(cache) for n in files if n.endswith((".tar", ".zip"))
-    )
-    assert copies == ["shard-000.tar", "shard-001.zip", "shard-002.tar"]
+    copies = [n for _, _, files in os.walk(cache) for n in files if n.endswith((".tar", ".zip"))]
+    assert sorted(copies) == ["shard-000.tar", "shard-001.zip", "shard-002.tar"]
 
 
 def test_gs_urls_sign_with_hmac_keys(store, local, env, tmp_path):
@@ -313,3 +333,24 @@ def test_requester_pays_and_region_are_signed(env):
     auth = headers["Authorization"]
     assert "/eu-west-3/s3/aws4_request" in auth and "x-amz-request-payer" in auth
     assert "range" in auth.split("SignedHeaders=")[1]
+
+
+def test_an_object_replaced_after_open_is_refused_not_mixed(store, local, env, tmp_path):
+    # Large members: the shard is probed at open (by range), not fetched; then replaced.
+    big = [(f"big{i}", {"bin": bytes([i]) * 300_000}) for i in range(4)]
+    other = [(f"big{i}", {"bin": bytes([9 - i]) * 300_000}) for i in range(4)]
+    write_tar(tmp_path / "a.tar", big)
+    write_tar(tmp_path / "b.tar", other)
+    store.put_file("shards", "changing/big.tar", tmp_path / "a.tar")
+    ds = stoker.Dataset("s3://shards/changing/big.tar", cache_dir=tmp_path / "c", fetch=options())
+    assert len(ds) == 4
+    store.put_file("shards", "changing/big.tar", tmp_path / "b.tar")
+    with pytest.raises(
+        stoker.FetchError,
+        match=r"s3://shards/changing/big\.tar.*412.*changed since the dataset was opened",
+    ):
+        ds.get_batch([0])
+    again = stoker.Dataset(
+        "s3://shards/changing/big.tar", cache_dir=tmp_path / "c", fetch=options()
+    )
+    assert again[0]["bin"].tobytes() == bytes([9]) * 300_000  # a new open reads the new one

@@ -24,10 +24,20 @@ def join_url(base: str, relative: str) -> str:
     """`relative` (a manifest's shard path) resolved against the URL `base`."""
     if is_url(relative):
         return relative
+    if not base.startswith(("s3://", "gs://")):
+        return urllib.parse.urljoin(base, relative)
+    # An object's key is a name, not a path: joined as written (no `//` collapsed, no
+    # `:` taken for a scheme); only `.` and `..` segments are resolved.
     scheme, _, rest = base.partition("://")
-    # urljoin resolves paths for the schemes it knows only: an object URL borrows https's.
-    joined = urllib.parse.urljoin("https://" + rest, relative)
-    return scheme + "://" + joined.partition("://")[2]
+    bucket, _, key = rest.partition("/")
+    parts = [] if relative.startswith("/") else key.split("/")[:-1]
+    for segment in relative.lstrip("/").split("/"):
+        if segment == "..":
+            if parts:
+                parts.pop()
+        elif segment != ".":
+            parts.append(segment)
+    return f"{scheme}://{bucket}/" + "/".join(parts)
 
 
 def format_of(path: str) -> str:

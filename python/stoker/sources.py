@@ -131,7 +131,7 @@ def _listed(
     if pattern is None and any(url == prefix + MANIFEST_NAME for url, _, _ in objects):
         return parse_manifest(read_url(prefix + MANIFEST_NAME), prefix + MANIFEST_NAME)
     found = [
-        (url, {"bytes": size, "etag": etag} if etag else {"bytes": size})
+        (url, {"bytes": size, "listed": True, **({"etag": etag} if etag else {})})
         for url, size, etag in sorted(objects)
         if os.path.splitext(url.lower())[1] in SHARD_FORMATS
         and (pattern is None or fnmatch.fnmatchcase(url, pattern))

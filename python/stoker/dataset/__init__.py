@@ -57,10 +57,12 @@ class Dataset:
 
         def read_url(url: str) -> bytes:
             fetcher = fetcher_for(options)
+            fetcher.cache_url(url)  # a store is set up here, not on the event loop
             return fetcher.call(fetcher.read_all(url))
 
         def list_url(url: str) -> list[tuple[str, int, str | None]]:
             fetcher = fetcher_for(options)
+            fetcher.cache_url(url)
             return fetcher.call(fetcher.list_objects(url))
 
         shards = resolve(source, read_url, list_url=list_url)

@@ -43,6 +43,7 @@ log = logging.getLogger("stoker.remote")
 _PART = ".part"
 _LOCKS = ".locks"
 _RECORDS = ".index"
+_COPY = "copy: "
 _MARKER = ".stoker-cache"  # a folder stoker may evict from has this file
 
 
@@ -215,6 +216,13 @@ class ShardCache:
         name = hashlib.sha1(key.encode()).hexdigest()[:32] + ".json"
         return os.path.join(self.root, _RECORDS, name)
 
+    def copy_version(self, path: str) -> str | None:
+        """The ETag or Last-Modified of the object the copy at `path` was downloaded from,
+        where the download was told one."""
+        record = self.read_record(_COPY + os.path.relpath(path, self.root))
+        version = (record or {}).get("version")
+        return version if isinstance(version, str) else None
+
     def read_record(self, key: str) -> dict | None:
         """What was remembered under `key`, or None (also for a damaged record: it is
         only ever a saving)."""
@@ -325,21 +333,33 @@ class ShardCache:
         wait_for_room: bool = True,
         priority: tuple[int, int] = (0, 0),
         locked: bool = False,
+        version: str | None = None,
     ) -> Hold:
         """Hold the shard `url` at `path`, downloading it if no one has: one download per
         node; whoever else wants it waits for that one (for as long as its process lives:
         the lock dies with it). Without `wait_for_room`, NoRoom when the cache is full.
-        `locked`: the caller holds the shard's lock already (see shard_lock)."""
+        `locked`: the caller holds the shard's lock already (see shard_lock). `version`:
+        the object's ETag when it was looked at, where known (see Fetcher.download)."""
         hold = self.hold(path, size)
         if hold is not None:
             return hold
         if locked:
             return self._download(
-                url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority
+                url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority, version
             )
         with self.shard_lock(path, url):  # a download in flight: wait for it, then look
             return self.fetch(
-                url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority, True
+                url,
+                path,
+                size,
+                sha256,
+                fetcher,
+                limit,
+                progress,
+                wait_for_room,
+                priority,
+                True,
+                version,
             )
 
     def _download(
@@ -353,6 +373,7 @@ class ShardCache:
         progress: Callable[[int], None] | None,
         wait_for_room: bool,
         priority: tuple[int, int],
+        version: str | None,
     ) -> Hold:
         part = path + _PART
         fd = -1  # the part being written
@@ -361,7 +382,10 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)  # a dead downloader's: we hold this shard's lock now
             fd = self._reserve(part, size, limit, url, fetcher.options.cache_wait, wait_for_room)
-            fetcher.call(fetcher.download(url, fd, size, sha256, progress, priority))
+            got = fetcher.call(fetcher.download(url, fd, size, sha256, progress, priority, version))
+            # Which version of the object this copy is: a copy is trusted for what is
+            # remembered of that version only.
+            self.write_record(_COPY + os.path.relpath(path, self.root), {"version": got})
             os.fsync(fd)  # a cached shard survives a crash whole, or not at all
             os.close(fd)
             fd = -1

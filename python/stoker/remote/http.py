@@ -30,7 +30,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker._process import per_process, wait_result
-from stoker.errors import ChecksumError, FetchError, clip, located, plural
+from stoker.errors import ChecksumError, FetchError, StokerError, clip, located, plural
 from stoker.remote.stores import (
     AUTH_CODES,
     THROTTLE_CODES,
@@ -336,7 +336,12 @@ class Fetcher:
                 retry_after_seconds(response.headers.get("Retry-After"), self.options),
             )
         region = response.headers.get("x-amz-bucket-region")
-        if region and status in (301, 307, 400) and is_object_url(url):
+        if (
+            region
+            and status in (301, 307, 400)
+            and is_object_url(url)
+            and region != self.store_of(url).region
+        ):
             words = f"the bucket is in region {region}: set AWS_REGION={region}"
         elif not words and status == 404:
             words = "not found"
@@ -364,7 +369,10 @@ class Fetcher:
         if is_object_url(url):
             store = self.store_of(url)
             target = target or store.url_of(ObjectName.parse(url))
-            headers = await store.sign(method, target, headers)
+            try:
+                headers = await store.sign(method, target, headers)
+            except StokerError as e:  # credentials that cannot be had: no retry helps
+                raise located(FetchError, url, 0, str(e)) from None
             # A signature is for one host: a redirect is an error that names the region.
             redirects = False
             sent = yarl.URL(target, encoded=True)
@@ -428,18 +436,23 @@ class Fetcher:
                     await self._check_response(url, 0, response)
                     return await response.read()
 
+            last = token
             objects, token = parse_listing(await self._attempts(url, lambda: 0, attempt), url)
             found += [(f"{name.scheme}://{name.bucket}/{key}", n, etag) for key, n, etag in objects]
             if token is None:
                 return found
+            if token == last:
+                raise located(FetchError, url, 0, "the listing repeats its continuation token")
 
-    async def read_range(self, url: str, offset: int, length: int) -> bytes:
-        """Bytes [offset, offset + length) of `url`."""
+    async def read_range(
+        self, url: str, offset: int, length: int, version: str | None = None
+    ) -> bytes:
+        """Bytes [offset, offset + length) of `url` (of its `version`: see _pinned)."""
         if length == 0:
             return b""
 
         async def attempt() -> bytes:
-            headers = {"Range": f"bytes={offset}-{offset + length - 1}"}
+            headers = _pinned(url, version, {"Range": f"bytes={offset}-{offset + length - 1}"})
             async with self._get(url, headers) as response:
                 await self._check_response(url, offset, response)
                 if response.status == 206:
@@ -487,11 +500,15 @@ class Fetcher:
         sha256: str | None,
         progress: Callable[[int], None] | None = None,
         priority: tuple[int, int] = (0, 0),
-    ) -> None:
+        version: str | None = None,
+    ) -> str | None:
         """Write the `size` bytes of `url` into `fd` (from offset 0), checking the length and
         `sha256`. A broken transfer resumes where it stopped when the server takes ranges
         and the object provably did not change (a strong ETag or Last-Modified to send as
-        If-Range, or a sha256 to check the whole with); otherwise it starts over."""
+        If-Range, or a sha256 to check the whole with); otherwise it starts over. Returns
+        what identifies the version written (ETag or Last-Modified). An object in a store
+        is asked for as of `version`, the ETag it had when first looked at (see
+        _pinned)."""
         o = self.options
         # Our own descriptor: if the caller gives up (Ctrl-C) and closes theirs, a write
         # still in flight here cannot land in whatever file reuses the number.
@@ -504,7 +521,7 @@ class Fetcher:
             state.update(got=0, hash=hashlib.sha256(), since=None)
 
         async def attempt() -> None:
-            headers = {}
+            headers = _pinned(url, version, {})
             if state["got"]:
                 if state["since"] is None and sha256 is None:
                     restart()  # nothing proves the rest would be the same object
@@ -562,6 +579,7 @@ class Fetcher:
             async with self._turn(priority):
                 await self._attempts(url, lambda: state["got"], attempt)
                 self._passed()
+            return state["since"]
         except FetchError as e:
             if state["bad"] and not isinstance(e, ChecksumError):
                 error = located(
@@ -579,7 +597,7 @@ class Fetcher:
 
 
 #: A URL with nothing left to percent-encode (what a signer produced, say).
-_ENCODED = re.compile(r"[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=%]*")
+_ENCODED = re.compile(r"(?:[A-Za-z0-9\-._~:/?#\[\]@!$&'()*+,;=]|%[0-9A-Fa-f]{2})*")
 
 
 def host_of(url: str) -> str:
@@ -587,6 +605,16 @@ def host_of(url: str) -> str:
     if is_object_url(url):
         return url.partition("://")[0] + "://" + ObjectName.parse(url).bucket
     return urllib.parse.urlsplit(url).netloc
+
+
+def _pinned(url: str, version: str | None, headers: dict[str, str]) -> dict[str, str]:
+    """`headers`, asking a store for the object only as of `version` (its ETag when it was
+    looked at or listed): a store answers 412 once it changed, so no read mixes versions
+    and what was learnt of it stays true. Only stores: a plain server's ETags may differ
+    between the machines behind one name."""
+    if version and is_object_url(url) and version.startswith('"'):
+        headers["If-Match"] = version
+    return headers
 
 
 def _validator(response: Any) -> str | None:

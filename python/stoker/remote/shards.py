@@ -15,7 +15,7 @@ from stoker.errors import FetchError, ShardFormatError, located
 from stoker.formats import samples_and_fields
 from stoker.remote.cache import Hold, NoRoom, ShardCache, cache_for, cache_name, default_cache_root
 from stoker.remote.http import Fetcher, FetchOptions, fetcher_for, host_of
-from stoker.remote.stores import AUTH_CODES
+from stoker.remote.stores import AUTH_CODES, is_object_url
 
 log = logging.getLogger("stoker.remote")
 
@@ -33,6 +33,7 @@ class RemoteShard:
     name: str = ""  # where it lives under the cache root, once size and sha256 are known
     validator: str | None = None  # its ETag or Last-Modified, where known
     ranges: bool | None = None  # whether its server said it takes range requests
+    listed: bool = False  # found by listing a store prefix
 
 
 #: The first read of a probe (the header walk over a shard that has no manifest entry).
@@ -112,6 +113,8 @@ class RemoteShards:
         fetcher = self.fetcher
         for shard in self.shards:
             shard.name = cache_name(fetcher.cache_url(shard.url), shard.sha256)
+            if is_object_url(shard.url) and shard.ranges is None:
+                shard.ranges = True  # every store takes ranges
         if not missing:
             return
         pool = daemon_pool(self._threads, "stoker-shards")
@@ -168,23 +171,31 @@ class RemoteShards:
                 raise located(FetchError, shard.url, 0, what)
             assert shard.size is not None
             hold = cache.hold(path, shard.size)
+            if hold is not None and _version(cache.copy_version(path)) != _version(shard.validator):
+                # A copy of another (or an unknown) version of the object: not this one.
+                cache.release(path)
+                hold = None
+                if not cache.evict(path):
+                    what = "the shard changed on the server while a process reads its cached copy"
+                    raise located(FetchError, shard.url, 0, what)
             try:
                 rangeless = host_of(shard.url) in fetcher.rangeless
                 small = shard.size <= SMALL_SHARD or shard.ranges is None
                 if hold is None and (rangeless or (fits and small)):
                     hold = self._download_now(i, wait=rangeless)
-                if hold is not None:
-                    index = self._index_cached(hold.path, shard)
-                else:
+                if hold is None:
                     try:
                         index = self._probe(shard, give_up=fits)
                     except _WholeIsCheaper:
                         rangeless = host_of(shard.url) in fetcher.rangeless
                         hold = self._download_now(i, wait=rangeless)
-                        if hold is not None:
-                            index = self._index_cached(hold.path, shard)
-                        else:
-                            index = self._probe(shard, give_up=False)
+                        if hold is None:  # no room now: walk on (it gives up only if the
+                            try:  # server turned out to ignore ranges: then wait for room)
+                                index = self._probe(shard, give_up=False)
+                            except _WholeIsCheaper:
+                                hold = self._download_now(i, wait=True)
+                if hold is not None:
+                    index = self._index_cached(hold.path, shard)
             finally:
                 if hold is not None:
                     cache.release(path)
@@ -233,6 +244,7 @@ class RemoteShards:
                 self.limit,
                 wait_for_room=wait,
                 locked=True,
+                version=shard.validator,
             )
         except NoRoom:
             return None
@@ -268,7 +280,7 @@ class RemoteShards:
             if data and offset <= start + len(data) + ahead:  # close behind: a dense walk
                 ahead = buffer["ahead"] = min(2 * ahead, PROBE_READ_AHEAD)
             want = min(max(length, ahead), size - offset)
-            got = fetcher.call(fetcher.read_range(shard.url, offset, want))
+            got = fetcher.call(fetcher.read_range(shard.url, offset, want, shard.validator))
             buffer.update(start=offset, data=got, read=buffer["read"] + len(got))
             return got[:length]
 
@@ -282,7 +294,9 @@ class RemoteShards:
         fetcher = self.fetcher
         folders: dict[str, list[RemoteShard]] = {}
         for shard in shards:
-            if "?" in shard.url:  # a signed URL: a manifest beside it would need its own
+            if "?" in shard.url or shard.listed:
+                # A signed URL: a manifest beside it would need its own signature. A listed
+                # shard: the listing showed whether there is one.
                 continue
             folders.setdefault(shard.url.rsplit("/", 1)[0] + "/", []).append(shard)
         for folder, members in folders.items():
@@ -338,6 +352,7 @@ class RemoteShards:
             progress,
             wait_for_room,
             priority,
+            version=shard.validator,
         )
 
     def start(
@@ -378,6 +393,7 @@ def apply_entry(shard: RemoteShard, entry: dict) -> None:
     shard.samples = entry.get("samples", shard.samples)
     shard.sha256 = entry.get("sha256", shard.sha256)
     shard.validator = entry.get("etag", shard.validator)
+    shard.listed = bool(entry.get("listed", shard.listed))
     if isinstance(entry.get("fields"), list):
         shard.fields = [str(f) for f in entry["fields"]]
 

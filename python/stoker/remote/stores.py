@@ -44,6 +44,7 @@ _EXPLAINED = {
     "PermanentRedirect": "the bucket is in another region or behind another endpoint",
     "InvalidObjectState": "the object is archived: restore it before reading",
     "RequestHasExpired": "the signed URL has expired",
+    "PreconditionFailed": "the object changed since the dataset was opened: open it again",
 }
 
 #: Codes that say the credentials or the clock are wrong: every other request would fail
@@ -62,6 +63,9 @@ AUTH_CODES = frozenset(
 
 #: Codes that mean "slow down", whatever the status that carries them.
 THROTTLE_CODES = frozenset({"SlowDown", "RequestLimitExceeded", "Throttling", "TooManyRequests"})
+
+
+_HOSTLIKE = re.compile(r"[a-z0-9][a-z0-9-]{1,61}[a-z0-9]")
 
 
 def is_object_url(text: str) -> bool:
@@ -167,7 +171,10 @@ class ObjectStore:
             endpoint = f"https://s3.{self.region}.amazonaws.com"
         if "://" not in endpoint:
             endpoint = "https://" + endpoint
-        self.endpoint = endpoint.rstrip("/")
+        scheme, _, rest = endpoint.rstrip("/").partition("://")
+        host, slash, path = rest.partition("/")
+        # The signer puts the host in lower case; what is sent must say the same.
+        self.endpoint = f"{scheme.lower()}://{host.lower()}{slash}{path}"
         self._credentials: Any = None
         self._found = False
         self._lock = threading.Lock()
@@ -185,9 +192,10 @@ class ObjectStore:
         """The https URL of an object (or, with an empty key and a query, of a bucket
         request), percent-encoded once: what is signed is what is sent."""
         key = _encode(name.key, safe="/~")
-        # AWS itself: the bucket in the host name, except names with dots (their TLS
-        # certificate would not match). Every other endpoint: the bucket in the path.
-        if self.custom or "." in name.bucket:
+        # AWS itself: the bucket in the host name, except names that are no host name's
+        # part (dots: their TLS certificate would not match; capitals, underscores). Every
+        # other endpoint: the bucket in the path.
+        if self.custom or not _HOSTLIKE.fullmatch(name.bucket):
             url = f"{self.endpoint}/{_encode(name.bucket)}/{key}"
         else:
             scheme, _, host = self.endpoint.partition("://")
@@ -211,21 +219,32 @@ class ObjectStore:
         if self.unsigned:
             return None
         botocore = _botocore()
+        found = None
         if self.scheme == "gs":
+            # HMAC keys of their own, or a profile named for them; never the AWS keys
+            # meant for s3:// (a public GCS bucket would refuse them).
             key, secret = _env("GS_ACCESS_KEY_ID"), _env("GS_SECRET_ACCESS_KEY")
             if key and secret:
                 return botocore.credentials.Credentials(key, secret)
-        try:
-            found = botocore.session.Session(profile=self.profile).get_credentials()
-        except botocore.exceptions.ProfileNotFound as e:
-            raise UsageError(f"{self.scheme}://: {e}") from None
-        except botocore.exceptions.BotoCoreError as e:
-            raise StokerError(f"{self.scheme}://: cannot load credentials: {e}") from None
+        if self.scheme == "s3" or self.profile:
+            try:
+                found = botocore.session.Session(profile=self.profile).get_credentials()
+            except botocore.exceptions.ProfileNotFound as e:
+                raise UsageError(f"{self.scheme}://: {e}") from None
+            except Exception as e:  # SSO, STS, a credential_process: their own errors
+                raise StokerError(
+                    f"{self.scheme}://: cannot load credentials: {type(e).__name__}: {clip(str(e))}"
+                ) from None
         if found is None:
+            where = (
+                "GS_ACCESS_KEY_ID / GS_SECRET_ACCESS_KEY, or FetchOptions(profile=...)"
+                if self.scheme == "gs"
+                else "environment, AWS_PROFILE, config files, SSO, instance role"
+            )
             log.warning(
-                "%s:// no credentials found (environment, AWS_PROFILE, config files, SSO, "
-                "instance role): requests go unsigned, as to a public bucket",
+                "%s:// no credentials found (%s): requests go unsigned, as to a public bucket",
                 self.scheme,
+                where,
             )
         return found
 
@@ -242,13 +261,18 @@ class ObjectStore:
         if found is None:
             return headers
         botocore = _botocore()
-        if isinstance(found, botocore.credentials.RefreshableCredentials):
-            # A refresh may ask a metadata service: not on the event loop.
-            frozen = await loop.run_in_executor(None, found.get_frozen_credentials)
-        else:
-            frozen = found.get_frozen_credentials()
-        request = botocore.awsrequest.AWSRequest(method=method, url=url, headers=headers)
-        botocore.auth.S3SigV4Auth(frozen, "s3", self.region).add_auth(request)
+        try:
+            if isinstance(found, botocore.credentials.RefreshableCredentials):
+                # A refresh may ask STS, SSO or a metadata service: not on the event loop.
+                frozen = await loop.run_in_executor(None, found.get_frozen_credentials)
+            else:
+                frozen = found.get_frozen_credentials()
+            request = botocore.awsrequest.AWSRequest(method=method, url=url, headers=headers)
+            botocore.auth.S3SigV4Auth(frozen, "s3", self.region).add_auth(request)
+        except Exception as e:  # an expired SSO token, a failing credential_process...
+            raise StokerError(
+                f"cannot sign the request: {type(e).__name__}: {clip(str(e))}"
+            ) from None
         return dict(request.headers.items())
 
     # -- listing -------------------------------------------------------------------------
@@ -264,7 +288,7 @@ class ObjectStore:
 def parse_listing(body: bytes, where: str) -> tuple[list[tuple[str, int, str | None]], str | None]:
     """One ListObjectsV2 page: (key, size, ETag) of each object, and the token of the next
     page (None on the last)."""
-    from stoker.errors import ShardFormatError, located
+    from stoker.errors import ShardFormatError, located, quoted
 
     try:
         root = ElementTree.fromstring(body)
@@ -278,34 +302,48 @@ def parse_listing(body: bytes, where: str) -> tuple[list[tuple[str, int, str | N
         size = item.findtext(prefix + "Size")
         if key is None or size is None:
             continue
-        objects.append((key, int(size), item.findtext(prefix + "ETag")))
+        try:
+            objects.append((key, int(size), item.findtext(prefix + "ETag")))
+        except ValueError:
+            raise located(
+                ShardFormatError, where, 0, f"the listing gives {quoted(size)} as a size"
+            ) from None
     truncated = (root.findtext(prefix + "IsTruncated") or "").strip().lower() == "true"
     token = root.findtext(prefix + "NextContinuationToken") if truncated else None
-    if truncated and not token:
+    if truncated and not token:  # (a repeated token is caught by the caller)
         raise located(
             ShardFormatError, where, 0, "the listing is cut short but gives no continuation token"
         )
     return objects, token
 
 
-#: Query parameters that sign a URL (S3, GCS, Azure SAS, CloudFront) rather than name
-#: what it points to: a fresh signature is the same object.
-_SIGNING = re.compile(
-    r"x-amz-.*|x-goog-.*|googleaccessid|signature|expires|key-pair-id|policy"
-    r"|sig|se|st|sp|sv|sr|ss|srt|spr|sip|si|skoid|sktid|skt|ske|sks|skv|sdd|ses",
-    re.IGNORECASE,
-)
+#: The signing schemes of presigned URLs: a parameter whose presence says the URL is signed
+#: that way, and the parameters that scheme adds (all of them sign, none names the object).
+_SIGNED_BY = [
+    ("x-amz-signature", re.compile(r"x-amz-.*")),  # S3 SigV4
+    ("x-goog-signature", re.compile(r"x-goog-.*")),  # GCS V4
+    ("awsaccesskeyid", re.compile(r"awsaccesskeyid|signature|expires|x-amz-security-token")),
+    ("googleaccessid", re.compile(r"googleaccessid|signature|expires")),
+    ("key-pair-id", re.compile(r"key-pair-id|signature|expires|policy")),  # CloudFront
+    # Azure SAS: `sig`, with the token's other fields.
+    (
+        "sig",
+        re.compile(r"sig|sv|ss|srt|sp|se|st|spr|sip|si|sr|sdd|ses|skoid|sktid|skt|ske|sks|skv"),
+    ),
+]
 
 
 def without_signature(url: str) -> str:
-    """`url` less the query parameters that sign it (presigned S3 and GCS URLs, Azure SAS
-    tokens): what names the object, for the cache."""
+    """`url` less the query parameters that sign it, where it is recognisably signed (a
+    presigned S3 or GCS URL, an Azure SAS, a CloudFront signed URL): what names the object,
+    for the cache. A query that is not a signature is kept whole."""
     parts = urllib.parse.urlsplit(url)
     if not parts.query:
         return url
-    kept = [
-        pair
-        for pair in parts.query.split("&")
-        if pair and not _SIGNING.fullmatch(urllib.parse.unquote(pair.partition("=")[0]))
-    ]
-    return urllib.parse.urlunsplit(parts._replace(query="&".join(kept)))
+    pairs = [p for p in parts.query.split("&") if p]
+    names = [urllib.parse.unquote(p.partition("=")[0]).lower() for p in pairs]
+    for marker, signing in _SIGNED_BY:
+        if marker in names:
+            kept = [p for p, n in zip(pairs, names) if not signing.fullmatch(n)]
+            return urllib.parse.urlunsplit(parts._replace(query="&".join(kept)))
+    return url

@@ -95,7 +95,11 @@ def _index(args: argparse.Namespace) -> int:
         if len(remote) != len(args.source):
             raise stoker.UsageError("stoker index: give either local shards or URLs, not both")
         written, entries, folder = inspect.index_remote(
-            remote, args.out, cache_dir=args.cache_dir, cache_limit=args.cache_limit
+            remote,
+            args.out,
+            cache_dir=args.cache_dir,
+            cache_limit=args.cache_limit,
+            fetch=_fetch_options(args),
         )
     elif len(args.source) > 1:
         raise stoker.UsageError("stoker index: one local source (a folder, glob or pattern)")
@@ -116,7 +120,7 @@ def _inspect(args: argparse.Namespace) -> int:
     from stoker.tools import inspect
 
     if stoker.formats.is_url(args.source):
-        ds = stoker.Dataset(args.source)
+        ds = stoker.Dataset(args.source, fetch=_fetch_options(args))
         print(f"{len(ds.shards)} remote shard(s), {len(ds):,} samples, fields: {ds.fields}")
         return 0
     notes = inspect.manifest_notes(args.source)  # a manifest's missing shards are said there
@@ -130,7 +134,7 @@ def _inspect(args: argparse.Namespace) -> int:
 def _fetch(args: argparse.Namespace) -> int:
     from tqdm import tqdm
 
-    options = stoker.FetchOptions(connections=args.connections)
+    options = _fetch_options(args, connections=args.connections)
     ds = stoker.Dataset(
         args.source, cache_dir=args.cache_dir, cache_limit=args.cache_limit, fetch=options
     )
@@ -180,7 +184,32 @@ def _bench(args: argparse.Namespace) -> int:
     return bench.run(args)
 
 
+def _fetch_options(args: argparse.Namespace, **more: object) -> stoker.FetchOptions:
+    """FetchOptions from the object-store arguments (see _store_arguments)."""
+    return stoker.FetchOptions(
+        endpoint_url=args.endpoint_url,
+        region=args.region,
+        profile=args.profile,
+        unsigned=args.unsigned,
+        requester_pays=args.requester_pays,
+        **more,  # type: ignore[arg-type]
+    )
+
+
 # -- the parser --------------------------------------------------------------------------
+
+
+def _store_arguments(parser: argparse.ArgumentParser) -> None:
+    group = parser.add_argument_group("s3:// and gs:// sources (see the README, Object stores)")
+    group.add_argument(
+        "--endpoint-url",
+        help="the s3:// store (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, "
+        "$S3_ENDPOINT_URL, else AWS)",
+    )
+    group.add_argument("--region", help="default: $AWS_REGION, $AWS_DEFAULT_REGION, the profile's")
+    group.add_argument("--profile", help="the credentials' profile (default: $AWS_PROFILE)")
+    group.add_argument("--unsigned", action="store_true", help="no credentials: a public bucket")
+    group.add_argument("--requester-pays", action="store_true", help="a requester-pays bucket")
 
 
 def _command(
@@ -271,7 +300,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     index.add_argument("--cache-dir", help="remote shards: the cache they are fetched through")
     index.add_argument("--cache-limit", type=parse_size, help="remote shards: the cache's limit")
-    index.add_argument("--threads", type=_count, default=0, help="shards read at once")
+    index.add_argument("--threads", type=_count, default=0, help="local shards read at once")
+    _store_arguments(index)
     index.set_defaults(run=_index)
 
     inspect = _command(
@@ -282,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     inspect.add_argument("source", help="a folder, glob, brace pattern, shard or stoker.json")
     inspect.add_argument("--threads", type=_count, default=0, help="shards read at once")
+    _store_arguments(inspect)
     inspect.set_defaults(run=_inspect)
 
     fetch = _command(
@@ -297,6 +328,7 @@ def build_parser() -> argparse.ArgumentParser:
     fetch.add_argument("--cache-dir", help="the cache (default: $STOKER_CACHE or ~/.cache/stoker)")
     fetch.add_argument("--cache-limit", type=parse_size, help="bytes the cache may hold, e.g. 200G")
     fetch.add_argument("--connections", type=int, default=16, help="downloads at once")
+    _store_arguments(fetch)
     fetch.set_defaults(run=_fetch)
 
     bench = _command(
