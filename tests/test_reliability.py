@@ -42,7 +42,7 @@ def python(code: str, *args: str, **kwargs) -> subprocess.Popen:
 def cache_files(root) -> list[str]:
     out = []
     for folder, dirs, files in os.walk(root):
-        dirs[:] = [d for d in dirs if d != ".locks"]
+        dirs[:] = [d for d in dirs if d not in (".locks", ".index")]  # bookkeeping
         out += [os.path.join(folder, f) for f in files if f != ".stoker-cache"]
     return out
 

@@ -383,9 +383,10 @@ class ShardCache:
                 os.unlink(part)  # a dead downloader's: we hold this shard's lock now
             fd = self._reserve(part, size, limit, url, fetcher.options.cache_wait, wait_for_room)
             got = fetcher.call(fetcher.download(url, fd, size, sha256, progress, priority, version))
-            # Which version of the object this copy is: a copy is trusted for what is
-            # remembered of that version only.
-            self.write_record(_COPY + os.path.relpath(path, self.root), {"version": got})
+            if sha256 is None:
+                # Which version of the object this copy is: a copy is trusted for what is
+                # remembered of that version only. (With a sha256, the name says it.)
+                self.write_record(_COPY + os.path.relpath(path, self.root), {"version": got})
             os.fsync(fd)  # a cached shard survives a crash whole, or not at all
             os.close(fd)
             fd = -1
