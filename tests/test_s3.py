@@ -354,3 +354,26 @@ def test_an_object_replaced_after_open_is_refused_not_mixed(store, local, env, t
         "s3://shards/changing/big.tar", cache_dir=tmp_path / "c", fetch=options()
     )
     assert again[0]["bin"].tobytes() == bytes([9]) * 300_000  # a new open reads the new one
+
+
+def test_torch_dataloader_workers_read_an_s3_dataset(local, env, tmp_path):
+    # Forked workers: each makes its own fetcher, store and credentials, and shares the
+    # node cache with the parent.
+    torch = pytest.importorskip("torch")
+    ds = stoker.Dataset("s3://shards/set/", cache_dir=tmp_path / "c", fetch=options())
+    loader = torch.utils.data.DataLoader(
+        ds,
+        batch_size=16,
+        num_workers=2,
+        collate_fn=lambda batch: [(s["__key__"], s) for s in batch],
+        multiprocessing_context="fork",
+    )
+    got = {}
+    for batch in loader:
+        for key, sample in batch:
+            got[key] = {k: np.asarray(v).tobytes() for k, v in sample.items() if k != "__key__"}
+    want = {
+        s["__key__"]: {k: v for k, v in s.items() if k != "__key__"}
+        for s in samples_of(stoker.Dataset(os.path.join(local, "indexed")))
+    }
+    assert got == want

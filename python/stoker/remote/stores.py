@@ -15,6 +15,7 @@ import logging
 import os
 import re
 import threading
+import time
 import urllib.parse
 import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
@@ -25,6 +26,7 @@ from stoker.errors import StokerError, UsageError, clip
 log = logging.getLogger("stoker.remote")
 
 STORE_SCHEMES = ("s3://", "gs://")
+_LOOK_AGAIN = 60.0  # seconds before credentials that were not found are looked for again
 GCS_ENDPOINT = "https://storage.googleapis.com"
 
 #: What a store's error code means, in words a user can act on.
@@ -177,6 +179,8 @@ class ObjectStore:
         self.endpoint = f"{scheme.lower()}://{host.lower()}{slash}{path}"
         self._credentials: Any = None
         self._found = False
+        self._found_at = 0.0
+        self._warned = False
         self._lock = threading.Lock()
 
     def _profile_region(self) -> str:
@@ -206,13 +210,25 @@ class ObjectStore:
 
     # -- signing -------------------------------------------------------------------------
 
+    def _stale(self) -> bool:
+        """Whether the credentials are to be looked up (again): never yet, or none found
+        a while ago (a metadata service that did not answer in time may answer now)."""
+        if not self._found:
+            return True
+        return (
+            self._credentials is None
+            and not self.unsigned
+            and time.monotonic() - self._found_at > _LOOK_AGAIN
+        )
+
     def credentials(self) -> Any:
-        """The credentials the chain finds (looked up once: the chain may ask an instance
-        metadata service); None to send requests unsigned."""
+        """The credentials the chain finds (looked up once, or again a minute after none
+        were: the chain may ask an instance metadata service); None to send requests
+        unsigned."""
         with self._lock:
-            if not self._found:
+            if self._stale():
                 self._credentials = self._find_credentials()
-                self._found = True
+                self._found, self._found_at = True, time.monotonic()
             return self._credentials
 
     def _find_credentials(self) -> Any:
@@ -235,7 +251,8 @@ class ObjectStore:
                 raise StokerError(
                     f"{self.scheme}://: cannot load credentials: {type(e).__name__}: {clip(str(e))}"
                 ) from None
-        if found is None:
+        if found is None and not self._warned:
+            self._warned = True
             where = (
                 "GS_ACCESS_KEY_ID / GS_SECRET_ACCESS_KEY, or FetchOptions(profile=...)"
                 if self.scheme == "gs"
@@ -255,8 +272,8 @@ class ObjectStore:
         if self.requester_pays:
             headers["x-amz-request-payer"] = "requester"
         loop = asyncio.get_running_loop()
-        found = self._credentials if self._found else None
-        if not self._found:
+        found = self._credentials
+        if self._stale():
             found = await loop.run_in_executor(None, self.credentials)
         if found is None:
             return headers
