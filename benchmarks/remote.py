@@ -928,6 +928,28 @@ def main() -> None:
         report(args, stamp, results, failures)
 
 
+def few_shards_note(shards: int, connections: int) -> None:
+    """Say so when there are too few shards for the connections to keep busy."""
+    if shards < 4 * connections:
+        print(
+            f"Note: only {shards} shards for {connections} connections: the epoch's start "
+            "and end, when connections wait or idle, weigh heavily here; use more --samples "
+            "for numbers against the link limit."
+        )
+
+
+def medians(results: dict) -> tuple:
+    """median(name, key) of a loader's runs, and rate(name): its median samples/s."""
+
+    def median(name: str, key: str) -> float:
+        return statistics.median(r[key] for r in results[name])
+
+    def rate(name: str) -> float:
+        return statistics.median(r["samples"] / r["seconds"] for r in results[name])
+
+    return median, rate
+
+
 def report(
     args, stamp: dict, results: dict[str, list[dict]], failures: dict[str, list[dict]]
 ) -> None:
@@ -947,12 +969,7 @@ def report(
     )
     opener = "curl" if shutil.which("curl") else "a pipe: to python's urllib (no curl here)"
     print(f"WebDataset opens the http URLs with {opener}.")
-    if shards < 4 * args.connections:
-        print(
-            f"Note: only {shards} shards for {args.connections} connections: the epoch's start "
-            "and end, when connections wait or idle, weigh heavily here; use more --samples "
-            "for numbers against the link limit."
-        )
+    few_shards_note(shards, args.connections)
     print()
     print(
         "| loader | 1st batch (s) | samples/s | MB/s | x download-unzip-read | of link limit "
@@ -960,11 +977,7 @@ def report(
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
 
-    def median(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[name])
-
-    def rate(name: str) -> float:
-        return statistics.median(r["samples"] / r["seconds"] for r in results[name])
+    median, rate = medians(results)
 
     base = rate(BASELINE) if results.get(BASELINE) else None
     for name, rs in results.items():
@@ -1043,12 +1056,7 @@ def report_s3(
         f"{args.connections} connections. Requests, MB fetched (response bodies) and most in "
         "flight (requests open at once) as the proxy saw them."
     )
-    if shards < 4 * args.connections:
-        print(
-            f"Note: only {shards} shards for {args.connections} connections: the epoch's start "
-            "and end, when connections wait or idle, weigh heavily here; use more --samples "
-            "for numbers against the link limit."
-        )
+    few_shards_note(shards, args.connections)
     print()
     print(
         "| loader | 1st batch (s) | samples/s | MB/s | of ceiling | x LitData | of link limit "
@@ -1056,11 +1064,7 @@ def report_s3(
     )
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
 
-    def median(name: str, key: str) -> float:
-        return statistics.median(r[key] for r in results[name])
-
-    def rate(name: str) -> float:
-        return statistics.median(r["samples"] / r["seconds"] for r in results[name])
+    median, rate = medians(results)
 
     def mb_s(name: str) -> float:
         fmt = S3_LOADERS[name][0]

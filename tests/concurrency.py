@@ -1,7 +1,9 @@
-"""Running test code on many threads at once."""
+"""Running test code on many threads, or processes, at once."""
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import threading
 from collections.abc import Callable
 
@@ -50,3 +52,32 @@ def run_in_fork(check: Callable[[], bool], seconds: float, what: str) -> None:
             os.waitpid(pid, 0)
             pytest.fail(f"{what}: the child hung")
         time.sleep(0.005)
+
+
+_CHILD = """
+import sys, numpy as np, stoker
+urls, cache = sys.argv[2:], sys.argv[1]
+ds = stoker.Dataset(urls, cache_dir=cache)
+batch = ds.get_batch(np.arange(len(ds)))
+print(len(batch))
+"""
+
+
+def open_in_processes(urls: list[str], cache: str, processes: int) -> list[str]:
+    """`processes` Python processes at once, each opening `urls` on the cache `cache` and
+    reading every sample; what each printed (its sample count)."""
+    children = [
+        subprocess.Popen(
+            [sys.executable, "-c", _CHILD, cache, *urls],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(processes)
+    ]
+    out = []
+    for child in children:
+        stdout, stderr = child.communicate(timeout=120)
+        assert child.returncode == 0, stderr
+        out.append(stdout.strip())
+    return out

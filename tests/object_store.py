@@ -39,7 +39,7 @@ import sysconfig
 import tempfile
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -567,3 +567,29 @@ class CountingProxy:
         self._loop.call_soon_threadsafe(self._loop.stop)
         assert self._thread is not None
         self._thread.join(5)
+
+
+@contextlib.contextmanager
+def stub_server(route: str, handle: Any) -> Iterator[str]:
+    """An aiohttp server on 127.0.0.1 answering GETs of `route` with `handle(request)`, on
+    a thread of its own: a store that misbehaves on purpose. Yields its base URL."""
+    import asyncio
+
+    from aiohttp import web
+
+    loop = asyncio.new_event_loop()
+    app = web.Application()
+    app.router.add_get(route, handle)
+    runner = web.AppRunner(app)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    loop.run_until_complete(runner.setup())
+    loop.run_until_complete(web.SockSite(runner, sock).start())
+    thread = threading.Thread(target=loop.run_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(5)

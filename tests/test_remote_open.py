@@ -4,14 +4,12 @@ the cache; servers that ignore ranges; presigned URLs; a store that throttles; a
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import http.server
 import io
 import json
 import logging
 import os
-import socket
 import subprocess
 import sys
 import tarfile
@@ -20,6 +18,8 @@ from collections.abc import Iterator
 
 import numpy as np
 import pytest
+from concurrency import open_in_processes
+from object_store import stub_server
 
 import stoker
 from stoker.remote import fetcher_for
@@ -61,33 +61,6 @@ def read_every_sample(urls: list[str], cache: str) -> dict[str, bytes]:
 def local_samples(folder: str) -> dict[str, bytes]:
     ds = stoker.Dataset(os.path.join(folder, "shard-{000..011}.tar"))
     return {s["__key__"]: bytes(s["bin"]) for s in ds.get_batch(np.arange(len(ds)))}
-
-
-_CHILD = """
-import sys, numpy as np, stoker
-urls, cache = sys.argv[2:], sys.argv[1]
-ds = stoker.Dataset(urls, cache_dir=cache)
-batch = ds.get_batch(np.arange(len(ds)))
-print(len(batch))
-"""
-
-
-def open_in_processes(urls: list[str], cache: str, processes: int) -> list[str]:
-    children = [
-        subprocess.Popen(
-            [sys.executable, "-c", _CHILD, cache, *urls],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        for _ in range(processes)
-    ]
-    out = []
-    for child in children:
-        stdout, stderr = child.communicate(timeout=120)
-        assert child.returncode == 0, stderr
-        out.append(stdout.strip())
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -254,22 +227,8 @@ def throttling_store(folder: str, refusals: int) -> Iterator[tuple[str, dict]]:
         with open(path, "rb") as f:
             return web.Response(body=f.read())
 
-    loop = asyncio.new_event_loop()
-    app = web.Application()
-    app.router.add_get("/{name}", handle)
-    runner = web.AppRunner(app)
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
-    loop.run_until_complete(runner.setup())
-    loop.run_until_complete(web.SockSite(runner, sock).start())
-    thread = threading.Thread(target=loop.run_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{sock.getsockname()[1]}", state
-    finally:
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(5)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(5)
+    with stub_server("/{name}", handle) as base:
+        yield base, state
 
 
 def test_a_throttling_store_gets_fewer_downloads_at_once(tars, tmp_path, caplog):

@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+from concurrency import open_in_processes
 from shards import make_samples, write_tar, write_zip
 
 import stoker
@@ -262,32 +263,13 @@ def test_a_public_bucket_reads_unsigned(store, local, env, tmp_path, caplog):
     assert "224 samples" in run.stdout
 
 
-_CHILD = """
-import sys, numpy as np, stoker
-ds = stoker.Dataset(sys.argv[2:], cache_dir=sys.argv[1])
-print(len(ds.get_batch(np.arange(len(ds)))))
-"""
-
-
 def test_two_processes_download_each_object_once(store, local, env, tmp_path):
     # Counted where the requests arrive: a proxy in front of the store.
     urls = [f"s3://shards/set/{n}" for n in ("shard-000.tar", "shard-001.zip", "shard-002.tar")]
     cache = str(tmp_path / "cache")
     with object_store.CountingProxy(store.endpoint) as proxy:
         env.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
-        children = [
-            subprocess.Popen(
-                [sys.executable, "-c", _CHILD, cache, *urls],
-                stdout=subprocess.PIPE,
-                stderr=subprocess.PIPE,
-                text=True,
-            )
-            for _ in range(2)
-        ]
-        for child in children:
-            out, err = child.communicate(timeout=120)
-            assert child.returncode == 0, err
-            assert out.strip() == "120"
+        assert open_in_processes(urls, cache, 2) == ["120", "120"]
     whole = [path for method, path, ranged in proxy.requests if method == "GET" and not ranged]
     shards = [p for p in whole if p.endswith((".tar", ".zip"))]
     assert sorted(shards) == [
@@ -377,3 +359,54 @@ def test_torch_dataloader_workers_read_an_s3_dataset(local, env, tmp_path):
         for s in samples_of(stoker.Dataset(os.path.join(local, "indexed")))
     }
     assert got == want
+
+
+_PAGE = (
+    '<?xml version="1.0"?><ListBucketResult xmlns="http://s3.amazonaws.com/doc/2006-03-01/">'
+    "<IsTruncated>{truncated}</IsTruncated>{token}"
+    "<Contents><Key>set/a.tar</Key><Size>{size}</Size><ETag>&quot;e&quot;</ETag></Contents>"
+    "</ListBucketResult>"
+)
+
+
+@pytest.mark.parametrize(
+    ("body", "wanted"),
+    [
+        ("<html>not a listing", r"s3://b/set/: offset 0: the listing is not XML"),
+        (_PAGE.format(truncated="false", token="", size="ten"), r"gives 'ten' as a size"),
+        (
+            _PAGE.format(truncated="true", token="", size="10"),
+            r"cut short but gives no continuation token",
+        ),
+        (
+            _PAGE.format(
+                truncated="true", token="<NextContinuationToken>t</NextContinuationToken>", size=10
+            ),
+            r"s3://b/set/: offset 0: the listing repeats its continuation token",
+        ),
+    ],
+)
+def test_a_listing_a_store_gets_wrong_is_a_clear_error(env, tmp_path, body, wanted):
+    from aiohttp import web
+
+    async def listing(request: web.Request) -> web.Response:
+        return web.Response(body=body.encode(), content_type="application/xml")
+
+    with object_store.stub_server("/b/", listing) as base:
+        env.setenv("AWS_ENDPOINT_URL_S3", base)
+        with pytest.raises(stoker.StokerError, match=wanted) as info:
+            stoker.Dataset("s3://b/set/", cache_dir=tmp_path / "c", fetch=options(unsigned=True))
+    assert "Traceback" not in str(info.value)
+
+
+def test_credentials_that_cannot_be_had_are_a_clear_error(store, local, env, tmp_path):
+    env.delenv("AWS_ACCESS_KEY_ID")
+    env.delenv("AWS_SECRET_ACCESS_KEY")
+    config = tmp_path / "config"
+    config.write_text(f"[profile broken]\ncredential_process = {sys.executable} -c 'exit(3)'\n")
+    env.setenv("AWS_CONFIG_FILE", str(config))
+    fetch = options(profile="broken")
+    with pytest.raises(stoker.FetchError, match=r"^s3://shards/set/: offset 0: .*cannot load"):
+        stoker.Dataset("s3://shards/set/", cache_dir=tmp_path / "c", fetch=fetch)
+    with pytest.raises(stoker.UsageError, match="could not be found"):
+        stoker.Dataset("s3://shards/set/", cache_dir=tmp_path / "c", fetch=options(profile="no"))

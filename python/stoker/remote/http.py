@@ -30,7 +30,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from stoker._process import per_process, wait_result
-from stoker.errors import ChecksumError, FetchError, StokerError, clip, located, plural
+from stoker.errors import (
+    ChecksumError,
+    FetchError,
+    StokerError,
+    UsageError,
+    clip,
+    located,
+    plural,
+)
 from stoker.remote.stores import (
     AUTH_CODES,
     THROTTLE_CODES,
@@ -372,7 +380,8 @@ class Fetcher:
             try:
                 headers = await store.sign(method, target, headers)
             except StokerError as e:  # credentials that cannot be had: no retry helps
-                raise located(FetchError, url, 0, str(e)) from None
+                kind = UsageError if isinstance(e, UsageError) else FetchError
+                raise located(kind, url, 0, str(e)) from None
             # A signature is for one host: a redirect is an error that names the region.
             redirects = False
             sent = yarl.URL(target, encoded=True)

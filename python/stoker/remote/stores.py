@@ -246,10 +246,10 @@ class ObjectStore:
             try:
                 found = botocore.session.Session(profile=self.profile).get_credentials()
             except botocore.exceptions.ProfileNotFound as e:
-                raise UsageError(f"{self.scheme}://: {e}") from None
+                raise UsageError(f"{e} (FetchOptions(profile=...) or AWS_PROFILE)") from None
             except Exception as e:  # SSO, STS, a credential_process: their own errors
                 raise StokerError(
-                    f"{self.scheme}://: cannot load credentials: {type(e).__name__}: {clip(str(e))}"
+                    f"cannot load credentials: {type(e).__name__}: {clip(str(e))}"
                 ) from None
         if found is None and not self._warned:
             self._warned = True
