@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer target (tests/fuzz, clang with AddressSanitizer and
 # UndefinedBehaviorSanitizer) and fuzzes the tar, zip and npy parsers and the
-# reader on what they index, the member index sidecars, and the JPEG and PNG
-# decoders behind stoker.Image(), for SECONDS each (default 60).
+# reader on what they index, the member index sidecars, the JPEG and PNG
+# decoders behind stoker.Image(), and the chunk decoders and row gathering of
+# array sources (HDF5, Zarr), for SECONDS each (default 60).
 #
 #   scripts/fuzz.sh [SECONDS]
 #
@@ -53,6 +54,11 @@ cat >"$dict" <<'EOF'
 "\xff\xff\xff\xff"
 "\x08\x00"
 "\x93NUMPY"
+"\x78\x01"
+"\x78\x9c"
+"\x1f\x8b\x08"
+"\x28\xb5\x2f\xfd"
+"\xff\xff"
 "\x01\x00"
 "\x02\x00"
 "\x03\x00"
@@ -75,19 +81,21 @@ artifacts="$build/artifacts"
 mkdir -p "$artifacts"
 status=0
 found=()
-for format in tar zip npy idx image; do
+for format in tar zip npy idx image chunk; do
   case $format in
     tar) byte='\x00' ;;
     zip) byte='\x01' ;;
     npy) byte='\x02' ;;
     idx) byte='\x03' ;;  # member index sidecars (seeds: tests/data/index-seeds)
     image) byte='\x04' ;;  # JPEG and PNG members for Image() (seeds: tests/data/image-seeds)
+    chunk) byte='\x05' ;;  # array sources' chunks (seeds: tests/data/chunk-seeds)
   esac
   corpus="$build/corpus-$format"
   mkdir -p "$corpus"
   seeds=(tests/data/seeds/*."$format" tests/data/malformed/*."$format"
     tests/data/index-seeds/*."$format")
   [[ $format == image ]] && seeds=(tests/data/image-seeds/*)
+  [[ $format == chunk ]] && seeds=(tests/data/chunk-seeds/*)
   for file in "${seeds[@]}"; do
     [[ -e $file ]] || continue
     name="seed-$(basename "$(dirname "$file")")-$(basename "$file")"

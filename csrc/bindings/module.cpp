@@ -4,6 +4,7 @@ PYBIND11_MODULE(_core, m) {
   m.doc() = "stoker's C++ core: the shard reader, the index parsers and the CUDA shim";
   m.attr("__version__") = STOKER_VERSION;
   stoker::bindings::register_errors(m);
+  stoker::bindings::register_arrays(m);  // before the FileTable that holds ArrayLayouts
   stoker::bindings::register_reader(m);
   stoker::bindings::register_ring(m);
   stoker::bindings::register_formats(m);

@@ -11,6 +11,10 @@
 
 namespace stoker::bindings {
 
+// A 1-D array argument of T, converted (copied) only when it is not one already.
+template <typename T>
+using Column = pybind11::array_t<T, pybind11::array::c_style | pybind11::array::forcecast>;
+
 template <typename T>
 pybind11::array_t<T> vector_to_numpy(std::vector<T>&& values) {
   auto* owned = new std::vector<T>(std::move(values));

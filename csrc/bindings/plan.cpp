@@ -53,6 +53,7 @@ class PyMembers {
     m_.codec = exact<uint8_t>(column("codec"), "codec").data();
     m_.crc = exact<uint32_t>(column("crc"), "crc").data();
     m_.decoder = exact<int32_t>(column("decoder"), "decoder").data();
+    m_.array = exact<uint32_t>(column("array"), "array").data();
     auto first = exact<int64_t>(sample_first, "sample_first");
     m_.sample_first = first.data();
     m_.rows = static_cast<uint64_t>(file.size());
@@ -208,7 +209,8 @@ void register_plan(py::module_& m) {
       .value("ASCII_INT", io::Codec::kAsciiInt)
       .value("DEFLATE_ASCII_INT", io::Codec::kDeflateAsciiInt)
       .value("IMAGE", io::Codec::kImage)
-      .value("DEFLATE_IMAGE", io::Codec::kDeflateImage);
+      .value("DEFLATE_IMAGE", io::Codec::kDeflateImage)
+      .value("ARRAY_ROW", io::Codec::kArrayRow);
   py::enum_<plan::Kind>(m, "FieldKind", "What a fields= decoder reads.")
       .value("RAW", plan::Kind::kRaw)
       .value("INT", plan::Kind::kInt)

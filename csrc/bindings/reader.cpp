@@ -21,15 +21,14 @@ namespace stoker::bindings {
 namespace {
 
 template <typename T>
-using Column = py::array_t<T, py::array::c_style | py::array::forcecast>;
-template <typename T>
 using OptionalColumn = std::optional<Column<T>>;
 
 std::vector<io::ReadRequest> make_requests(
     const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
     const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets,
     const OptionalColumn<uint64_t>& out_lengths, const OptionalColumn<uint8_t>& codecs,
-    const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc) {
+    const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc,
+    const OptionalColumn<uint32_t>& arrays) {
   py::ssize_t n = file_ids.size();
   auto same_length = [n](py::ssize_t size, const char* name) {
     if (size != n) {
@@ -44,6 +43,7 @@ std::vector<io::ReadRequest> make_requests(
   if (codecs) same_length(codecs->size(), "codecs");
   if (crcs) same_length(crcs->size(), "crcs");
   if (check_crc) same_length(check_crc->size(), "check_crc");
+  if (arrays) same_length(arrays->size(), "arrays");
   if (check_crc && !crcs) throw py::value_error("check_crc needs crcs");
 
   std::vector<io::ReadRequest> requests(n);
@@ -59,7 +59,8 @@ std::vector<io::ReadRequest> make_requests(
     r.dest_offset = d[i];
     r.out_length = out_lengths ? out_lengths->data()[i] : l[i];
     r.codec = codecs ? static_cast<io::Codec>(codecs->data()[i]) : io::Codec::kStored;
-    if (crcs) {
+    if (arrays) r.array = arrays->data()[i];
+    if (crcs && r.codec != io::Codec::kArrayRow) {
       r.crc32 = crcs->data()[i];
       // By default only decoded members are checked: inflating touches every
       // byte anyway, while stored ones are served as they are on disk.
@@ -69,9 +70,13 @@ std::vector<io::ReadRequest> make_requests(
   return requests;
 }
 
+using Arrays = std::vector<std::shared_ptr<io::ArrayLayout>>;
+
 std::shared_ptr<io::FileTable> make_file_table(std::vector<std::string> paths,
-                                               const std::optional<Column<int64_t>>& identities) {
+                                               const std::optional<Column<int64_t>>& identities,
+                                               const Arrays& arrays) {
   auto table = std::make_shared<io::FileTable>();
+  table->arrays.assign(arrays.begin(), arrays.end());
   if (identities && identities->size() > 0) {
     if (identities->ndim() != 2 || identities->shape(1) != 3 ||
         identities->shape(0) != static_cast<py::ssize_t>(paths.size())) {
@@ -103,12 +108,14 @@ py::array_t<int64_t> identities_array(const io::FileTable& t) {
 void register_reader(py::module_& m) {
   py::class_<io::FileTable, std::shared_ptr<io::FileTable>>(
       m, "FileTable", "The files a dataset's read requests refer to by index.")
-      .def(py::init([](std::vector<std::string> paths, std::optional<Column<int64_t>> identities) {
-             return make_file_table(std::move(paths), identities);
+      .def(py::init([](std::vector<std::string> paths, std::optional<Column<int64_t>> identities,
+                       const Arrays& arrays) {
+             return make_file_table(std::move(paths), identities, arrays);
            }),
-           py::arg("paths"), py::arg("identities") = py::none(),
+           py::arg("paths"), py::arg("identities") = py::none(), py::arg("arrays") = Arrays{},
            "identities: optional (n, 3) int64 array of (inode, size, mtime_ns) as indexed; "
-           "reads of a file that no longer matches fail instead of reading other bytes.")
+           "reads of a file that no longer matches fail instead of reading other bytes. "
+           "arrays: the ArrayLayouts that ARRAY_ROW requests name by index.")
       .def("__len__", [](const io::FileTable& t) { return t.paths.size(); })
       .def("__getitem__",
            [](const io::FileTable& t, size_t i) {
@@ -117,11 +124,25 @@ void register_reader(py::module_& m) {
            })
       .def_property_readonly("paths", [](const io::FileTable& t) { return t.paths; })
       .def_property_readonly("identities", identities_array)
+      .def_property_readonly("arrays",
+                             [](const io::FileTable& t) {
+                               Arrays out;
+                               for (const auto& a : t.arrays) {
+                                 out.push_back(std::const_pointer_cast<io::ArrayLayout>(a));
+                               }
+                               return out;
+                             })
       .def(py::pickle(
-          [](const io::FileTable& t) { return py::make_tuple(t.paths, identities_array(t)); },
+          [](const io::FileTable& t) {
+            Arrays arrays;
+            for (const auto& a : t.arrays) {
+              arrays.push_back(std::const_pointer_cast<io::ArrayLayout>(a));
+            }
+            return py::make_tuple(t.paths, identities_array(t), arrays);
+          },
           [](py::tuple state) {
             return make_file_table(state[0].cast<std::vector<std::string>>(),
-                                   state[1].cast<Column<int64_t>>());
+                                   state[1].cast<Column<int64_t>>(), state[2].cast<Arrays>());
           }));
 
   py::class_<PyPendingRead>(m, "PendingRead", "A batch being read; wait() returns its buffer.")
@@ -144,6 +165,9 @@ void register_reader(py::module_& m) {
       .def_property_readonly("num_threads", &io::ShardReader::num_threads)
       .def_property_readonly("max_open_files", &io::ShardReader::max_open_files)
       .def("open_files", &io::ShardReader::open_files)
+      .def_property("chunk_cache_bytes", &io::ShardReader::chunk_cache_bytes,
+                    &io::ShardReader::set_chunk_cache_bytes,
+                    "Bytes of decoded array chunks kept across batches, per process (0: none).")
       .def("forget", &io::ShardReader::forget, py::arg("path"),
            "Close the cached descriptor of `path`, if any (reads in flight keep theirs).")
       .def(
@@ -152,9 +176,10 @@ void register_reader(py::module_& m) {
              const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
              const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets, uint64_t size,
              const OptionalColumn<uint64_t>& out_lengths, const OptionalColumn<uint8_t>& codecs,
-             const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc) {
+             const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc,
+             const OptionalColumn<uint32_t>& arrays) {
             auto requests = make_requests(file_ids, offsets, lengths, dest_offsets, out_lengths,
-                                          codecs, crcs, check_crc);
+                                          codecs, crcs, check_crc, arrays);
             auto pending = reader.submit(std::move(files), std::move(requests), size);
             const auto& buffer = pending->buffer();
             py::object array = bytes_to_numpy(buffer->data(), size, buffer);
@@ -163,7 +188,7 @@ void register_reader(py::module_& m) {
           py::arg("files"), py::arg("file_ids"), py::arg("offsets"), py::arg("lengths"),
           py::arg("dest_offsets"), py::arg("size"), py::arg("out_lengths") = py::none(),
           py::arg("codecs") = py::none(), py::arg("crcs") = py::none(),
-          py::arg("check_crc") = py::none(),
+          py::arg("check_crc") = py::none(), py::arg("arrays") = py::none(),
           "Read the pieces into a new page-aligned buffer of `size` bytes; piece i lands at "
           "dest_offsets[i].")
       .def(
@@ -172,13 +197,14 @@ void register_reader(py::module_& m) {
              const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
              const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets,
              const OptionalColumn<uint64_t>& out_lengths, const OptionalColumn<uint8_t>& codecs,
-             const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc) {
+             const OptionalColumn<uint32_t>& crcs, const OptionalColumn<bool>& check_crc,
+             const OptionalColumn<uint32_t>& arrays) {
             auto info = std::make_unique<py::buffer_info>(dest.request(true));
             if (!PyBuffer_IsContiguous(info->view(), 'C')) {
               throw py::value_error("read_into needs a C-contiguous buffer");
             }
             auto requests = make_requests(file_ids, offsets, lengths, dest_offsets, out_lengths,
-                                          codecs, crcs, check_crc);
+                                          codecs, crcs, check_crc, arrays);
             auto pending = reader.submit(std::move(files), std::move(requests),
                                          static_cast<uint8_t*>(info->ptr),
                                          static_cast<uint64_t>(info->size * info->itemsize));
@@ -187,7 +213,7 @@ void register_reader(py::module_& m) {
           py::arg("dest"), py::arg("files"), py::arg("file_ids"), py::arg("offsets"),
           py::arg("lengths"), py::arg("dest_offsets"), py::arg("out_lengths") = py::none(),
           py::arg("codecs") = py::none(), py::arg("crcs") = py::none(),
-          py::arg("check_crc") = py::none(),
+          py::arg("check_crc") = py::none(), py::arg("arrays") = py::none(),
           "Read the pieces into `dest` (a writable C-contiguous buffer kept alive until done). "
           "If the read fails, `dest` may hold some of the pieces.");
 
@@ -198,7 +224,7 @@ void register_reader(py::module_& m) {
         Column<uint64_t> dest(offsets.size());
         std::fill_n(dest.mutable_data(), dest.size(), 0);
         auto requests = make_requests(file_ids, offsets, lengths, dest, std::nullopt, std::nullopt,
-                                      std::nullopt, std::nullopt);
+                                      std::nullopt, std::nullopt, std::nullopt);
         py::gil_scoped_release release;
         return io::bench_pread(files, requests, num_threads);
       },

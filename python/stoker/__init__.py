@@ -17,7 +17,7 @@ from stoker._core import __version__ as __version__
 from stoker.cuda import FallbackWarning, cuda_status
 from stoker.dataset import Dataset
 from stoker.errors import UsageError
-from stoker.fields import Bytes, Image, Int, Npy, Raw
+from stoker.fields import Bytes, Image, Int, Npy, Raw, Row
 from stoker.gds import GDSCache, load_npy, read_into
 from stoker.loader import Loader
 from stoker.remote import FetchOptions
@@ -35,6 +35,7 @@ __all__ = [
     "Loader",
     "Npy",
     "Raw",
+    "Row",
     "FetchError",
     "FetchOptions",
     "FileTable",

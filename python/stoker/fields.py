@@ -44,6 +44,13 @@ class Npy:
 
 
 @dataclass(frozen=True)
+class Row(Npy):
+    """A row of an array source (an HDF5 dataset, a Zarr array; also a ``.npy`` shard's
+    row): its dtype and shape are the array's. The batch gets a ``(batch, *row shape)``
+    tensor, the rows read (and decoded, from compressed chunks) straight into it."""
+
+
+@dataclass(frozen=True)
 class Bytes:
     """Variable-length bytes (a JPEG, a JSON text). The batch gets a list of uint8 arrays
     viewing the buffer, for ``map=`` or a decoder downstream."""
@@ -135,4 +142,4 @@ class Image:
         return tuple(self.target.shape)
 
 
-FieldSpec = Union[Raw, Int, Npy, Bytes, Image]
+FieldSpec = Union[Raw, Int, Npy, Row, Bytes, Image]

@@ -53,11 +53,24 @@ def format_of(path: str) -> str:
         )
     fmt = SHARD_FORMATS.get(os.path.splitext(lower)[1])
     if fmt is None:
+        from stoker.arrays import ARRAY_FORMATS, array_format
+
+        if is_url(path) and os.path.splitext(lower.rstrip("/"))[1] in ARRAY_FORMATS:
+            raise located(
+                ShardFormatError,
+                path,
+                0,
+                "HDF5 files and Zarr stores are read from a local disk: copy it there first, "
+                "or pack it into shards (stoker pack) to serve it",
+            )
+        fmt = None if is_url(path) else array_format(path)
+    if fmt is None:
         raise located(
             ShardFormatError,
             path,
             0,
-            f"unknown shard format (stoker reads {', '.join(sorted(SHARD_FORMATS))} shards)",
+            f"unknown shard format (stoker reads {', '.join(sorted(SHARD_FORMATS))} shards, "
+            "and HDF5 files and Zarr stores as array sources)",
         )
     return fmt
 
@@ -65,8 +78,10 @@ def format_of(path: str) -> str:
 def shards_in_folder(folder: str) -> list[str]:
     """Every shard file under `folder`, sorted (folders walked in order)."""
     found = []
+    from stoker.arrays import is_zarr_store
+
     for root, dirs, files in os.walk(folder):
-        dirs.sort()
+        dirs[:] = sorted(d for d in dirs if not is_zarr_store(os.path.join(root, d)))
         for name in sorted(files):
             if os.path.splitext(name.lower())[1] in SHARD_FORMATS:
                 found.append(os.path.join(root, name))
@@ -77,4 +92,6 @@ def samples_and_fields(index: dict, fmt: str) -> tuple[int, list[str]]:
     """How many samples a shard's index (from the C++ indexer) holds, and their fields."""
     if fmt == "npy":
         return int(index["shape"][0]), ["npy"]
+    if index.get("format") == "array":
+        return int(index["rows"]), [field.name for field in index["fields"]]
     return len(index["keys"]), list(index["field_names"])

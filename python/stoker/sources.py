@@ -10,6 +10,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Union
 
+from stoker.arrays import ARRAY_FORMATS, is_zarr_store
 from stoker.errors import StokerError, plural
 from stoker.formats import SHARD_FORMATS, is_url, shards_in_folder
 from stoker.manifest import MANIFEST_NAME, parse_manifest, read_local_manifest
@@ -96,6 +97,8 @@ def resolve(
         if not matches:
             raise StokerError(f"{text}: no files match this pattern")
         return [(path, None) for path in matches if not os.path.isdir(path)]
+    if is_zarr_store(text):
+        return [(text, None)]
     if os.path.isdir(text):
         manifest = os.path.join(text, MANIFEST_NAME)
         if os.path.isfile(manifest):
@@ -110,7 +113,8 @@ def resolve(
         raise StokerError(f"{text}: no such folder")
     if text.lower().endswith(".json"):
         return list(read_local_manifest(text, note_drift))
-    if not os.path.exists(text) and os.path.splitext(text)[1].lower() not in SHARD_FORMATS:
+    known = (*SHARD_FORMATS, *ARRAY_FORMATS)
+    if not os.path.exists(text) and os.path.splitext(text)[1].lower() not in known:
         raise StokerError(f"{text}: no such file or folder")
     return [(text, None)]
 

@@ -71,6 +71,7 @@
 
 #include "stoker/errors.hpp"
 #include "stoker/format/shard_index.hpp"
+#include "stoker/io/array_layout.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/pinned_ring.hpp"
 #include "stoker/io/posix_file.hpp"
@@ -110,6 +111,7 @@ struct Counters {
   std::atomic<uint64_t> pinned_slots{0}, pinned_copies{0}, pinned_pairs{0}, pinned_timeouts{0};
   std::atomic<uint64_t> pinned_late_us{0}, pinned_handoffs{0}, pinned_refusals{0}, pin_failures{0};
   std::atomic<uint64_t> private_rings{0}, orphans{0}, pins{0}, unpins{0}, pinned_mismatches{0};
+  std::atomic<uint64_t> array_batches{0}, array_rows{0};
 } g;
 
 uint64_t pick(Rng& rng, uint64_t lo, uint64_t hi) {  // inclusive
@@ -1375,6 +1377,110 @@ void pinned_private(PinnedWorld& pw) {
 
 }  // namespace
 
+// ---------------------------------------------------------------- array rows
+
+// An array of (kArrayRows, kArrayCols) uint32 values row * 1000 + col, in chunks of
+// (16, 4) that cut across each row (two per row, the second partial), each shuffled
+// and zlib-compressed; one chunk never written reads as the fill value. Clients read
+// random rows, many sharing chunks, through both shared readers at once: the decoded
+// chunks are shared between batches and threads through the readers' chunk caches.
+constexpr uint64_t kArrayRows = 200, kArrayCols = 6, kChunkRows = 16, kChunkCols = 4;
+constexpr uint64_t kMissingChunkIndex = 5;
+constexpr uint32_t kFill = 0xDEADBEEF;
+
+uint32_t array_value(uint64_t row, uint64_t col) {
+  if ((row / kChunkRows) * 2 + col / kChunkCols == kMissingChunkIndex) return kFill;
+  return static_cast<uint32_t>(row * 1000 + col);
+}
+
+std::shared_ptr<io::FileTable> make_array(const std::string& path) {
+  auto a = std::make_shared<io::ArrayLayout>();
+  a->id = io::next_layout_id();
+  a->name = path + ":/x";
+  a->shape = {kArrayRows, kArrayCols};
+  a->chunk_shape = {kChunkRows, kChunkCols};
+  a->itemsize = 4;
+  a->fill.resize(4);
+  std::memcpy(a->fill.data(), &kFill, 4);
+  a->steps = {{io::ChunkFilter::kShuffle, 4}, {io::ChunkFilter::kZlib, 0}};
+  a->paths = {path};
+  std::vector<uint8_t> file;
+  for (uint64_t c = 0; c < a->num_chunks(); ++c) {
+    a->chunk_file.push_back(0);
+    a->chunk_mask.push_back(0);
+    if (c == kMissingChunkIndex) {
+      a->chunk_offset.push_back(io::kMissingChunk);
+      a->chunk_size.push_back(0);
+      continue;
+    }
+    std::vector<uint32_t> values(kChunkRows * kChunkCols, 0);
+    for (uint64_t r = 0; r < kChunkRows; ++r) {
+      for (uint64_t k = 0; k < kChunkCols; ++k) {
+        uint64_t row = (c / 2) * kChunkRows + r, col = (c % 2) * kChunkCols + k;
+        if (row < kArrayRows && col < kArrayCols)
+          values[r * kChunkCols + k] = array_value(row, col);
+      }
+    }
+    std::vector<uint8_t> shuffled(values.size() * 4);
+    const auto* bytes = reinterpret_cast<const uint8_t*>(values.data());
+    for (size_t e = 0; e < values.size(); ++e) {
+      for (size_t j = 0; j < 4; ++j) shuffled[j * values.size() + e] = bytes[e * 4 + j];
+    }
+    uLongf size = compressBound(shuffled.size());
+    std::vector<uint8_t> packed(size);
+    if (compress2(packed.data(), &size, shuffled.data(), shuffled.size(), 6) != Z_OK) {
+      failure("compress2");
+    }
+    a->chunk_offset.push_back(file.size());
+    a->chunk_size.push_back(size);
+    file.insert(file.end(), packed.begin(), packed.begin() + size);
+  }
+  std::ofstream(path, std::ios::binary)
+      .write(reinterpret_cast<const char*>(file.data()), static_cast<std::streamsize>(file.size()));
+  a->check();
+  auto table = std::make_shared<io::FileTable>();
+  table->paths = {path};
+  table->arrays = {a};
+  return table;
+}
+
+void array_client(int id, World& w, std::shared_ptr<const io::FileTable> table) {
+  Rng rng(5000 + id);
+  const uint64_t row_bytes = kArrayCols * 4;
+  while (!g_stop.load(std::memory_order_relaxed)) {
+    io::ShardReader& reader = pick(rng, 0, 1) ? *w.second : *w.first;
+    size_t n = pick(rng, 1, 64);
+    uint64_t near = pick(rng, 0, kArrayRows - 1);
+    std::vector<io::ReadRequest> requests(n);
+    for (size_t i = 0; i < n; ++i) {
+      io::ReadRequest& r = requests[i];
+      r.codec = io::Codec::kArrayRow;
+      // Rows near one another (sharing chunks), with some anywhere.
+      r.offset = pick(rng, 0, 3) ? std::min(kArrayRows - 1, near + pick(rng, 0, 40))
+                                 : pick(rng, 0, kArrayRows - 1);
+      r.out_length = row_bytes;
+      r.dest_offset = i * 32;
+    }
+    std::vector<uint8_t> dest(n * 32);
+    try {
+      reader.submit(table, requests, dest.data(), dest.size())->wait(-1);
+    } catch (const std::exception& e) {
+      failure(std::string("array rows: ") + e.what());
+      continue;
+    }
+    for (size_t i = 0; i < n; ++i) {
+      for (uint64_t col = 0; col < kArrayCols; ++col) {
+        uint32_t got;
+        std::memcpy(&got, dest.data() + i * 32 + col * 4, 4);
+        CHECK(got == array_value(requests[i].offset, col),
+              "array row " + std::to_string(requests[i].offset) + " col " + std::to_string(col));
+      }
+    }
+    g.array_batches++;
+    g.array_rows += n;
+  }
+}
+
 int main(int argc, char** argv) {
   if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
     std::printf("usage: %s [SECONDS [DIR]]\n", argv[0]);
@@ -1446,14 +1552,17 @@ int main(int argc, char** argv) {
 
   std::printf(
       "stoker_stress: %zu shards (%.1f MB) in %s, %.1f s of 4 clients, 1 helper, "
-      "1 forgetter, 2 FileCache and 3 PinnedRing threads; 4 pinned-ring clients, 1 private "
+      "1 forgetter, 2 array-row clients, 2 FileCache and 3 PinnedRing threads; 4 pinned-ring "
+      "clients, 1 private "
       "pinned ring thread, 1 dropper, 1 copier\n",
       kShards, total_bytes / 1e6, dir.c_str(), seconds);
   std::fflush(stdout);
 
   PinnedWorld pw;
   std::vector<std::thread> threads;
+  std::shared_ptr<const io::FileTable> array_table = make_array(dir + "/array.bin");
   for (int i = 0; i < 4; ++i) threads.emplace_back(client, i, std::ref(w));
+  for (int i = 0; i < 2; ++i) threads.emplace_back(array_client, i, std::ref(w), array_table);
   threads.emplace_back(forgetter, std::ref(w));
   for (int i = 0; i < 2; ++i) threads.emplace_back(cache_worker, i, std::ref(w));
   for (int i = 0; i < 3; ++i) threads.emplace_back(ring_worker, i, std::ref(w));
@@ -1552,6 +1661,8 @@ int main(int argc, char** argv) {
       (unsigned long long)g.polls, (unsigned long long)g.spins, (unsigned long long)g.forgets,
       (unsigned long long)g.cache_reads, (unsigned long long)g.ring_slots,
       (unsigned long long)g.ring_passes, (unsigned long long)g.dead_rings, elapsed);
+  std::printf("stoker_stress: %llu array-row batches (%llu rows) checked\n",
+              (unsigned long long)g.array_batches, (unsigned long long)g.array_rows);
   std::printf(
       "stoker_stress: pinned ring: %llu slots (%llu copies, %llu of them paired; %llu handed to "
       "another thread; %llu deadlines passed, at most %.1f ms late), %llu oversized requests "
@@ -1568,8 +1679,8 @@ int main(int argc, char** argv) {
 
   if (remove_dir) std::filesystem::remove_all(dir);
   uint64_t failures = g_failures.load();
-  if (failures == 0 && (g.batches == 0 || g.cancels + g.late_cancels == 0 || g.pinned_slots == 0 ||
-                        g.pinned_copies == 0 || g.orphans == 0)) {
+  if (failures == 0 && (g.batches == 0 || g.array_batches == 0 || g.cancels + g.late_cancels == 0 ||
+                        g.pinned_slots == 0 || g.pinned_copies == 0 || g.orphans == 0)) {
     std::fprintf(stderr, "FAIL: the run was too short to exercise anything\n");
     return 1;
   }

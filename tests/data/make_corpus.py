@@ -7,6 +7,9 @@ seeds/      small valid shards, written by the standard writers (tarfile, zipfil
             tests/test_malformed.py.
 index-seeds/  each tar and zip seed's member index (NAME.idx), the fuzz target's seeds
             for its fourth format; written by stoker itself, so this needs stoker built.
+chunk-seeds/  array sources' chunks as the fuzz target's sixth format reads them (a layout
+            header, then each chunk as a 2-byte length and its bytes), unfiltered and
+            through each filter stoker decodes (needs numcodecs, and stoker for CRC-32C).
 malformed/  shards that are wrong in one way each, named for what is wrong: every one must
             be refused with stoker.ShardFormatError, when the Dataset opens it or when its
             samples are read (tests/test_malformed.py). Inputs the fuzzer found are saved
@@ -32,6 +35,7 @@ HERE = Path(__file__).resolve().parent
 SEEDS = HERE / "seeds"
 INDEX_SEEDS = HERE / "index-seeds"
 MALFORMED = HERE / "malformed"
+CHUNK_SEEDS = HERE / "chunk-seeds"
 MTIME = 1_700_000_000
 DATE = (2024, 1, 1, 0, 0, 0)
 LIMIT = 64 * 1024  # every file stays tiny
@@ -464,6 +468,80 @@ def npy_malformed() -> dict[str, bytes]:
     return out
 
 
+def _shuffled(raw: bytes, size: int) -> bytes:
+    """HDF5's shuffle: byte j of every element together, plane by plane."""
+    n = len(raw) // size
+    planes = np.frombuffer(raw[: n * size], np.uint8).reshape(n, size).T.tobytes()
+    return planes + raw[n * size :]
+
+
+def _fletcher32(data: bytes) -> int:
+    """HDF5's Fletcher-32 of `data` (16-bit big-endian words, an odd last byte padded)."""
+    if len(data) % 2:
+        data += b"\x00"
+    sum1 = sum2 = 0
+    for i in range(0, len(data), 2):
+        sum1 = (sum1 + (data[i] << 8 | data[i + 1])) % 65535
+        sum2 = (sum2 + sum1) % 65535
+    return sum2 << 16 | sum1
+
+
+def chunk_seeds() -> dict[str, bytes]:
+    """Layouts and chunks for the fuzz target's chunk format, one per filter pipeline."""
+    import zlib
+
+    import numcodecs
+
+    from stoker import _core
+
+    def seed(flags: int, axes: list[tuple[int, int]], filters: int, encode) -> bytes:
+        rank, itemsize = len(axes), 1 << ((flags >> 2) & 3)
+        header = bytes([flags | (rank - 1)]) + bytes(
+            (length - 1) | (chunk - 1) << 4 for length, chunk in axes
+        )
+        header = header.ljust(4, b"\x00") + bytes([filters, 0, 0, 0])
+        grid = [-(-n // c) for n, c in axes]
+        chunk_bytes = int(np.prod([c for _, c in axes])) * itemsize
+        body = b""
+        for k in range(int(np.prod(grid))):
+            if k == 1 and len(grid) and grid[0] > 2:
+                body += b"\xff\xff"  # a chunk never written
+                continue
+            stored = encode(bytes((k * 31 + j * 7) % 251 for j in range(chunk_bytes)), itemsize)
+            body += struct.pack("<H", len(stored)) + stored
+        return header + body
+
+    def gzip_member(raw: bytes) -> bytes:
+        z = zlib.compressobj(6, zlib.DEFLATED, 31)
+        return z.compress(raw) + z.flush()
+
+    plain = lambda raw, size: raw  # noqa: E731
+    return {
+        "c-order.chunk": seed(1 << 2, [(10, 4), (5, 2)], 0, plain),
+        "f-order-big-endian.chunk": seed(16 | 32 | 2 << 2, [(9, 3), (3, 2), (4, 4)], 0, plain),
+        "one-axis.chunk": seed(3 << 2, [(12, 5)], 0, plain),
+        "zlib-shuffle.chunk": seed(
+            2 << 2, [(9, 4), (6, 3)], 1 | 2, lambda r, n: zlib.compress(_shuffled(r, n))
+        ),
+        "gzip.chunk": seed(0, [(11, 4), (3, 3)], 2 | 1 << 2, lambda r, n: gzip_member(r)),
+        "zstd-crc32c.chunk": seed(
+            1 << 2,
+            [(8, 3), (4, 4)],
+            2 | 2 << 2 | 16 | 32,
+            lambda r, n: (c := numcodecs.Zstd(1).encode(r)) + struct.pack("<I", _core.crc32c(c)),
+        ),
+        "blosc.chunk": seed(
+            2 << 2, [(7, 2), (5, 5)], 2 | 3 << 2, lambda r, n: numcodecs.Blosc("lz4").encode(r)
+        ),
+        "shuffle-zlib-fletcher32.chunk": seed(
+            3 << 2,
+            [(6, 4)],
+            1 | 2 | 16,
+            lambda r, n: (c := zlib.compress(_shuffled(r, n))) + struct.pack("<I", _fletcher32(c)),
+        ),
+    }
+
+
 def write(folder: Path, files: dict[str, bytes]) -> None:
     """Writes `files`; other files in `folder` (a fuzzer's reproducer saved there by
     hand) are left alone."""
@@ -494,7 +572,8 @@ def main() -> None:
     write(SEEDS, {**tar_seeds(), **zip_seeds(), **npy_seeds()})
     write_index_seeds()
     write(MALFORMED, {**tar_malformed(), **zip_malformed(), **npy_malformed()})
-    for folder in (SEEDS, INDEX_SEEDS, MALFORMED):
+    write(CHUNK_SEEDS, chunk_seeds())
+    for folder in (SEEDS, INDEX_SEEDS, MALFORMED, CHUNK_SEEDS):
         files = sorted(folder.iterdir())
         total = sum(f.stat().st_size for f in files)
         print(f"{folder.relative_to(HERE.parent.parent)}: {len(files)} files, {total} bytes")

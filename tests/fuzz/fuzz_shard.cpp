@@ -1,9 +1,12 @@
 // libFuzzer target for the shard parsers and the reader on what they index.
 //
-// Input: one byte that picks the format (byte % 5: 0 tar, 1 zip, 2 npy, 3 a
-// member index sidecar, 4 an image), then the shard's (or the sidecar's, or the
-// image's) bytes. An image is decoded as Image fields decode it, directly and
-// through the reader with blank_on_error. A sidecar
+// Input: one byte that picks the format (byte % 6: 0 tar, 1 zip, 2 npy, 3 a
+// member index sidecar, 4 an image, 5 array chunks), then the shard's (or the
+// sidecar's, or the image's) bytes. An image is decoded as Image fields decode
+// it, directly and through the reader with blank_on_error. Array chunks are an
+// array source's layout and its chunks (fuzz_chunks): every row is read through
+// the reader, and rows of chunks stored as they are used must equal a plain
+// recomputation of where each element lies. A sidecar
 // is decoded, and what it says checked as any index is. A shard is
 //   1. indexed from memory (a WindowReader over the bytes, with a small window
 //      so that headers straddle windows) and from a real file (a memfd opened
@@ -35,6 +38,7 @@
 #include "stoker/format/sidecar.hpp"
 #include "stoker/format/window_reader.hpp"
 #include "stoker/image/image.hpp"
+#include "stoker/io/array_layout.hpp"
 #include "stoker/io/shard_reader.hpp"
 
 namespace {
@@ -43,7 +47,8 @@ using stoker::format::ShardIndex;
 using stoker::io::Codec;
 using stoker::io::ReadRequest;
 
-constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx", "image"};
+constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx", "image", "chunk"};
+constexpr size_t kNumFormats = sizeof kFormats / sizeof kFormats[0];
 // What one input may make the harness decode in all, and per batch of reads:
 // bounded, so memory stays far below libFuzzer's -rss_limit_mb.
 constexpr uint64_t kMaxDecodedBytes = 64ull << 20;
@@ -326,13 +331,135 @@ void fuzz_image(const uint8_t* bytes, uint64_t size) {
   reader().forget(file.path());
 }
 
+// Array chunks. Eight header bytes: [0] rank (1 + %3), itemsize (1 << bits 2-3),
+// F order (bit 4), big-endian (bit 5); [1..3] each axis's length (1 + %9, axis 0:
+// 1 + %33) and chunk length (1 + high nibble %5); [4] the filters applied, in
+// HDF5's order (bit 0 shuffle, bit 1 a compressor chosen by bits 2-3: zlib, gzip,
+// zstd, blosc; bit 4 a checksum, bit 5 picking crc32c over fletcher32); [5] a
+// seed for each chunk's filter mask; [6..7] unused. Then each chunk in grid
+// order: a 2-byte little-endian length and that many stored bytes; length 0xFFFF
+// is a chunk never written (the fill value), and chunks past the input's end
+// point past the file's end.
+void fuzz_chunks(const uint8_t* data, uint64_t size) {
+  using stoker::io::ArrayLayout;
+  using stoker::io::ChunkFilter;
+  if (size < 8) return;
+  auto a = std::make_shared<ArrayLayout>();
+  a->id = stoker::io::next_layout_id();
+  a->name = "fuzz:/x";
+  const size_t rank = 1 + data[0] % 3;
+  a->itemsize = 1u << ((data[0] >> 2) & 3);
+  for (size_t d = 0; d < rank; ++d) {
+    a->shape.push_back(1 + (data[1 + d] & 15) % (d == 0 ? 33 : 9));
+    a->chunk_shape.push_back(1 + (data[1 + d] >> 4) % 5);
+  }
+  if (data[0] & 16) {
+    for (size_t d = rank; d-- > 0;) a->order.push_back(static_cast<uint32_t>(d));
+  }
+  a->byteswap = (data[0] & 32) != 0;
+  a->fill.assign(a->itemsize, 0xA5);
+  const uint8_t f = data[4];
+  if (f & 1) a->steps.push_back({ChunkFilter::kShuffle, a->itemsize});
+  if (f & 2) {
+    static constexpr ChunkFilter kCompressors[] = {ChunkFilter::kZlib, ChunkFilter::kGzip,
+                                                   ChunkFilter::kZstd, ChunkFilter::kBlosc};
+    a->steps.push_back({kCompressors[(f >> 2) & 3], 0});
+  }
+  if (f & 16) a->steps.push_back({f & 32 ? ChunkFilter::kCrc32c : ChunkFilter::kFletcher32, 0});
+  const uint64_t n = a->num_chunks();
+  const uint64_t file_size = size - 8;
+  uint64_t at = 8;
+  uint32_t mask_seed = data[5];
+  for (uint64_t c = 0; c < n; ++c) {
+    uint64_t length = at + 2 <= size ? data[at] | (uint64_t(data[at + 1]) << 8) : 64;
+    uint64_t offset = at + 2 - 8;  // in the file, which holds the input after its header
+    a->chunk_file.push_back(0);
+    a->chunk_offset.push_back(length == 0xFFFF ? stoker::io::kMissingChunk : offset);
+    a->chunk_size.push_back(length == 0xFFFF ? 0 : length);
+    mask_seed = mask_seed * 1103515245u + 12345u;
+    a->chunk_mask.push_back((mask_seed >> 16) % 8 == 0 ? (mask_seed >> 8) & 7 : 0);
+    at += 2 + (length == 0xFFFF ? 0 : length);
+  }
+  MemFile file(data + 8, file_size);
+  a->paths = {file.path()};
+  a->check();
+  auto files = std::make_shared<stoker::io::FileTable>();
+  files->paths = {file.path()};
+  files->arrays = {a};
+  const uint64_t row = a->row_bytes();
+  std::vector<ReadRequest> requests;
+  for (uint64_t i = 0; i < a->shape[0]; ++i) {
+    ReadRequest r;
+    r.codec = Codec::kArrayRow;
+    r.offset = i;
+    r.out_length = row;
+    r.dest_offset = i * ((row + kAlign - 1) / kAlign * kAlign);
+    requests.push_back(r);
+  }
+  std::vector<uint8_t> dest(a->shape[0] * ((row + kAlign - 1) / kAlign * kAlign) + 1);
+  try {
+    reader().submit(files, requests, dest.data(), dest.size())->wait(-1);
+  } catch (const stoker::FormatError&) {
+    reader().forget(file.path());
+    return;
+  } catch (const stoker::ReadError&) {
+    reader().forget(file.path());
+    return;
+  } catch (const std::exception& e) {
+    bug(std::string("array rows threw ") + typeid(e).name() + ": " + e.what());
+  }
+  reader().forget(file.path());
+  // Where each element lies, worked out afresh, for chunks stored as they are used.
+  std::vector<uint64_t> coord(rank), grid(rank);
+  for (size_t d = 0; d < rank; ++d) grid[d] = a->grid(d);
+  const uint64_t elements = a->row_elements();
+  for (uint64_t i = 0; i < a->shape[0]; ++i) {
+    for (uint64_t e = 0; e < elements; ++e) {
+      coord[0] = i;
+      for (size_t d = rank, rest = e; d-- > 1;) {
+        coord[d] = rest % a->shape[d];
+        rest /= a->shape[d];
+      }
+      uint64_t chunk = 0, position = 0;
+      for (size_t d = 0; d < rank; ++d) chunk = chunk * grid[d] + coord[d] / a->chunk_shape[d];
+      for (size_t p = 0; p < rank; ++p) {
+        size_t axis = a->order.empty() ? p : a->order[p];
+        position = position * a->chunk_shape[axis] + coord[axis] % a->chunk_shape[axis];
+      }
+      const uint8_t* got = dest.data() + requests[i].dest_offset + e * a->itemsize;
+      uint32_t applied = 0;
+      for (size_t k = 0; k < a->steps.size(); ++k)
+        applied |= ((a->chunk_mask[chunk] >> k) & 1) ? 0 : 1;
+      std::vector<uint8_t> want(a->itemsize);
+      if (a->chunk_offset[chunk] == stoker::io::kMissingChunk) {
+        want = a->fill;
+      } else if (applied) {
+        continue;  // decoded: checked by its codec, not recomputed here
+      } else {
+        const uint8_t* src = data + 8 + a->chunk_offset[chunk] + position * a->itemsize;
+        for (uint32_t b = 0; b < a->itemsize; ++b) {
+          want[b] = src[a->byteswap ? a->itemsize - 1 - b : b];
+        }
+      }
+      if (std::memcmp(got, want.data(), a->itemsize) != 0) {
+        bug("array row " + std::to_string(i) + " element " + std::to_string(e) +
+            " differs from its place in chunk " + std::to_string(chunk));
+      }
+    }
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const std::string format = kFormats[data[0] % 5];
+  const std::string format = kFormats[data[0] % kNumFormats];
   const uint8_t* shard = data + 1;
   const uint64_t shard_size = size - 1;
   if (format == "image") {
     fuzz_image(shard, shard_size);
+    return 0;
+  }
+  if (format == "chunk") {
+    fuzz_chunks(shard, shard_size);
     return 0;
   }
   if (format == "idx") {  // a member index sidecar: decoded, and believed only if plausible

@@ -9,6 +9,7 @@
 #include <thread>
 
 #include "stoker/errors.hpp"
+#include "stoker/io/array_rows.hpp"
 #include "stoker/io/inflate.hpp"
 
 namespace stoker::io {
@@ -30,6 +31,8 @@ constexpr size_t kIdleSlots = 16;
 constexpr size_t kIdleSlotBytes = 256 * 1024 * 1024;
 // A thread's scratch buffer is given back when a read needed more than this.
 constexpr size_t kScratchKeep = 8 * 1024 * 1024;
+// Decoded array chunks kept across batches, per process.
+constexpr size_t kChunkCacheBytes = 256 * 1024 * 1024;
 
 // A run: pieces that are read from one span of one file with one pread.
 struct Run {
@@ -50,7 +53,8 @@ struct ReadPlan {
   std::vector<ReadRequest> requests;
   std::vector<uint32_t> order;  // requests sorted by (file, offset)
   std::vector<Run> runs;
-  std::vector<std::pair<size_t, size_t>> chunks;  // [first, last) runs, the unit of work
+  std::vector<std::pair<size_t, size_t>> chunks;  // [first, last) runs, a unit of work
+  ArrayPlan arrays;  // rows of array sources: each of its tasks is a unit of work too
   uint8_t* dest = nullptr;
 };
 
@@ -58,8 +62,10 @@ namespace {
 
 void plan_runs(ReadPlan& plan) {
   const auto& req = plan.requests;
-  plan.order.resize(req.size());
-  for (uint32_t i = 0; i < req.size(); ++i) plan.order[i] = i;
+  plan.order.reserve(req.size());
+  for (uint32_t i = 0; i < req.size(); ++i) {
+    if (req[i].codec != Codec::kArrayRow) plan.order.push_back(i);
+  }
   std::sort(plan.order.begin(), plan.order.end(), [&](uint32_t a, uint32_t b) {
     return req[a].file != req[b].file ? req[a].file < req[b].file : req[a].offset < req[b].offset;
   });
@@ -257,12 +263,14 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
                   std::to_string(files.paths.size()));
     }
     const std::string& path = files.paths[r.file];
-    if (r.codec == Codec::kStored && r.out_length != r.length) {
+    if (r.codec == Codec::kArrayRow) {
+      validate_array_row(files, r);
+    } else if (r.codec == Codec::kStored && r.out_length != r.length) {
       throw Error(path, r.offset,
                   "stored piece has length " + std::to_string(r.length) + " but output length " +
                       std::to_string(r.out_length));
     }
-    if (r.codec > Codec::kDeflateImage) {
+    if (r.codec > Codec::kArrayRow) {
       throw Error(path, r.offset, "unknown codec " + std::to_string(int(r.codec)));
     }
     if (is_image(r.codec) && (!r.image || r.out_length != r.image->nbytes())) {
@@ -316,17 +324,21 @@ void plan_chunks(ReadPlan& plan, size_t num_threads) {
 }  // namespace
 
 PendingRead::PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan,
-                         std::shared_ptr<FileCache> files, std::shared_ptr<AlignedBuffer> buffer)
+                         std::shared_ptr<FileCache> files, std::shared_ptr<ChunkCache> chunks,
+                         std::shared_ptr<AlignedBuffer> buffer)
     : owner_(owner),
       plan_(std::move(plan)),
       files_(std::move(files)),
+      chunks_(std::move(chunks)),
       buffer_(std::move(buffer)),
-      remaining_(plan_->chunks.size()) {}
+      remaining_(plan_->arrays.tasks.size() + plan_->chunks.size()) {}
 
 void PendingRead::work(std::chrono::steady_clock::time_point deadline,
                        const std::atomic<bool>* stop) {
   thread_local std::vector<uint8_t> scratch;
-  const size_t chunks = plan_->chunks.size();
+  // Array tasks come first: each decodes a chunk, the longest units a batch has.
+  const size_t tasks = plan_->arrays.tasks.size();
+  const size_t chunks = tasks + plan_->chunks.size();
   while (next_chunk_.load(std::memory_order_relaxed) < chunks &&
          std::chrono::steady_clock::now() < deadline &&
          !(stop && stop->load(std::memory_order_relaxed))) {
@@ -337,10 +349,15 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
       thread_local std::vector<uint32_t> blanked;
       blanked.clear();
       try {
-        auto [first, last] = plan_->chunks[c];
-        OpenFile open;
-        for (size_t i = first; i < last; ++i) {
-          execute_run(*plan_, plan_->runs[i], *files_, scratch, open, blanked);
+        if (c < tasks) {
+          execute_array_task(*plan_->files, plan_->requests, plan_->arrays, plan_->arrays.tasks[c],
+                             plan_->dest, *files_, *chunks_);
+        } else {
+          auto [first, last] = plan_->chunks[c - tasks];
+          OpenFile open;
+          for (size_t i = first; i < last; ++i) {
+            execute_run(*plan_, plan_->runs[i], *files_, scratch, open, blanked);
+          }
         }
       } catch (...) {
         fail(std::current_exception());
@@ -406,8 +423,10 @@ bool PendingRead::wait(int64_t timeout_ms) {
   return true;
 }
 
-ShardReader::ProcessState::ProcessState(size_t num_threads, size_t max_open_files)
+ShardReader::ProcessState::ProcessState(size_t num_threads, size_t max_open_files,
+                                        size_t chunk_cache_bytes)
     : files(std::make_shared<FileCache>(max_open_files)),
+      chunks(std::make_shared<ChunkCache>(chunk_cache_bytes)),
       ring(std::make_shared<PinnedRing>(kIdleSlots, kIdleSlotBytes)),
       pool(num_threads) {}
 
@@ -417,8 +436,9 @@ ShardReader::ShardReader(size_t num_threads, size_t max_open_files)
     : num_threads_(num_threads == 0 ? std::max<size_t>(1, ThreadPool::default_size() - 1)
                                     : num_threads),
       max_open_files_(max_open_files == 0 ? 1 : max_open_files),
+      chunk_cache_bytes_(kChunkCacheBytes),
       pid_(getpid()),
-      state_(std::make_unique<ProcessState>(num_threads_, max_open_files_)) {}
+      state_(std::make_unique<ProcessState>(num_threads_, max_open_files_, chunk_cache_bytes_)) {}
 
 ShardReader::~ShardReader() {
   // In a forked child, joining the parent's threads would hang and its locks
@@ -430,7 +450,7 @@ ShardReader::ProcessState& ShardReader::state() {
   pid_t now = getpid();
   if (now != pid_) {
     (void)state_.release();  // a few descriptors and idle buffers: bounded
-    state_ = std::make_unique<ProcessState>(num_threads_, max_open_files_);
+    state_ = std::make_unique<ProcessState>(num_threads_, max_open_files_, chunk_cache_bytes_);
     pid_ = now;
   }
   return *state_;
@@ -439,6 +459,11 @@ ShardReader::ProcessState& ShardReader::state() {
 size_t ShardReader::open_files() { return state().files->size(); }
 
 void ShardReader::forget(const std::string& path) { state().files->forget(path); }
+
+void ShardReader::set_chunk_cache_bytes(size_t bytes) {
+  chunk_cache_bytes_ = bytes;
+  state().chunks = std::make_shared<ChunkCache>(bytes);  // batches in flight keep the old one
+}
 
 std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,
                                                  std::vector<ReadRequest> requests, uint8_t* dest,
@@ -466,10 +491,11 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
   plan->dest = dest;
   plan_runs(*plan);
   plan_chunks(*plan, num_threads_);
+  plan->arrays = plan_array_rows(*plan->files, plan->requests);
 
-  size_t helpers = std::min(plan->chunks.size(), num_threads_);
-  auto pending =
-      std::make_shared<PendingRead>(pid_, std::move(plan), process.files, std::move(buffer));
+  size_t helpers = std::min(plan->arrays.tasks.size() + plan->chunks.size(), num_threads_);
+  auto pending = std::make_shared<PendingRead>(pid_, std::move(plan), process.files, process.chunks,
+                                               std::move(buffer));
   // A batch outlives its pool if it must: whoever waits on it finishes it.
   const std::atomic<bool>* stop = &process.pool.stopping();
   for (size_t i = 0; i < helpers; ++i) {

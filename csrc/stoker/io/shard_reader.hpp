@@ -18,6 +18,7 @@
 
 #include "stoker/image/image.hpp"
 #include "stoker/io/aligned_buffer.hpp"
+#include "stoker/io/array_layout.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/pinned_ring.hpp"
 #include "stoker/io/thread_pool.hpp"
@@ -31,6 +32,7 @@ enum class Codec : uint8_t {
   kDeflateAsciiInt = 3,  // the same text deflated (a zip's): inflated, then parsed
   kImage = 4,            // a JPEG or PNG, decoded, cropped and resized (ReadRequest::image)
   kDeflateImage = 5,     // the same image deflated (a zip's): inflated, then decoded
+  kArrayRow = 6,         // row `offset` of FileTable::arrays[array] (array_rows.hpp)
 };
 
 // The longest integer text a member may hold, whitespace included.
@@ -40,7 +42,8 @@ constexpr uint64_t kMaxIntText = 64;
 // shared with every batch, so a request is three integers, not a path.
 struct FileTable {
   std::vector<std::string> paths;
-  std::vector<FileIdentity> identities;  // as indexed; empty or one per path
+  std::vector<FileIdentity> identities;                    // as indexed; empty or one per path
+  std::vector<std::shared_ptr<const ArrayLayout>> arrays;  // of array sources' rows
 };
 
 struct ReadRequest {
@@ -58,9 +61,11 @@ struct ReadRequest {
   // kImage, kDeflateImage: what the image becomes, and the seed of its random crop.
   std::shared_ptr<const image::Target> image;
   uint64_t seed = 0;
+  uint32_t array = 0;  // kArrayRow: into FileTable::arrays
 };
 
-struct ReadPlan;  // a batch's requests, sorted and grouped into runs (shard_reader.cpp)
+class ChunkCache;  // decoded chunks of array sources (array_rows.hpp)
+struct ReadPlan;   // a batch's requests, sorted and grouped into runs (shard_reader.cpp)
 
 // One batch in flight. Its work is cut into chunks that pool threads claim
 // one at a time; a thread that waits claims chunks too, so waiting never means
@@ -70,7 +75,7 @@ struct ReadPlan;  // a batch's requests, sorted and grouped into runs (shard_rea
 class PendingRead {
  public:
   PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan, std::shared_ptr<FileCache> files,
-              std::shared_ptr<AlignedBuffer> buffer);
+              std::shared_ptr<ChunkCache> chunks, std::shared_ptr<AlignedBuffer> buffer);
 
   // Helps read and waits, for up to about `timeout_ms` (negative: forever).
   // True when the batch is complete; throws the batch's error if it failed.
@@ -99,6 +104,7 @@ class PendingRead {
   pid_t owner_;
   std::shared_ptr<const ReadPlan> plan_;
   std::shared_ptr<FileCache> files_;
+  std::shared_ptr<ChunkCache> chunks_;
   std::shared_ptr<AlignedBuffer> buffer_;
   std::atomic<size_t> next_chunk_{0};
   std::atomic<size_t> remaining_;
@@ -132,6 +138,10 @@ class ShardReader {
   size_t max_open_files() const { return max_open_files_; }
   size_t open_files();
   void forget(const std::string& path);
+  // Bytes of decoded array chunks kept across batches (0: none kept). Setting it is not
+  // thread-safe against submit() (Python calls both holding the GIL).
+  size_t chunk_cache_bytes() const { return chunk_cache_bytes_; }
+  void set_chunk_cache_bytes(size_t bytes);
 
  private:
   std::shared_ptr<PendingRead> submit_into(std::shared_ptr<const FileTable> files,
@@ -141,8 +151,9 @@ class ShardReader {
   // Everything with threads or locks in it. A forked child gets a new one:
   // the parent's threads do not exist there and may have held its locks.
   struct ProcessState {
-    ProcessState(size_t num_threads, size_t max_open_files);
+    ProcessState(size_t num_threads, size_t max_open_files, size_t chunk_cache_bytes);
     std::shared_ptr<FileCache> files;  // batches in flight share it
+    std::shared_ptr<ChunkCache> chunks;
     std::shared_ptr<PinnedRing> ring;
     ThreadPool pool;
   };
@@ -150,6 +161,7 @@ class ShardReader {
 
   size_t num_threads_;
   size_t max_open_files_;
+  size_t chunk_cache_bytes_;
   pid_t pid_;
   std::unique_ptr<ProcessState> state_;
 };

@@ -85,8 +85,9 @@ ReadRequest request_for(const Members& m, int64_t row, uint64_t dest) {
   r.out_length = m.out[row];
   r.codec = static_cast<Codec>(m.codec[row]);
   r.crc32 = m.crc[row];
+  r.array = m.array[row];
   // Stored bytes are served as they are on disk; inflating touches every byte anyway.
-  r.check_crc = r.codec != Codec::kStored;
+  r.check_crc = r.codec != Codec::kStored && r.codec != Codec::kArrayRow;
   return r;
 }
 
@@ -301,8 +302,9 @@ PreparedBatch BatchPlan::prepare(const int64_t* indices, size_t n, const Members
               static_cast<size_t>(out.decoder) >= m.decoder_row_bytes.size()) {
             bad_member(m, row,
                        name_of(f) +
-                           ": stoker.Npy() reads rows of .npy shards or .npy members, and "
-                           "every sample of a batch must share one dtype and shape");
+                           ": stoker.Row() (or Npy()) reads rows of array sources and .npy "
+                           "shards, or .npy members, and every sample of a batch must share "
+                           "one dtype and shape");
           }
         }
         plan_fixed(f, m.decoder_row_bytes[out.decoder], m.decoder_what[out.decoder], rows, m,

@@ -54,6 +54,7 @@ struct Members {
   const uint8_t* codec = nullptr;
   const uint32_t* crc = nullptr;
   const int32_t* decoder = nullptr;
+  const uint32_t* array = nullptr;
   const int64_t* sample_first = nullptr;
   uint64_t rows = 0;
   uint64_t samples = 0;

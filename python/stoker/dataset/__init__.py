@@ -19,6 +19,7 @@ from typing import Any, overload
 import numpy as np
 
 from stoker import _core
+from stoker.arrays import index_array_source
 from stoker.dataset.files import files_index, read_labels_csv
 from stoker.dataset.holds import ShardHolds
 from stoker.dataset.members import MemberTable, Note
@@ -29,6 +30,8 @@ from stoker.remote import FetchOptions, RemoteShard, RemoteShards, apply_entry, 
 from stoker.sources import Source, resolve
 
 log = logging.getLogger("stoker.dataset")
+
+ARRAY_SOURCES = ("hdf5", "zarr")
 
 __all__ = ["Dataset", "MemberTable", "read_labels_csv"]
 
@@ -48,6 +51,7 @@ class Dataset:
         cache_limit: int | None = None,
         num_threads: int | None = None,
         fetch: FetchOptions | None = None,
+        arrays: Sequence[str] | None = None,
     ) -> None:
         self.source = source
         self.cache_dir = cache_dir
@@ -81,10 +85,18 @@ class Dataset:
         for i in described:
             entry = shards[i][1]
             indexes[i] = {"samples": entry["samples"], "fields": entry.get("fields")}
-        scan = [i for i in local_ids if i not in described]
+        scan = [i for i in local_ids if i not in described and formats[i] not in ARRAY_SOURCES]
         found = _core.index_shards(
             [paths[i] for i in scan], [formats[i] for i in scan], num_threads or 0
         )
+        for i in local_ids:  # HDF5 files and Zarr stores: their layouts, learnt here
+            if formats[i] in ARRAY_SOURCES:
+                scan.append(i)
+                found.append(index_array_source(paths[i], formats[i], arrays))
+        if arrays is not None and not any(f in ARRAY_SOURCES for f in formats):
+            raise UsageError(
+                "arrays= chooses arrays of HDF5 files and Zarr stores; this source has none"
+            )
         for i, index in zip(scan, found):
             indexes[i] = index
             identities[i] = index["identity"]
@@ -171,6 +183,8 @@ class Dataset:
                 field_names += index.get("fields") or ()
             elif index["format"] == "npy":
                 counts.append(int(index["shape"][0]))
+            elif index["format"] == "array":
+                counts.append(int(index["rows"]))
             else:
                 counts.append(len(index["keys"]))
         shard_names = names if member_files is None else [self.source] * len(indexes)

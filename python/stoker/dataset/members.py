@@ -37,6 +37,7 @@ MEMBER_COLUMNS = {
     "field": np.int32,  # index into field_names
     "decoder": np.int32,  # index into decoders (0: bytes as they are)
     "sample": np.int64,  # the sample the member belongs to
+    "array": np.uint32,  # ARRAY_ROW members: index into the table's arrays
 }
 
 
@@ -59,6 +60,7 @@ class MemberTable:
     field: np.ndarray
     decoder: np.ndarray
     sample: np.ndarray
+    array: np.ndarray
 
     def __init__(
         self,
@@ -74,6 +76,8 @@ class MemberTable:
         self.paths = paths
         self.formats = formats  # per shard
         self.identities = identities
+        #: The layouts of array sources' chunked arrays, which ARRAY_ROW members name.
+        self.arrays: list[_core.ArrayLayout] = []
         self.files = _core.FileTable(paths, identities)  # reads check each file is as indexed
         self.shard_start = np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
         n = int(self.shard_start[-1])
@@ -92,6 +96,7 @@ class MemberTable:
         #: Integer columns of the dataset (a CSV's labels): one value per sample.
         self.extras: dict[str, np.ndarray] = {}
         self._shard_keys: list[list[str] | None] = [None] * len(shard_counts)
+        self._group_rows: dict[int, int] = {}  # array sources read by chunk: rows per group
         self._key_array: np.ndarray | None = None
         self._field_tables: dict[str, np.ndarray] = {}
         self._rows = 0
@@ -158,6 +163,25 @@ class MemberTable:
             self._decoder_ids[key] = len(self.decoders)
             self.decoders.append((dtype, row_shape))
         return self._decoder_ids[key]
+
+    def group_sizes(self) -> np.ndarray:
+        """The sampler's groups of consecutive samples: each shard, except that the rows of
+        an array source read by chunk are cut at the chunks of its costliest array, so
+        that a shuffled epoch reads each chunk while its rows are being drawn (a shuffle
+        over a whole file would decode a chunk for nearly every row it serves)."""
+        sizes = np.diff(self.shard_start)
+        cuts = self._group_rows
+        if not cuts:
+            return sizes
+        out = []
+        for shard, size in enumerate(sizes.tolist()):
+            rows = cuts.get(shard)
+            if rows is None or rows >= size:
+                out.append(np.array([size], np.int64))
+            else:
+                whole, rest = divmod(size, rows)
+                out.append(np.array([rows] * whole + ([rest] if rest else []), np.int64))
+        return np.concatenate(out) if out else sizes
 
     def shards_of(self, indices: np.ndarray) -> np.ndarray:
         """The shard of each sample of `indices`."""
@@ -260,6 +284,11 @@ class MemberTable:
             expected = int(self.shard_start[shard + 1]) - first
             if index["format"] == "npy":
                 cols, n, per_sample = _npy_rows(self, index, name)
+            elif index["format"] == "array":
+                cols, n, per_sample = _array_rows(self, index, name)
+                rows = _chunk_rows(index)
+                if rows:
+                    self._group_rows[shard] = rows
             else:
                 cols, n, per_sample = _member_rows_of(self, index)
                 self._shard_keys[shard] = index["keys"]
@@ -296,6 +325,8 @@ class MemberTable:
                 parts[column].append(cols[column])
         if member_files is not None:
             parts["file"] = [member_files]
+        if len(self.arrays) != len(self.files.arrays):
+            self.files = _core.FileTable(self.paths, self.identities, self.arrays)
         added = base - self._rows
         if added:
             self._append({k: np.concatenate(v) for k, v in parts.items()}, added)
@@ -341,7 +372,7 @@ class MemberTable:
             if tuple(self.identities[shard]) != tuple(identity):
                 identities = self.identities.copy()
                 identities[shard] = identity
-                self.files = _core.FileTable(self.paths, identities)
+                self.files = _core.FileTable(self.paths, identities, self.arrays)
                 self.identities = identities
                 self._version += 1
 
@@ -359,7 +390,7 @@ class MemberTable:
             identities = self.identities.copy()
             for s, index in zip(todo, found):
                 identities[s] = index["identity"]
-            self.files = _core.FileTable(self.paths, identities)
+            self.files = _core.FileTable(self.paths, identities, self.arrays)
             self.identities = identities
             self._version += 1
             return notes
@@ -384,8 +415,42 @@ def _npy_rows(table: MemberTable, index: dict, name: str) -> tuple[dict, int, np
         "crc": np.zeros(n, np.uint32),
         "field": np.full(n, table.field_id("npy"), np.int32),
         "decoder": np.full(n, table.decoder_id(index["descr"], row_shape, name), np.int32),
+        "array": np.zeros(n, np.uint32),
     }
     return cols, n, np.ones(n, np.int64)
+
+
+def _array_rows(table: MemberTable, index: dict, name: str) -> tuple[dict, int, np.ndarray]:
+    """The member rows of an array source: per sample, one per field (array), each row
+    read in place or as an ARRAY_ROW of the array's layout (which joins the table's)."""
+    n = int(index["rows"])
+    fields = index["fields"]
+    k = len(fields)
+    cols = {column: np.zeros(n * k, dtype) for column, dtype in MEMBER_COLUMNS.items()}
+    for j, field in enumerate(fields):
+        at = slice(j, n * k, k)  # sample-major: sample i's members are i*k .. i*k+k-1
+        row_bytes = field.row_bytes
+        cols["out"][at] = row_bytes
+        cols["field"][at] = table.field_id(field.name)
+        cols["decoder"][at] = table.decoder_id(field.dtype.str, field.row_shape, name)
+        if field.layout is None:
+            cols["offset"][at] = field.offsets
+            cols["length"][at] = row_bytes
+        else:
+            cols["offset"][at] = np.arange(n, dtype=np.uint64)
+            cols["codec"][at] = int(_core.Codec.ARRAY_ROW)
+            cols["array"][at] = len(table.arrays)
+            table.arrays.append(field.layout)
+    return cols, n, np.full(n, k, np.int64)
+
+
+def _chunk_rows(index: dict) -> int:
+    """Rows per chunk of an array source's costliest array read by chunk (0: none is)."""
+    chunked = [f.layout for f in index["fields"] if f.layout is not None]
+    if not chunked:
+        return 0
+    costliest = max(chunked, key=lambda layout: layout.chunk_bytes)
+    return int(costliest.chunk_shape[0])
 
 
 def _member_rows_of(table: MemberTable, index: dict) -> tuple[dict, int, np.ndarray]:
@@ -401,6 +466,7 @@ def _member_rows_of(table: MemberTable, index: dict) -> tuple[dict, int, np.ndar
         "crc": index["member_crc"],
         "field": lookup[index["member_field"]] if m else np.zeros(0, np.int32),
         "decoder": np.zeros(m, np.int32),
+        "array": np.zeros(m, np.uint32),
     }
     return cols, n, np.diff(index["sample_start"].astype(np.int64))
 

@@ -64,6 +64,7 @@ def submit_members(
         out_lengths=out,
         codecs=codecs if compressed else None,
         crcs=table.crc[rows] if compressed else None,
+        arrays=table.array[rows] if table.arrays else None,
     )
 
 

@@ -18,8 +18,6 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
-import numpy as np
-
 from stoker import cuda
 from stoker.dataset import Dataset
 from stoker.dataset.reads import shared_reader
@@ -125,7 +123,7 @@ class Loader:
         self.pinned_bytes = pinned_bytes or _DEFAULT_PINNED_BYTES
         self._cursor = EpochCursor(
             Order(
-                np.diff(dataset.members.shard_start),
+                dataset.members.group_sizes(),
                 batch_size,
                 shuffle,
                 seed,

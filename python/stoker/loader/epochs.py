@@ -3,6 +3,7 @@ that resumes it exactly (also with another world size)."""
 
 from __future__ import annotations
 
+import zlib
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -25,7 +26,9 @@ def epoch_batches(samples: int, world_size: int, drop_last: bool, batch_size: in
 class Order:
     """What decides a loader's order: a pure function of these and the epoch."""
 
-    shard_sizes: np.ndarray
+    #: The sampler's groups, in sample order: each shard, except that an array source's
+    #: rows are cut into runs of whole chunks (MemberTable.group_sizes).
+    group_sizes: np.ndarray
     batch_size: int
     shuffle: bool
     seed: int
@@ -36,7 +39,13 @@ class Order:
 
     @property
     def samples(self) -> int:
-        return int(self.shard_sizes.sum())
+        return int(self.group_sizes.sum())
+
+    @property
+    def groups_digest(self) -> int:
+        """A fingerprint of the grouping: a state saved under another one would resume
+        into another order."""
+        return zlib.crc32(np.ascontiguousarray(self.group_sizes, np.int64).tobytes())
 
 
 class EpochCursor:
@@ -76,7 +85,7 @@ class EpochCursor:
         if plan is None:
             o, elastic = self.order, self.elastic
             plan = plan_epoch(
-                o.shard_sizes,
+                o.group_sizes,
                 batch_size=o.batch_size,
                 shuffle=o.shuffle,
                 seed=o.seed,
@@ -156,6 +165,7 @@ class EpochCursor:
             "world_size": o.world_size,
             "samples": samples,
             "shuffle_window": o.shuffle_window,
+            "groups": o.groups_digest,
         }
 
     def load_state_dict(self, state: Mapping[str, Any], samples: int) -> None:
@@ -170,6 +180,8 @@ class EpochCursor:
             "samples": samples,
             "shuffle_window": o.shuffle_window,
         }
+        if "groups" in state:  # (states saved before groups were recorded have none)
+            mine["groups"] = o.groups_digest
         for key, value in mine.items():
             if state[key] != value:
                 raise StokerError(

@@ -12,15 +12,16 @@ import numpy as np
 from stoker import _core
 from stoker.dataset import Dataset
 from stoker.errors import ShardFormatError, StokerError, UsageError, located, quoted
-from stoker.fields import Bytes, FieldSpec, Image, Int, Npy, Raw
+from stoker.fields import Bytes, FieldSpec, Image, Int, Npy, Raw, Row
 
 _KINDS = {
     Raw: _core.FieldKind.RAW,
     Int: _core.FieldKind.INT,
     Npy: _core.FieldKind.NPY,
+    Row: _core.FieldKind.NPY,
     Image: _core.FieldKind.IMAGE,
 }
-_DECODERS = (Raw, Int, Npy, Bytes, Image)
+_DECODERS = (Raw, Int, Npy, Row, Bytes, Image)
 _BYTES = _core.FieldKind.BYTES
 
 
@@ -38,7 +39,7 @@ def check_fields_argument(fields: object) -> dict[str, FieldSpec] | None:
         raise UsageError(
             f"fields= maps each field to its decoder, not a {type(fields).__name__} "
             f"({quoted(fields, 80)}): pass a dict such as {{{example}}}, with the decoder "
-            "each field needs: stoker.Raw(shape, dtype), Int(), Npy(), Bytes() or Image()"
+            "each field needs: stoker.Raw(shape, dtype), Int(), Npy(), Row(), Bytes() or Image()"
         )
     wrong = [key for key in fields if not isinstance(key, str)]
     if wrong:

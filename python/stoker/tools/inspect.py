@@ -120,6 +120,7 @@ class ShardReport:
     error: str | None = None
     keys: list[str] | None = None
     key_runs: int = 0  # samples a reader of adjacent members only would see
+    arrays: list[str] | None = None  # an array source: how each of its arrays is stored
 
 
 def manifest_notes(source: str) -> list[str]:
@@ -173,6 +174,8 @@ def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:
     def one(path: str) -> ShardReport:
         try:
             fmt = format_of(path)
+            if fmt in ("hdf5", "zarr"):
+                return _array_report(path, fmt)
             size = os.path.getsize(path)
             found = _core.index_shards([path], [fmt], 1)[0]
         except (StokerError, OSError) as e:
@@ -190,6 +193,41 @@ def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:
 
     with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
         return list(pool.map(one, paths))
+
+
+def _array_report(path: str, fmt: str) -> ShardReport:
+    """An HDF5 file or Zarr store: its rows, and how each array is stored and read."""
+    from stoker.arrays import index_array_source
+
+    found = index_array_source(path, fmt)
+    rows = int(found["rows"])
+    fields, lines = {}, []
+    stored = 0
+    for field in found["fields"]:
+        fields[field.name] = np.full(rows, field.row_bytes, np.int64)
+        layout = field.layout
+        shape = f"{(rows, *field.row_shape)} {field.dtype}"
+        line = f"{field.name}: {shape}, {field.storage}"
+        if layout is None:
+            line += ": rows read in place"
+            stored += rows * field.row_bytes
+        else:
+            stored += layout.stored_bytes
+            chunk_rows = int(layout.chunk_shape[0])
+            decoded = layout.chunk_bytes * layout.chunks_per_row
+            line += (
+                f": {chunk_rows:,} rows per chunk, {layout.chunks_per_row:,} chunk(s) per row; "
+                f"a row alone reads {human(decoded)} of chunks "
+                f"({decoded / max(field.row_bytes, 1):,.0f}x its {human(field.row_bytes)})"
+            )
+            if layout.chunks_per_row > 1:
+                line += (
+                    "; chunks cut across rows: store whole rows per chunk, "
+                    f"chunks=({min(chunk_rows, 64)}, {', '.join(map(str, field.row_shape))})"
+                )
+        lines.append(line)
+    size = os.path.getsize(path) if fmt == "hdf5" else stored
+    return ShardReport(path, fmt, size, rows, fields, arrays=lines)
 
 
 def inspection_notes(reports: list[ShardReport], names: list[str]) -> list[str]:
@@ -276,6 +314,11 @@ def format_inspection(
                 f"{field:<10}  {len(sizes):>9,}  {human(sizes.min()):>9}  "
                 f"{human(sizes.mean()):>9}  {human(sizes.max()):>9}  {human(sizes.sum())}"
             )
+    arrays = [(name, r) for name, r in zip(shown, reports) if r.arrays and r.error is None]
+    if arrays:
+        lines += ["", "arrays (rows are samples; a shuffled Loader draws rows chunk by chunk):"]
+        for name, r in arrays:
+            lines += [f"  {name}:"] + [f"    {line}" for line in r.arrays or ()]
     notes = (manifest or []) + inspection_notes(reports, shown)
     if notes:
         lines += ["", "notes:"] + [f"  {note}" for note in notes]

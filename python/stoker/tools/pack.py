@@ -296,13 +296,14 @@ def write_shard(
                 at_member += len(sample)
                 for field in sorted(sample):
                     value = sample[field]
-                    if is_row:  # a row of a .npy shard: a .npy file of its own
+                    if is_row:  # a row of a .npy shard or array source: a .npy file of its own
                         buffer = io.BytesIO()
                         np.save(buffer, value, allow_pickle=False)
                         data: bytes | memoryview = buffer.getvalue()
                     else:
                         data = memoryview(value)
-                    tar.addfile(*_member(f"{key}.{field}", data))
+                    # An array's path ("meta/labels") is a field name, not a folder.
+                    tar.addfile(*_member(f"{key}.{field.replace('/', '.')}", data))
                 if labels is not None:
                     label = int(labels[int(idx[s])])
                     tar.addfile(*_member(f"{key}.cls", str(label).encode()))

@@ -1,0 +1,73 @@
+// Rows of array sources in a batch (Codec::kArrayRow): grouped by the chunks
+// they lie in, so that each chunk a batch touches is read and decoded once,
+// however many of the batch's rows share it, and each row is then copied out
+// of it (gathered from several chunks where chunks cut across a row).
+#pragma once
+
+#include <cstdint>
+#include <list>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+#include <vector>
+
+#include "stoker/io/file_cache.hpp"
+#include "stoker/io/shard_reader.hpp"
+
+namespace stoker::io {
+
+struct ArrayTask {
+  uint32_t array;  // into FileTable::arrays
+  uint64_t chunk;  // in C order over its grid
+  uint32_t first;  // into ArrayPlan::rows
+  uint32_t count;
+};
+
+struct ArrayPlan {
+  std::vector<ArrayTask> tasks;
+  std::vector<uint32_t> rows;  // request indices, task by task
+};
+
+// Decoded chunks kept across batches, least recently used dropped first: a
+// shuffled epoch draws a chunk's rows over several batches (see the sampler's
+// groups), and each should not decode it again. Per process (a forked child
+// starts its own); entries are never changed, so readers share them unlocked.
+class ChunkCache {
+ public:
+  using Bytes = std::shared_ptr<const std::vector<uint8_t>>;
+  explicit ChunkCache(size_t capacity) : capacity_(capacity) {}
+  Bytes find(uint64_t layout, uint64_t chunk);
+  void put(uint64_t layout, uint64_t chunk, Bytes bytes);
+  size_t capacity() const { return capacity_; }
+
+ private:
+  struct Key {
+    uint64_t layout, chunk;
+    bool operator==(const Key& o) const { return layout == o.layout && chunk == o.chunk; }
+  };
+  struct Hash {
+    size_t operator()(const Key& k) const { return k.layout * 0x9E3779B97F4A7C15ull ^ k.chunk; }
+  };
+  struct Entry {
+    Bytes bytes;
+    std::list<Key>::iterator position;
+  };
+  size_t capacity_;
+  std::mutex mutex_;
+  size_t bytes_ = 0;
+  std::list<Key> lru_;  // front: most recently used
+  std::unordered_map<Key, Entry, Hash> entries_;
+};
+
+// Throws Error unless `r` (a kArrayRow request) names a row of an array of `files`.
+void validate_array_row(const FileTable& files, const ReadRequest& r);
+
+ArrayPlan plan_array_rows(const FileTable& files, const std::vector<ReadRequest>& requests);
+
+// Reads and decodes the task's chunk (or takes the fill value, for a chunk
+// never written) and copies its part of each of the task's rows into `dest`.
+void execute_array_task(const FileTable& files, const std::vector<ReadRequest>& requests,
+                        const ArrayPlan& plan, const ArrayTask& task, uint8_t* dest,
+                        FileCache& cache, ChunkCache& decoded);
+
+}  // namespace stoker::io

@@ -1,0 +1,323 @@
+#include "stoker/io/chunk_codec.hpp"
+
+#include <dlfcn.h>
+
+#include <cstring>
+#include <mutex>
+
+#include "stoker/cuda/symbols.hpp"
+#include "stoker/errors.hpp"
+#include "stoker/io/inflate.hpp"
+
+namespace stoker::io {
+
+namespace {
+
+// -- libraries opened at run time ---------------------------------------------------
+
+struct ZstdApi {
+  void* (*create)() = nullptr;
+  size_t (*free_context)(void*) = nullptr;
+  size_t (*decompress)(void*, void*, size_t, const void*, size_t) = nullptr;
+  unsigned (*is_error)(size_t) = nullptr;
+  const char* (*error_name)(size_t) = nullptr;
+};
+
+struct BloscApi {
+  int (*decompress)(const void*, void*, size_t, int) = nullptr;
+  void (*sizes)(const void*, size_t*, size_t*, size_t*) = nullptr;
+};
+
+struct Libraries {
+  std::mutex mutex;
+  std::vector<std::string> dirs;
+  ZstdApi zstd;
+  BloscApi blosc;
+  bool zstd_ready = false, blosc_ready = false;
+  std::string zstd_error, blosc_error;
+};
+
+Libraries& libraries() {
+  static Libraries* libs = new Libraries;  // never destroyed: pool threads may use it at exit
+  return *libs;
+}
+
+void* open_library(const std::vector<std::string>& names, const std::vector<std::string>& dirs,
+                   std::string& tried) {
+  for (const auto& name : names) {
+    if (void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
+  }
+  for (const auto& dir : dirs) {
+    for (const auto& name : names) {
+      std::string path = dir + "/" + name;
+      if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
+    }
+  }
+  tried = names.front();
+  for (const auto& dir : dirs) tried += ", " + dir + "/" + names.front();
+  return nullptr;
+}
+
+const ZstdApi* zstd_api() {
+  Libraries& libs = libraries();
+  std::lock_guard<std::mutex> lock(libs.mutex);
+  if (!libs.zstd_ready) {
+    std::string tried, missing;
+    void* handle = open_library({"libzstd.so.1", "libzstd.so"}, libs.dirs, tried);
+    if (handle == nullptr) {
+      libs.zstd_error = "the zstd codec needs libzstd, which was not found (tried " + tried +
+                        "): install it (Debian/Ubuntu: apt-get install libzstd1)";
+      return nullptr;
+    }
+    ZstdApi api;
+    cuda::bind(handle, "ZSTD_createDCtx", api.create, missing);
+    cuda::bind(handle, "ZSTD_freeDCtx", api.free_context, missing);
+    cuda::bind(handle, "ZSTD_decompressDCtx", api.decompress, missing);
+    cuda::bind(handle, "ZSTD_isError", api.is_error, missing);
+    cuda::bind(handle, "ZSTD_getErrorName", api.error_name, missing);
+    if (!missing.empty()) {
+      libs.zstd_error = "libzstd has no " + missing + ": it is too old";
+      return nullptr;
+    }
+    libs.zstd = api;
+    libs.zstd_ready = true;
+  }
+  return &libs.zstd;
+}
+
+const BloscApi* blosc_api() {
+  Libraries& libs = libraries();
+  std::lock_guard<std::mutex> lock(libs.mutex);
+  if (!libs.blosc_ready) {
+    std::string tried, missing;
+    void* handle = open_library({"libblosc.so.1", "libblosc.so"}, libs.dirs, tried);
+    if (handle == nullptr) {
+      libs.blosc_error =
+          "the blosc codec needs libblosc (c-blosc 1.x), which was not found (tried " + tried +
+          "): install it (Debian/Ubuntu: apt-get install libblosc1; or pip install blosc, "
+          "whose wheel carries the library)";
+      return nullptr;
+    }
+    BloscApi api;
+    cuda::bind(handle, "blosc_decompress_ctx", api.decompress, missing);
+    cuda::bind(handle, "blosc_cbuffer_sizes", api.sizes, missing);
+    if (!missing.empty()) {
+      libs.blosc_error = "libblosc has no " + missing + ": it is too old (1.x from 1.10 on)";
+      return nullptr;
+    }
+    libs.blosc = api;
+    libs.blosc_ready = true;
+  }
+  return &libs.blosc;
+}
+
+// -- the steps ----------------------------------------------------------------------
+
+// HDF5's Fletcher-32: 16-bit words read big-endian, sums folded every 360 words.
+uint32_t fletcher32_of(const uint8_t* data, uint64_t length) {
+  uint32_t sum1 = 0, sum2 = 0;
+  uint64_t words = length / 2;
+  while (words > 0) {
+    uint64_t block = std::min<uint64_t>(words, 360);
+    words -= block;
+    for (; block > 0; --block, data += 2) {
+      sum1 += (uint32_t(data[0]) << 8) | data[1];
+      sum2 += sum1;
+    }
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  }
+  if (length % 2) {
+    sum1 += uint32_t(*data) << 8;
+    sum2 += sum1;
+    sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+    sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  }
+  sum1 = (sum1 & 0xffff) + (sum1 >> 16);
+  sum2 = (sum2 & 0xffff) + (sum2 >> 16);
+  return (sum2 << 16) | sum1;
+}
+
+uint32_t load_le32(const uint8_t* p) {
+  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
+}
+
+uint32_t byte_reversed(uint32_t v) {
+  return (v >> 24) | ((v >> 8) & 0xff00) | ((v << 8) & 0xff0000) | (v << 24);
+}
+
+// Byte j of element e was stored at j * n + e; bytes past the last whole
+// element were left where they were.
+void unshuffle(const uint8_t* in, uint8_t* out, uint64_t length, uint32_t size) {
+  uint64_t n = length / size;
+  for (uint32_t j = 0; j < size; ++j) {
+    const uint8_t* plane = in + uint64_t(j) * n;
+    for (uint64_t e = 0; e < n; ++e) out[e * size + j] = plane[e];
+  }
+  std::memcpy(out + n * size, in + n * size, length - n * size);
+}
+
+}  // namespace
+
+const char* filter_name(ChunkFilter filter) {
+  switch (filter) {
+    case ChunkFilter::kZlib:
+      return "zlib";
+    case ChunkFilter::kGzip:
+      return "gzip";
+    case ChunkFilter::kZstd:
+      return "zstd";
+    case ChunkFilter::kBlosc:
+      return "blosc";
+    case ChunkFilter::kShuffle:
+      return "shuffle";
+    case ChunkFilter::kFletcher32:
+      return "fletcher32";
+    case ChunkFilter::kCrc32c:
+      return "crc32c";
+  }
+  return "?";
+}
+
+void set_codec_search_dirs(std::vector<std::string> dirs) {
+  Libraries& libs = libraries();
+  std::lock_guard<std::mutex> lock(libs.mutex);
+  libs.dirs = std::move(dirs);
+}
+
+std::string codec_unavailable(ChunkFilter filter) {
+  if (filter == ChunkFilter::kZstd && zstd_api() == nullptr) {
+    std::lock_guard<std::mutex> lock(libraries().mutex);
+    return libraries().zstd_error;
+  }
+  if (filter == ChunkFilter::kBlosc && blosc_api() == nullptr) {
+    std::lock_guard<std::mutex> lock(libraries().mutex);
+    return libraries().blosc_error;
+  }
+  return "";
+}
+
+uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, uint64_t size,
+                      std::vector<uint8_t>& scratch_a, std::vector<uint8_t>& scratch_b,
+                      const std::string& path, uint64_t offset, const std::string& where) {
+  const uint64_t want = layout.chunk_bytes();
+  auto fail = [&](const std::string& what) -> FormatError {
+    return FormatError(path, offset, layout.name + ", chunk " + where + ": " + what);
+  };
+  uint8_t* data = src;
+  uint64_t n = size;
+  // The scratch buffer `data` is not in, with room for `bytes`.
+  auto output = [&](uint64_t bytes) -> uint8_t* {
+    std::vector<uint8_t>& into = data == scratch_a.data() ? scratch_b : scratch_a;
+    if (into.size() < bytes) into.resize(bytes);
+    return into.data();
+  };
+  for (size_t k = layout.steps.size(); k-- > 0;) {
+    if (k < 32 && (mask >> k) & 1) continue;
+    const ChunkStep& step = layout.steps[k];
+    switch (step.filter) {
+      case ChunkFilter::kFletcher32:
+      case ChunkFilter::kCrc32c: {
+        if (n < 4) throw fail("shorter than its 4-byte " + std::string(filter_name(step.filter)));
+        n -= 4;
+        uint32_t stored = load_le32(data + n);
+        if (step.filter == ChunkFilter::kCrc32c) {
+          uint32_t got = crc32c_of(data, n);
+          if (got != stored) throw fail("CRC-32C mismatch: the chunk is corrupt");
+        } else {
+          uint32_t got = fletcher32_of(data, n);
+          // HDF5 before 1.6.3 wrote the sum with its bytes reversed; both are accepted.
+          if (got != stored && byte_reversed(got) != stored) {
+            throw fail("Fletcher-32 checksum mismatch: the chunk is corrupt");
+          }
+        }
+        break;
+      }
+      case ChunkFilter::kZlib:
+      case ChunkFilter::kGzip: {
+        uint8_t* out = output(want);
+        try {
+          inflate_exact(data, n, out, want, path, offset,
+                        step.filter == ChunkFilter::kZlib ? Wrapper::kZlib : Wrapper::kGzip);
+        } catch (const FormatError& e) {
+          throw fail(e.detail());
+        }
+        data = out;
+        n = want;
+        break;
+      }
+      case ChunkFilter::kZstd: {
+        const ZstdApi* api = zstd_api();
+        if (api == nullptr) throw fail(codec_unavailable(ChunkFilter::kZstd));
+        struct Context {  // one per thread, freed with it
+          const ZstdApi* api = nullptr;
+          void* dctx = nullptr;
+          ~Context() {
+            if (dctx) api->free_context(dctx);
+          }
+        };
+        thread_local Context context;
+        if (context.dctx == nullptr) {
+          context.api = api;
+          context.dctx = api->create();
+          if (context.dctx == nullptr) throw Error("zstd: cannot create a decompression context");
+        }
+        // One byte more than expected: a frame that fills it decodes past the chunk.
+        uint8_t* out = output(want + 1);
+        size_t got = api->decompress(context.dctx, out, want + 1, data, n);
+        if (api->is_error(got)) {
+          throw fail(std::string("corrupt zstd data: ") + api->error_name(got));
+        }
+        if (got != want) {
+          throw fail("zstd data decodes to " + std::to_string(got) + " bytes, but " +
+                     std::to_string(want) + " were expected");
+        }
+        data = out;
+        n = want;
+        break;
+      }
+      case ChunkFilter::kBlosc: {
+        const BloscApi* api = blosc_api();
+        if (api == nullptr) throw fail(codec_unavailable(ChunkFilter::kBlosc));
+        if (n < 16) throw fail("a blosc buffer shorter than its 16-byte header");
+        size_t nbytes = 0, cbytes = 0, blocksize = 0;
+        api->sizes(data, &nbytes, &cbytes, &blocksize);
+        if (cbytes > n || cbytes < 16) {
+          throw fail("the blosc header says " + std::to_string(cbytes) +
+                     " compressed bytes, but the chunk holds " + std::to_string(n));
+        }
+        if (nbytes != want) {
+          throw fail("the blosc header says " + std::to_string(nbytes) + " bytes, but " +
+                     std::to_string(want) + " were expected");
+        }
+        uint8_t* out = output(want);
+        int got = api->decompress(data, out, want, 1);
+        if (got < 0 || uint64_t(got) != want) throw fail("corrupt blosc data");
+        data = out;
+        n = want;
+        break;
+      }
+      case ChunkFilter::kShuffle: {
+        if (step.param > 1 && n / step.param > 1) {
+          uint8_t* out = output(n);
+          unshuffle(data, out, n, step.param);
+          data = out;
+        }
+        break;
+      }
+    }
+  }
+  if (n != want) {
+    throw fail("holds " + std::to_string(n) + " bytes where a chunk of " + std::to_string(want) +
+               " was expected");
+  }
+  if (layout.byteswap && layout.itemsize > 1) {
+    const uint32_t s = layout.itemsize;
+    for (uint64_t at = 0; at + s <= n; at += s) {
+      for (uint32_t j = 0; j < s / 2; ++j) std::swap(data[at + j], data[at + s - 1 - j]);
+    }
+  }
+  return data;
+}
+
+}  // namespace stoker::io
