@@ -14,11 +14,12 @@ from stoker._core import (
     StokerError,
 )
 from stoker._core import __version__ as __version__
+from stoker.arrays.nifti import nifti_header
 from stoker.cuda import FallbackWarning, cuda_status
 from stoker.dataset import Dataset
 from stoker.errors import UsageError
 from stoker.fields import Bytes, Image, Int, Npy, Raw, Row
-from stoker.gds import GDSCache, load_npy, read_into
+from stoker.gds import GDSCache, load_array, load_npy, read_into
 from stoker.loader import Loader
 from stoker.remote import FetchOptions
 
@@ -47,6 +48,8 @@ __all__ = [
     "StokerError",
     "UsageError",
     "cuda_status",
+    "load_array",
     "load_npy",
+    "nifti_header",
     "read_into",
 ]

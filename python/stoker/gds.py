@@ -1,10 +1,13 @@
-"""Large arrays straight into device memory: ``load_npy``, ``read_into`` and ``GDSCache``.
+"""Large arrays straight into device memory: ``load_npy``, ``load_array`` (.npy and NIfTI
+volumes), ``read_into`` and ``GDSCache``.
 
 With GPUDirect Storage (cuFile with nvidia-fs or PCI P2PDMA, on a file system it supports)
 the bytes go from disk to the GPU without a host copy. Anywhere else they take the bounce
 path: parallel ``pread``s into pinned ring slots, each slot copied to the device
-asynchronously while the next ones are read. Whatever the path, the bytes are exact; a
-fallback from the path asked for is reported once, with its reason, as a FallbackWarning.
+asynchronously while the next ones are read. A gzipped volume (.nii.gz) is inflated by the
+C++ core into the same slots, one after another, each copied while the next is inflated.
+Whatever the path, the bytes are exact; a fallback from the path asked for is reported
+once, with its reason, as a FallbackWarning.
 """
 
 from __future__ import annotations
@@ -13,14 +16,23 @@ import os
 import re
 import threading
 from collections import OrderedDict, deque
+from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
 from stoker import _core, cuda
 from stoker._process import per_process
+from stoker.arrays import nifti
 from stoker.dataset.reads import shared_reader
-from stoker.errors import CuFileError, ReadError, ShardFormatError, StokerError, located
+from stoker.errors import (
+    CuFileError,
+    ReadError,
+    ShardFormatError,
+    StokerError,
+    UsageError,
+    located,
+)
 from stoker.manifest import write_atomically
 
 PAGE = 4096  # GPUDirect reads whole 4 KiB pages at page-aligned device addresses
@@ -29,9 +41,12 @@ _BOUNCE_DEPTH = 4  # slots in flight: being read, and being copied
 _READ_PIECE = 4 << 20  # one pread's share of a chunk, so threads split it
 
 
-def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
-    """dtype, shape, data offset and data bytes of the .npy at `path`, checked against its
-    size (by the one .npy header reader, in C++)."""
+def _array_layout(
+    path: str, *, fortran_ok: bool = False
+) -> tuple[np.dtype, tuple[int, ...], int, int, bool]:
+    """dtype, shape, data offset, data bytes and whether it is Fortran-ordered (with more
+    than one axis longer than 1: only when `fortran_ok`) of the .npy at `path`, checked
+    against its size (by the one .npy header reader, in C++)."""
     try:
         header = _core.npy_header(path)
     except ShardFormatError as e:
@@ -39,7 +54,8 @@ def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
         offset = getattr(e, "offset", 0)
         raise located(ShardFormatError, path, offset, f"not a .npy file: {why}") from e
     dtype, shape = np.dtype(header["descr"]), tuple(header["shape"])
-    if header["fortran_order"] and sum(d > 1 for d in shape) > 1:
+    fortran = bool(header["fortran_order"]) and sum(d > 1 for d in shape) > 1
+    if fortran and not fortran_ok:
         raise located(
             ShardFormatError,
             path,
@@ -54,7 +70,7 @@ def _array_layout(path: str) -> tuple[np.dtype, tuple[int, ...], int, int]:
             f"a .npy of byte-swapped {dtype} has no torch "
             "type; save a.astype(a.dtype.newbyteorder('='))",
         )
-    return dtype, shape, int(header["data_offset"]), int(header["data_bytes"])
+    return dtype, shape, int(header["data_offset"]), int(header["data_bytes"]), fortran
 
 
 def _torch_dtype(dtype: np.dtype, path: str) -> Any:
@@ -68,7 +84,65 @@ def _torch_dtype(dtype: np.dtype, path: str) -> Any:
 def load_npy(path: str | os.PathLike[str], device: Any = "cuda") -> Any:
     """The whole .npy at `path` as a tensor on `device` ("cpu", "cuda", "cuda:N")."""
     path = os.fspath(path)
-    dtype, shape, offset, nbytes = _array_layout(path)
+    dtype, shape, offset, nbytes, _ = _array_layout(path)
+    return _load(path, dtype, shape, offset, nbytes, device)
+
+
+def load_array(path: str | os.PathLike[str], device: Any = "cuda", *, scale: bool = False) -> Any:
+    """The whole array in the file at `path` as a tensor on `device` ("cpu", "cuda",
+    "cuda:N"), by the file's name: a ``.npy`` (as ``load_npy``), or a NIfTI-1/NIfTI-2
+    volume, ``.nii`` or gzipped ``.nii.gz``.
+
+    A ``.nii`` takes load_npy's paths (cuFile straight into device memory where it can, the
+    pinned bounce ring otherwise). A ``.nii.gz`` has no random access: the C++ core
+    inflates it from its start, into the tensor's memory on the CPU, or into pinned slots
+    each copied to the device while the next is inflated.
+
+    A NIfTI volume comes back indexed ``[x, y, z, ...]`` as nibabel indexes it, with the
+    values ``img.dataobj.get_unscaled()`` holds: as the file stores the first index fastest,
+    that is a view with reversed axes over the stored bytes, not contiguous; call
+    ``.contiguous()`` where a contiguous tensor is needed. RGB24 and RGBA32 voxels get a
+    last axis of 3 or 4 uint8 components. A big-endian file's values are byte-swapped
+    after the read (on the device for device="cuda"), so the tensor is in native order.
+
+    scale=True applies the header's scl_slope and scl_inter (``value * slope + inter``, as
+    nibabel's ``get_fdata``, when slope is neither 0 nor NaN) and returns float32 on the
+    same device; without scaling factors the values are only converted to float32. A .npy
+    has none: scale=True gives its values as float32.
+
+    ``stoker.nifti_header(path)`` tells a volume's type, shape and offsets without reading
+    it."""
+    path = os.fspath(path)
+    name = path.lower()
+    if name.endswith(".npy"):
+        out = load_npy(path, device)
+        return out.to(cuda.require_torch().float32) if scale else out
+    if name.endswith(nifti.PAIR_DATA_SUFFIXES):
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            "the voxel file of a .hdr/.img pair; load_array reads single-file NIfTI "
+            "(.nii, .nii.gz): save the volume as one .nii",
+        )
+    if not name.endswith(nifti.NIFTI_SUFFIXES):
+        raise UsageError(f"load_array reads .npy, .nii and .nii.gz files; {path} is none of them")
+    header, stream = nifti.open_header(path)
+    if scale:
+        nifti.scale_factors(header)  # a volume that cannot be scaled is refused before it is read
+    dtype, shape = header.dtype, header.stored_shape
+    if stream is None:
+        out = _load(path, dtype, shape, header.offset, header.nbytes, device)
+    else:
+        out = _inflate(stream, header, device)
+    return nifti.finish(out, header, scale=scale)
+
+
+def _load(
+    path: str, dtype: np.dtype, shape: tuple[int, ...], offset: int, nbytes: int, device: Any
+) -> Any:
+    """The C-order array of `dtype` and `shape` stored at `offset` of `path` (`nbytes`
+    bytes), as a tensor on `device`: load_npy's body, and a .nii's."""
     torch = cuda.require_torch()
     index = cuda.device_index(device)
     tdtype = _torch_dtype(dtype, path)
@@ -87,6 +161,31 @@ def load_npy(path: str | os.PathLike[str], device: Any = "cuda") -> Any:
     skew = (offset - address) % PAGE if offset % dtype.itemsize == 0 else 0
     _read_device(address + skew, nbytes, path, offset, index, users=False)
     return mem.view(buffer, skew, nbytes, tdtype, shape)
+
+
+def _inflate(stream: Any, header: nifti.NiftiHeader, device: Any) -> Any:
+    """The voxels of a gzipped NIfTI volume (`stream`, just after its header) as the C-order
+    tensor of header.stored_shape on `device`, inflated with no intermediate copy: into the
+    tensor's memory on the CPU, else into the pinned bounce slots, copied to the device."""
+    torch = cuda.require_torch()
+    index = cuda.device_index(device)
+    tdtype = _torch_dtype(header.dtype, header.path)
+    shape, nbytes = header.stored_shape, header.nbytes
+    if index is None:
+        stream.skip(header.offset - stream.produced)
+        out = torch.empty(shape, dtype=tdtype)
+        if nbytes:
+            stream.read_into(out.reshape(-1).view(torch.uint8).numpy())
+        stream.finish()  # every member's CRC-32 and length, the last one's too
+        return out
+    cuda.require_cuda(index)
+    stream.skip(header.offset - stream.produced)
+    mem = cuda.memory()
+    buffer, address = mem.empty(nbytes, index, cuda.copy_stream(index).handle)
+    mem.hand_over(buffer, index)
+    _inflate_to_device(stream, address, nbytes, index)
+    stream.finish()
+    return mem.view(buffer, 0, nbytes, tdtype, shape)
 
 
 def read_into(tensor: Any, path: str | os.PathLike[str], offset: int = 0) -> Any:
@@ -184,6 +283,21 @@ def _bounce(address: int, nbytes: int, path: str, offset: int, device: int) -> N
         finally:
             for _, pending in reading:  # after an error: stop what was not copied
                 pending.cancel()
+
+
+def _inflate_to_device(stream: Any, address: int, nbytes: int, device: int) -> None:
+    """The next `nbytes` of a GzipFile to device bytes [address, address + nbytes): each
+    pinned slot inflated on this thread (GIL released), then copied asynchronously while
+    the next one is inflated. A slot goes back to the ring once its copy has completed."""
+    ring, one_at_a_time = _bounce_ring(device)
+    copies = cuda.copy_stream(device)
+    consumer = cuda.memory().consumer_stream(device)
+    with one_at_a_time:
+        for start in range(0, nbytes, _BOUNCE_CHUNK):
+            slot = ring.acquire(min(_BOUNCE_CHUNK, nbytes - start))
+            stream.read_into(slot)
+            copies.copy(slot, address + start, consumer)
+            del slot  # the copy holds it until it has completed
 
 
 def _cufile(address: int, nbytes: int, path: str, offset: int, device: int) -> None:
@@ -388,7 +502,9 @@ _KEY = re.compile(r"[A-Za-z0-9_.=+-][A-Za-z0-9_.=+ -]*")
 class GDSCache:
     """Arrays kept between epochs as .npy files whose data starts on a 4 KiB boundary, so
     that ``get`` reads them with GPUDirect where it can (``numpy.load`` reads them too).
-    For preprocessed volumes (CT, MRI) that are costly to make and large to move."""
+    For preprocessed volumes (CT, MRI) that are costly to make and large to move, and for
+    gzipped NIfTI volumes, inflated once by ``put(key, "scan.nii.gz")`` and then read by
+    every epoch's ``get`` straight into device memory."""
 
     def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
         self.cache_dir = os.fspath(cache_dir)
@@ -405,24 +521,116 @@ class GDSCache:
     def __contains__(self, key: str) -> bool:
         return os.path.exists(self.path(key))
 
-    def put(self, key: str, tensor: Any) -> str:
-        """Store `tensor` (any device) under `key`, atomically: a reader sees the old file
-        or the whole new one. Returns the file's path."""
+    def put(self, key: str, source: Any) -> str:
+        """Store `source` under `key`, atomically: a reader sees the old file or the whole
+        new one. Returns the file's path.
+
+        `source` is a tensor (any device) or numpy array, stored C-contiguous; or the path
+        of a .npy, .nii or .nii.gz file, whose array is streamed into the cache file in
+        bounded pieces (a .nii.gz inflated by the C++ core), never whole in memory.
+
+        A NIfTI volume is stored as ``load_array(source)`` returns it: shape ``(x, y, z,
+        ...)``, its stored values (unscaled: for scaled values put
+        ``load_array(source, "cpu", scale=True)``) in native byte order. Its voxels keep the
+        file's order, first index fastest: the cache file is a Fortran-ordered .npy, which
+        ``numpy.load`` reads as nibabel's ``img.dataobj.get_unscaled()``, and ``get`` returns,
+        as load_array does, a view with reversed axes over contiguous memory: indexed
+        [x, y, z, ...] as nibabel (and MONAI's readers, which use it) index volumes, at no
+        cost in the read. RGB24/RGBA32 volumes, whose components cannot be kept in that
+        order, are read whole and stored C-contiguous, (x, y, z, 3)."""
         path = self.path(key)
-        array = _host_array(tensor)
-        header = _aligned_npy_header(array.dtype, array.shape)
+        if isinstance(source, (str, os.PathLike)):
+            parts = _file_parts(os.fspath(source))
+        else:
+            parts = _array_parts(_host_array(source))
         try:
-            write_atomically(path, [header, memoryview(array.reshape(-1).view(np.uint8))])
+            write_atomically(path, parts)
+        except StokerError:
+            raise  # reading the source failed: it names the source
         except OSError as e:
             raise located(ReadError, path, 0, f"cannot write the cache file: {e}") from e
         return path
 
     def get(self, key: str, device: Any = "cuda") -> Any:
-        """The tensor stored under `key`, on `device`; KeyError when there is none."""
+        """The tensor stored under `key`, on `device`; KeyError when there is none. What
+        ``put`` stored from a NIfTI volume comes back as load_array gives it: the (x, y,
+        z, ...) view over the stored bytes (``.contiguous()`` for a contiguous copy)."""
         path = self.path(key)
         if not os.path.exists(path):
             raise KeyError(key)
-        return load_npy(path, device)
+        dtype, shape, offset, nbytes, fortran = _array_layout(path, fortran_ok=True)
+        if not fortran:
+            return _load(path, dtype, shape, offset, nbytes, device)
+        out = _load(path, dtype, shape[::-1], offset, nbytes, device)
+        return out.permute(tuple(reversed(range(len(shape)))))
+
+
+def _array_parts(array: np.ndarray) -> list[Any]:
+    """A cache file's parts for a C-contiguous array."""
+    return [
+        _aligned_npy_header(array.dtype, array.shape),
+        memoryview(array.reshape(-1).view(np.uint8)),
+    ]
+
+
+def _file_parts(source: str) -> Iterable[Any]:
+    """A cache file's parts for the array in the .npy, .nii or .nii.gz file `source`: its
+    header is read now (so a bad source fails before a cache file is begun), its data
+    read in bounded pieces as they are written."""
+    name = source.lower()
+    if name.endswith(".npy"):
+        dtype, shape, offset, nbytes, _ = _array_layout(source)
+        header = _aligned_npy_header(dtype, shape)
+        return _chain(header, _pieces_of_file(source, offset, nbytes, dtype.itemsize), 0)
+    if not name.endswith(nifti.NIFTI_SUFFIXES):
+        raise UsageError(
+            f"GDSCache.put takes a tensor, an array, or the path of a .npy, .nii or .nii.gz "
+            f"file; {source} is none of them"
+        )
+    volume, stream = nifti.open_header(source)
+    if volume.components > 1:
+        return _array_parts(_host_array(load_array(source, "cpu").contiguous()))
+    header = _aligned_npy_header(volume.dtype, volume.dims, fortran_order=True)
+    size = volume.dtype.itemsize
+    if stream is None:
+        pieces = _pieces_of_file(source, volume.offset, volume.nbytes, size)
+    else:
+        pieces = _pieces_of_stream(stream, volume.offset, volume.nbytes, size)
+    return _chain(header, pieces, volume.swap_unit)
+
+
+def _chain(header: bytes, pieces: Iterator[np.ndarray], swap_unit: int) -> Iterator[Any]:
+    yield header
+    for piece in pieces:
+        if swap_unit:  # a big-endian volume is stored in native order
+            piece.view(f"u{swap_unit}").byteswap(inplace=True)
+        yield memoryview(piece)
+
+
+def _piece_buffer(nbytes: int, itemsize: int) -> np.ndarray:
+    """One reusable buffer for a copy in pieces: whole items, _BOUNCE_CHUNK or less (each
+    piece is written before the next is read into it)."""
+    piece = max(itemsize, _BOUNCE_CHUNK // itemsize * itemsize)
+    return np.empty(max(1, min(piece, nbytes)), np.uint8)
+
+
+def _pieces_of_file(path: str, offset: int, nbytes: int, itemsize: int) -> Iterator[np.ndarray]:
+    buffer = _piece_buffer(nbytes, itemsize)
+    files = _core.FileTable([path])
+    for start in range(0, nbytes, len(buffer)):
+        piece = buffer[: min(len(buffer), nbytes - start)]
+        _read_pieces(piece, files, offset + start).wait()
+        yield piece
+
+
+def _pieces_of_stream(stream: Any, offset: int, nbytes: int, itemsize: int) -> Iterator[np.ndarray]:
+    stream.skip(offset - stream.produced)
+    buffer = _piece_buffer(nbytes, itemsize)
+    for start in range(0, nbytes, len(buffer)):
+        piece = buffer[: min(len(buffer), nbytes - start)]
+        stream.read_into(piece)
+        yield piece
+    stream.finish()  # before the cache file is published: a bad checksum leaves none
 
 
 def _host_array(tensor: Any) -> np.ndarray:
@@ -438,12 +646,14 @@ def _host_array(tensor: Any) -> np.ndarray:
         raise StokerError(f"GDSCache: numpy has no type for {t.dtype} ({e})") from e
 
 
-def _aligned_npy_header(dtype: np.dtype, shape: tuple[int, ...]) -> bytes:
+def _aligned_npy_header(
+    dtype: np.dtype, shape: tuple[int, ...], *, fortran_order: bool = False
+) -> bytes:
     """A version 1.0 .npy header padded with spaces so the data starts at a page boundary."""
     text = repr(
         {
             "descr": np.lib.format.dtype_to_descr(dtype),
-            "fortran_order": False,
+            "fortran_order": fortran_order,
             "shape": tuple(int(d) for d in shape),
         }
     )
