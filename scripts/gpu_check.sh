@@ -9,14 +9,16 @@
 # `pip install --no-build-isolation --no-deps .` with the scikit-build-core, pybind11, cmake
 # and ninja already there (a missing one is named and `pip install`ed on its own, from .whl/
 # when that folder exists); the torch already there is used and never installed; pytest and
-# numpy are installed only if missing; optional packages (kvikio) are skipped with a line.
+# numpy are installed only if missing; optional packages (kvikio, nibabel) are skipped with a
+# line.
 # Missing C headers the build needs (zlib.h, Python.h) stop it up front with a clear line.
 #
 # Time: the whole run stays under 8 minutes ($budget below). Each step has a time limit,
 # and the steps after it are promised their share, which no earlier step can eat into: the
-# build gets at most 150 s, tests/gpu 130 s or more, each benchmark 90 s or more (they stop
-# themselves inside it and print tables from what finished), the stand-in tests (CPU
-# logic, which CI runs anyway) whatever is left. A failing step does not stop the others.
+# build gets at most 150 s, tests/gpu 120 s or more, h2d.py 80 s or more, gds.py (the .npy
+# and the NIfTI volumes) 110 s or more (the benchmarks stop themselves inside it and print
+# tables from what finished), the stand-in tests (CPU logic, which CI runs anyway) whatever
+# is left. A failing step does not stop the others.
 # Exit status: 0 when the build and every test passed on a usable GPU, 1 otherwise (the
 # benchmarks' numbers do not change it).
 #
@@ -36,7 +38,7 @@ export CUFILE_LOGFILE_PATH=/tmp/cufile.log
 rm -f "$CUFILE_LOGFILE_PATH"
 budget=${GPU_CHECK_SECONDS:-470} # the whole run, in seconds: under 8 minutes
 # Seconds promised to the steps that come later, whatever the earlier ones take.
-share_status=10 share_tests_gpu=130 share_h2d=90 share_gds=90
+share_status=10 share_tests_gpu=120 share_h2d=80 share_gds=110
 build_max=150
 bench_dir=bench-data/gds # benchmarks/gds.py's default --dir
 start=$SECONDS
@@ -235,6 +237,13 @@ else
   echo "kvikio: not installed: benchmarks/gds.py skips its row (optional)"
   row "kvikio" "not installed: skipped (optional)"
 fi
+if have_module nibabel; then
+  echo "nibabel: installed (benchmarks/gds.py includes its NIfTI baselines)"
+  row "nibabel" "installed"
+else
+  echo "nibabel: not installed: benchmarks/gds.py skips its NIfTI baselines (optional)"
+  row "nibabel" "not installed: NIfTI baselines skipped (optional)"
+fi
 
 # ---- status -----------------------------------------------------------------------------
 mode="not run (no build)"
@@ -321,14 +330,18 @@ if [ "$build_ok" = 1 ]; then
     row "h2d: stoker / ceiling ($config)" "${result:-$(outcome); see h2d.txt}"
   done
 
-  bench_step gds.py gds.txt 120 0 --timeout 50
+  bench_step gds.py gds.txt 150 0 --timeout 50
   line=$(grep -E '^headline \(cold' "$out/gds.txt" | tail -1)
   skip=$(grep -E '^gds: skipped' "$out/gds.txt" | tail -1)
   result="${line#headline (cold, np.save file): }${skip}"
   row "gds: cold, np.save file" "${result:-$(outcome); see gds.txt}"
+  line=$(grep -E '^headline NIfTI' "$out/gds.txt" | tail -1)
+  result="${line#headline NIfTI (cold .nii, warm .nii.gz): }${skip}"
+  row "gds: NIfTI, cold .nii and warm .nii.gz" "${result:-$(outcome); see gds.txt}"
 else
   row "h2d: stoker / ceiling (large)" "not run (no build)"
   row "gds: cold, np.save file" "not run (no build)"
+  row "gds: NIfTI, cold .nii and warm .nii.gz" "not run (no build)"
 fi
 
 # ---- the stand-in tests: CPU logic that CI runs too, so they come last ------------------------
