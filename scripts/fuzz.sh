@@ -2,8 +2,9 @@
 # Builds the libFuzzer target (tests/fuzz, clang with AddressSanitizer and
 # UndefinedBehaviorSanitizer) and fuzzes the tar, zip and npy parsers and the
 # reader on what they index, the member index sidecars, the JPEG and PNG
-# decoders behind stoker.Image(), and the chunk decoders and row gathering of
-# array sources (HDF5, Zarr), for SECONDS each (default 60).
+# decoders behind stoker.Image(), the chunk decoders and row gathering of array
+# sources (HDF5, Zarr), and gzip streams as NIfTI volumes are read, for SECONDS
+# each (default 60).
 #
 #   scripts/fuzz.sh [SECONDS]
 #
@@ -81,7 +82,7 @@ artifacts="$build/artifacts"
 mkdir -p "$artifacts"
 status=0
 found=()
-for format in tar zip npy idx image chunk; do
+for format in tar zip npy idx image chunk gzip; do
   case $format in
     tar) byte='\x00' ;;
     zip) byte='\x01' ;;
@@ -89,6 +90,7 @@ for format in tar zip npy idx image chunk; do
     idx) byte='\x03' ;;  # member index sidecars (seeds: tests/data/index-seeds)
     image) byte='\x04' ;;  # JPEG and PNG members for Image() (seeds: tests/data/image-seeds)
     chunk) byte='\x05' ;;  # array sources' chunks (seeds: tests/data/chunk-seeds)
+    gzip) byte='\x06' ;;   # gzip streams as .nii.gz volumes are read (seeds: tests/data/gzip-seeds)
   esac
   corpus="$build/corpus-$format"
   mkdir -p "$corpus"
@@ -96,6 +98,7 @@ for format in tar zip npy idx image chunk; do
     tests/data/index-seeds/*."$format")
   [[ $format == image ]] && seeds=(tests/data/image-seeds/*)
   [[ $format == chunk ]] && seeds=(tests/data/chunk-seeds/*)
+  [[ $format == gzip ]] && seeds=(tests/data/gzip-seeds/*)
   for file in "${seeds[@]}"; do
     [[ -e $file ]] || continue
     name="seed-$(basename "$(dirname "$file")")-$(basename "$file")"

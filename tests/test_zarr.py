@@ -361,3 +361,29 @@ def test_unreadable_metadata(tmp_path):
         )
     with pytest.raises(stoker.ShardFormatError, match="does not fit"):
         stoker.Dataset(path)
+
+
+def test_a_codec_without_its_library_says_what_to_install(tmp_path):
+    """Where libblosc cannot be found, a blosc chunk is an error saying how to get it."""
+    import ctypes.util
+    import subprocess
+    import sys
+
+    if ctypes.util.find_library("blosc"):
+        pytest.skip("libblosc is on the system's library path")
+    path = _write_v3(
+        tmp_path / "b.zarr", {"x": np.arange(40, dtype="<i4")}, V3["blosc lz4 shuffle"]
+    )
+    script = (
+        "import stoker\n"
+        "from stoker import _core\n"
+        "_core.set_codec_search_dirs([])  # not where the blosc wheel put it\n"
+        "try:\n"
+        f"    stoker.Dataset({path!r}).get_batch([0])\n"
+        "except stoker.ShardFormatError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr
+    assert "needs libblosc" in out.stdout and "pip install blosc" in out.stdout
+    assert os.path.join(path, "x") in out.stdout

@@ -10,6 +10,7 @@ index-seeds/  each tar and zip seed's member index (NAME.idx), the fuzz target's
 chunk-seeds/  array sources' chunks as the fuzz target's sixth format reads them (a layout
             header, then each chunk as a 2-byte length and its bytes), unfiltered and
             through each filter stoker decodes (needs numcodecs, and stoker for CRC-32C).
+gzip-seeds/  gzip files as .nii.gz volumes are (one member, several, trailing zeros).
 malformed/  shards that are wrong in one way each, named for what is wrong: every one must
             be refused with stoker.ShardFormatError, when the Dataset opens it or when its
             samples are read (tests/test_malformed.py). Inputs the fuzzer found are saved
@@ -36,6 +37,7 @@ SEEDS = HERE / "seeds"
 INDEX_SEEDS = HERE / "index-seeds"
 MALFORMED = HERE / "malformed"
 CHUNK_SEEDS = HERE / "chunk-seeds"
+GZIP_SEEDS = HERE / "gzip-seeds"
 MTIME = 1_700_000_000
 DATE = (2024, 1, 1, 0, 0, 0)
 LIMIT = 64 * 1024  # every file stays tiny
@@ -542,6 +544,20 @@ def chunk_seeds() -> dict[str, bytes]:
     }
 
 
+def gzip_seeds() -> dict[str, bytes]:
+    """Gzip streams for the fuzz target's gzip format (fixed times: the bytes are fixed)."""
+    import gzip
+
+    data = bytes(range(256)) * 40 + b"\x00" * 3000
+    return {
+        "one-member.gz": gzip.compress(data, 6, mtime=0),
+        "two-members.gz": gzip.compress(data[:5000], 1, mtime=0)
+        + gzip.compress(data[5000:], 9, mtime=0),
+        "trailing-zeros.gz": gzip.compress(data[:100], 6, mtime=0) + bytes(16),
+        "empty.gz": gzip.compress(b"", 6, mtime=0),
+    }
+
+
 def write(folder: Path, files: dict[str, bytes]) -> None:
     """Writes `files`; other files in `folder` (a fuzzer's reproducer saved there by
     hand) are left alone."""
@@ -573,7 +589,8 @@ def main() -> None:
     write_index_seeds()
     write(MALFORMED, {**tar_malformed(), **zip_malformed(), **npy_malformed()})
     write(CHUNK_SEEDS, chunk_seeds())
-    for folder in (SEEDS, INDEX_SEEDS, MALFORMED, CHUNK_SEEDS):
+    write(GZIP_SEEDS, gzip_seeds())
+    for folder in (SEEDS, INDEX_SEEDS, MALFORMED, CHUNK_SEEDS, GZIP_SEEDS):
         files = sorted(folder.iterdir())
         total = sum(f.stat().st_size for f in files)
         print(f"{folder.relative_to(HERE.parent.parent)}: {len(files)} files, {total} bytes")

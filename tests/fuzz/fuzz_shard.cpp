@@ -1,9 +1,10 @@
 // libFuzzer target for the shard parsers and the reader on what they index.
 //
-// Input: one byte that picks the format (byte % 6: 0 tar, 1 zip, 2 npy, 3 a
-// member index sidecar, 4 an image, 5 array chunks), then the shard's (or the
-// sidecar's, or the image's) bytes. An image is decoded as Image fields decode
-// it, directly and through the reader with blank_on_error. Array chunks are an
+// Input: one byte that picks the format (byte % 7: 0 tar, 1 zip, 2 npy, 3 a
+// member index sidecar, 4 an image, 5 array chunks, 6 a gzip file), then the
+// shard's (or the sidecar's, or the image's) bytes. A gzip file (a .nii.gz) is
+// read as a stream in uneven pieces, then finished (every trailer checked). An image is decoded as
+// Image fields decode it, directly and through the reader with blank_on_error. Array chunks are an
 // array source's layout and its chunks (fuzz_chunks): every row is read through
 // the reader, and rows of chunks stored as they are used must equal a plain
 // recomputation of where each element lies. A sidecar
@@ -39,6 +40,7 @@
 #include "stoker/format/window_reader.hpp"
 #include "stoker/image/image.hpp"
 #include "stoker/io/array_layout.hpp"
+#include "stoker/io/inflate.hpp"
 #include "stoker/io/shard_reader.hpp"
 
 namespace {
@@ -47,7 +49,7 @@ using stoker::format::ShardIndex;
 using stoker::io::Codec;
 using stoker::io::ReadRequest;
 
-constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx", "image", "chunk"};
+constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx", "image", "chunk", "gzip"};
 constexpr size_t kNumFormats = sizeof kFormats / sizeof kFormats[0];
 // What one input may make the harness decode in all, and per batch of reads:
 // bounded, so memory stays far below libFuzzer's -rss_limit_mb.
@@ -449,6 +451,32 @@ void fuzz_chunks(const uint8_t* data, uint64_t size) {
   }
 }
 
+// A gzip stream: inflated in pieces of growing size (some discarded), at most
+// kMaxDecodedBytes in all, then finished; FormatError and ReadError are the
+// expected rejections.
+void fuzz_gzip(const uint8_t* bytes, uint64_t size) {
+  MemFile file(bytes, size);
+  try {
+    stoker::io::GzipFile stream(file.path());
+    std::vector<uint8_t> piece;
+    uint64_t want = 1;
+    while (stream.produced() < kMaxDecodedBytes / 8 && !stream.at_end()) {
+      piece.resize(want);
+      if (want % 3 == 0) {
+        stream.read(nullptr, want);
+      } else {
+        stream.read(piece.data(), want);
+      }
+      want = want * 2 + 1;
+    }
+    stream.finish(1 << 20);
+  } catch (const stoker::FormatError&) {
+  } catch (const stoker::ReadError&) {
+  } catch (const std::exception& e) {
+    bug(std::string("GzipFile threw ") + typeid(e).name() + ": " + e.what());
+  }
+}
+
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const std::string format = kFormats[data[0] % kNumFormats];
@@ -460,6 +488,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (format == "chunk") {
     fuzz_chunks(shard, shard_size);
+    return 0;
+  }
+  if (format == "gzip") {
+    fuzz_gzip(shard, shard_size);
     return 0;
   }
   if (format == "idx") {  // a member index sidecar: decoded, and believed only if plausible
