@@ -22,6 +22,7 @@ from stoker.fields import Bytes, Image, Int, Npy, Raw, Row
 from stoker.gds import GDSCache, load_array, load_npy, read_into
 from stoker.loader import Loader
 from stoker.remote import FetchOptions
+from stoker.writer import ShardWriter
 
 __all__ = [
     "ChecksumError",
@@ -45,6 +46,7 @@ __all__ = [
     "ReadError",
     "ShardFormatError",
     "ShardReader",
+    "ShardWriter",
     "StokerError",
     "UsageError",
     "cuda_status",

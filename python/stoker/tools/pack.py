@@ -10,15 +10,12 @@ the same bytes.
 from __future__ import annotations
 
 import contextlib
-import io
 import logging
 import os
 import shutil
 import sys
-import tarfile
 import threading
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -30,6 +27,7 @@ from stoker.errors import StokerError, quoted
 from stoker.fields import require_image_support
 from stoker.formats import SHARD_FORMATS
 from stoker.manifest import MANIFEST_NAME, write_manifest
+from stoker.writer import assign, sample_sizes, write_shards
 
 log = logging.getLogger("stoker.pack")
 
@@ -70,12 +68,6 @@ def shrink_images(batch: list[dict], resize: ImageResize, source: str) -> None:
             log.warning("kept as it is, it does not decode: %s", problem)
         elif data is not None:
             batch[s][field] = np.frombuffer(data, np.uint8)
-
-
-#: Header block size and the fixed fields every packed member gets.
-_BLOCK = 512
-_MTIME = 0
-_MODE = 0o644
 
 
 def _progress(total: int, quiet: bool, unit: str, desc: str):  # noqa: ANN202 - tqdm's type
@@ -139,39 +131,6 @@ def open_input(
 # -- planning ----------------------------------------------------------------------------
 
 
-def _tar_bytes(lengths: np.ndarray) -> np.ndarray:
-    """Bytes members of `lengths` take in a tar: a header and the data padded to blocks."""
-    return _BLOCK + (lengths + _BLOCK - 1) // _BLOCK * _BLOCK
-
-
-def sample_sizes(ds: Dataset) -> np.ndarray:
-    """Each sample's bytes once packed (an estimate where members are not indexed yet)."""
-    table = ds.members
-    sizes = np.zeros(len(ds), np.int64)
-    holds = ds.holds
-    local = np.ones(len(table.indexed), bool) if holds is None else ~holds.is_remote
-    # Shards a manifest described are indexed now: their member sizes count.
-    starts = table.shard_start
-    lazy = np.flatnonzero(~table.indexed & local & (starts[1:] > starts[:-1]))
-    ds.ensure_indexed(starts[lazy])
-    known = table.sample_first >= 0
-    if known.any():
-        idx = np.flatnonzero(known)
-        rows, bounds = table.member_rows(idx)
-        per_member = _tar_bytes(table.out[rows].astype(np.int64))
-        sums = np.add.reduceat(per_member, bounds[:-1]) if len(rows) else np.zeros(len(idx))
-        sums[np.diff(bounds) == 0] = 0
-        sizes[idx] = sums
-    if "label" in table.extras:
-        sizes += 2 * _BLOCK  # a .cls member of a few digits
-    if not known.all() and holds is not None:  # remote shards not fetched: their average
-        for shard in np.flatnonzero(holds.is_remote).tolist():
-            first, end = int(starts[shard]), int(starts[shard + 1])
-            if end > first and sizes[first:end].sum() == 0:
-                sizes[first:end] = holds.size_of(shard) // (end - first)
-    return sizes
-
-
 def labels_of(ds: Dataset) -> np.ndarray | None:
     """Every sample's integer label: the ``label`` column, or the ``cls`` field."""
     if "label" in ds.members.extras:
@@ -189,125 +148,6 @@ def labels_of(ds: Dataset) -> np.ndarray | None:
         out[at : at + len(values)] = values
         at += len(values)
     return out
-
-
-def assign(
-    sizes: np.ndarray,
-    *,
-    shard_size: int | None,
-    samples_per_shard: int | None,
-    shuffle: bool,
-    seed: int,
-    labels: np.ndarray | None,
-) -> list[np.ndarray]:
-    """Which samples go in each shard, in order: a pure function of its arguments.
-
-    Without `labels`, the (shuffled) order is cut into consecutive shards. With them
-    (stratify), the order is sorted by label and dealt round robin, so each label is spread
-    evenly over the shards, and each shard keeps the shuffled order inside it.
-    """
-    n = len(sizes)
-    order = np.random.default_rng(seed).permutation(n) if shuffle else np.arange(n)
-    if n == 0:
-        return []
-    if labels is not None:
-        total = int(sizes.sum())
-        count = (
-            -(-n // samples_per_shard)
-            if samples_per_shard
-            else max(1, -(-total // int(shard_size or total or 1)))
-        )
-        count = min(count, n)  # never an empty shard
-        by_label = order[np.argsort(labels[order], kind="stable")]
-        shard_of = np.empty(n, np.int64)
-        shard_of[by_label] = np.arange(n) % count
-        rank = np.empty(n, np.int64)
-        rank[order] = np.arange(n)
-        return [
-            members[np.argsort(rank[members], kind="stable")]
-            for members in (np.flatnonzero(shard_of == s) for s in range(count))
-        ]
-    if samples_per_shard:
-        return [order[i : i + samples_per_shard] for i in range(0, n, samples_per_shard)]
-    limit = int(shard_size or sizes.sum() or 1)
-    shards, start, used = [], 0, 0
-    ordered = sizes[order]
-    for i in range(n):
-        if i > start and used + ordered[i] > limit:
-            shards.append(order[start:i])
-            start, used = i, 0
-        used += int(ordered[i])
-    shards.append(order[start:])
-    return shards
-
-
-# -- writing -------------------------------------------------------------------------
-
-
-def _member(name: str, data: bytes | memoryview) -> tuple[tarfile.TarInfo, io.BytesIO]:
-    info = tarfile.TarInfo(name)
-    info.size = len(data)
-    info.mtime = _MTIME
-    info.mode = _MODE
-    info.uid = info.gid = 0
-    info.uname = info.gname = ""
-    return info, io.BytesIO(data)
-
-
-class _Stopped(Exception):
-    """Another shard failed (or Ctrl-C): this one stops where it is."""
-
-
-def write_shard(
-    ds: Dataset,
-    samples: np.ndarray,
-    path: str,
-    progress: Callable[[int], None],
-    stop: threading.Event,
-    resize: ImageResize | None = None,
-) -> None:
-    """Tar shard `path` of `samples`: each field a member ``KEY.FIELD``, a label ``KEY.cls``;
-    JPEGs shrunk as `resize` says."""
-    chunk = 256
-    with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as tar:
-        for at in range(0, len(samples), chunk):
-            idx = samples[at : at + chunk]
-            batch = ds.get_batch(idx)  # (fetches remote shards: their rows are known after)
-            if resize is not None:
-                shrink_images(batch, resize, ds.source)
-            # (get_batch fetched and indexed the shards: their member rows are known)
-            npy_rows = ds.members.decoder[ds.members.member_rows(idx)[0]] != 0  # .npy rows
-            labels = ds.members.extras.get("label")
-            at_member = 0
-            for s, sample in enumerate(batch):
-                if stop.is_set():
-                    raise _Stopped()
-                key = sample.pop("__key__")
-                if key.startswith("/") or ".." in key.split("/"):
-                    # Nothing in stoker extracts members, but other tools do: a packed
-                    # shard never names a place outside the folder it is unpacked in.
-                    raise StokerError(
-                        f"sample key {quoted(key)} (from {ds.source}) is not a safe relative name: "
-                        "refusing to pack it"
-                    )
-                if labels is not None:  # a column, not a member: written as KEY.cls
-                    sample.pop("label", None)
-                is_row = bool(npy_rows[at_member]) if len(npy_rows) > at_member else False
-                at_member += len(sample)
-                for field in sorted(sample):
-                    value = sample[field]
-                    if is_row:  # a row of a .npy shard or array source: a .npy file of its own
-                        buffer = io.BytesIO()
-                        np.save(buffer, value, allow_pickle=False)
-                        data: bytes | memoryview = buffer.getvalue()
-                    else:
-                        data = memoryview(value)
-                    # An array's path ("meta/labels") is a field name, not a folder.
-                    tar.addfile(*_member(f"{key}.{field.replace('/', '.')}", data))
-                if labels is not None:
-                    label = int(labels[int(idx[s])])
-                    tar.addfile(*_member(f"{key}.cls", str(label).encode()))
-            progress(len(idx))
 
 
 def _check_unique_keys(ds: Dataset) -> None:
@@ -396,14 +236,16 @@ def pack(
     work = os.path.join(out if not made else parent, f".stoker-pack-{os.getpid()}")
     os.makedirs(work)
     moved: list[str] = []
-    stop = threading.Event()
     writers = max(1, num_threads or os.cpu_count() or 1)
-    pool = ThreadPoolExecutor(writers)
-    resize = None
+    transform = None
     if image_size is not None:
         # Shards are written side by side; their decoding threads share the cores.
         threads = max(1, usable_cores() // min(writers, len(plan) or 1))
         resize = ImageResize(image_size, image_quality, threads)
+
+        def transform(batch: list[dict]) -> None:
+            shrink_images(batch, resize, ds.source)
+
     try:
         lock = threading.Lock()
         with _progress(len(ds), quiet, "samples", "pack") as bar:
@@ -412,14 +254,14 @@ def pack(
                 with lock:
                     bar.update(n)
 
-            futures = [
-                pool.submit(
-                    write_shard, ds, members, os.path.join(work, name), progress, stop, resize
-                )
-                for members, name in zip(plan, names)
-            ]
-            for future in futures:
-                future.result()
+            write_shards(
+                ds,
+                plan,
+                [os.path.join(work, name) for name in names],
+                num_threads=writers,
+                progress=progress,
+                transform=transform,
+            )
         extra = {"classes": list(classes)} if classes is not None else None
         write_manifest([os.path.join(work, n) for n in names], work, extra=extra)
         if made:
@@ -434,14 +276,10 @@ def pack(
                     moved.append(os.path.join(out, name))
             os.rmdir(work)
     except BaseException:
-        stop.set()
-        pool.shutdown(wait=True, cancel_futures=True)  # no writer left before cleaning up
         shutil.rmtree(work, ignore_errors=True)
         for path in moved:
             with contextlib.suppress(OSError):
                 os.unlink(path)
         raise
-    finally:
-        pool.shutdown(wait=False)
     paths = [os.path.join(out, n) for n in names]
     return PackResult(out, paths, len(ds), sum(os.path.getsize(p) for p in paths))
