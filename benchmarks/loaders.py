@@ -5,7 +5,10 @@
 The workload: N samples of a 3x64x64 uint8 image and an integer label, written (once,
 under --data) four ways: one file per sample with a labels CSV (filename,label rows), tar
 shards in the WebDataset convention (with the stoker.json and member indexes `stoker index`
-writes), LitData's optimized chunks and MosaicML's MDS shards.
+writes), LitData's optimized chunks and MosaicML's MDS shards. stoker reads the tar shards,
+the CSV + files, and also LitData's and Streaming's own output in place (the rows "stoker,
+fields= (LitData's chunks)" and "(Streaming's MDS)", compared at the end with the best
+configuration of that peer on its own format).
 Every loader reads shuffled epochs in batches of 64 and turns each batch into an image
 tensor and a label tensor. Each measurement runs in a fresh process (clean peak RSS) and
 reads two epochs: the first one's clock starts after the imports and covers opening the
@@ -13,10 +16,10 @@ data and building the loader; the second is the steady state. The loaders take t
 --runs rounds and the table shows medians. --cold drops the page cache before every
 measurement (root only; only epoch 1 is then cold).
 
-MosaicML Streaming's package imports torchvision for its vision datasets, which this
-benchmark does not use; where torchvision cannot be imported (PyPI's build does not load
-beside the CPU torch installed here), empty placeholder modules stand in for it in the
-child process that measures Streaming, so its real StreamingDataset is what gets measured.
+MosaicML Streaming's package imports torchvision (for its vision datasets) and
+transformers, which this benchmark does not use; where they cannot be imported, empty
+placeholder modules stand in for them in the child process that measures Streaming
+(stoker.tools.peer_imports), so its real StreamingDataset is what gets measured.
 """
 
 from __future__ import annotations
@@ -218,31 +221,11 @@ def run_litdata(folder: str, workers: int):
 
 
 def _import_streaming():
-    """mosaicml-streaming, importable without a working torchvision (see the docstring)."""
-    try:
-        import torchvision  # noqa: F401
-    except Exception:
-        import importlib.machinery
-        import types
+    """mosaicml-streaming, importable without torchvision or transformers (see the
+    docstring)."""
+    from stoker.tools.peer_imports import import_streaming
 
-        class VisionDataset:  # only referenced by streaming.vision, which is not used
-            pass
-
-        for name, attrs in [
-            ("torchvision", {}),
-            ("torchvision.datasets", {"VisionDataset": VisionDataset}),
-            ("torchvision.transforms", {}),
-            ("torchvision.transforms.functional", {"to_tensor": None}),
-        ]:
-            module = types.ModuleType(name)
-            module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
-            module.__path__ = []
-            module.__version__ = "0.0.0"
-            module.__dict__.update(attrs)
-            sys.modules[name] = module
-    import streaming
-
-    return streaming
+    return import_streaming()
 
 
 def run_mosaic(folder: str, workers: int):
@@ -271,6 +254,10 @@ def run_stoker(folder: str, mode: str):
         return stoker.Loader(
             ds, BATCH, fields={"raw": stoker.Raw(SHAPE, "uint8"), "label": stoker.Int()}
         )
+    if mode in ("mds", "litdata"):  # the peer's own format, as its writer wrote it
+        ds = stoker.Dataset(os.path.join(folder, mode))
+        fields = {"image": stoker.Raw(SHAPE, "uint8"), "label": stoker.Raw((), "int64")}
+        return stoker.Loader(ds, BATCH, fields=fields)
     ds = stoker.Dataset(os.path.join(folder, "shards"))
     if mode == "fields":
         return stoker.Loader(
@@ -297,6 +284,8 @@ LOADERS = {
     "stoker, fields= (tar shards)": lambda d: run_stoker(d, "fields"),
     "stoker, fields= (CSV + files)": lambda d: run_stoker(d, "csv-fields"),
     "stoker, map= (tar shards)": lambda d: run_stoker(d, "map"),
+    "stoker, fields= (LitData's chunks)": lambda d: run_stoker(d, "litdata"),
+    "stoker, fields= (Streaming's MDS)": lambda d: run_stoker(d, "mds"),
 }
 BASELINE = "DataLoader, 0 workers (one file per sample)"
 
@@ -418,6 +407,20 @@ def main() -> None:
         print(
             f"{name:40} {r1:10,.0f} {x1:>6} {r2:10,.0f} {x2:>6} {median(name, 'first'):9.3f}s "
             f"{median(name, 'rss_mb'):7.0f}MB {worker_text}"
+        )
+    # stoker on each peer's own format, against the peer's best configuration.
+    for ours, peer in (
+        ("stoker, fields= (LitData's chunks)", "LitData"),
+        ("stoker, fields= (Streaming's MDS)", "MosaicML Streaming"),
+    ):
+        theirs = [n for n in results if n.startswith(peer) and results[n]]
+        if not results.get(ours) or not theirs:
+            continue
+        best = max(theirs, key=lambda n: median(n, "rate2"))
+        print(
+            f"{ours} / {best}: {median(ours, 'rate2') / median(best, 'rate2'):.1f}x warm "
+            f"(target >= 10x); first batch {median(ours, 'first'):.3f}s against "
+            f"{min(median(n, 'first') for n in theirs):.3f}s"
         )
 
 

@@ -125,6 +125,22 @@ void register_arrays(py::module_& m) {
   m.def("codec_unavailable", &io::codec_unavailable, py::arg("filter"),
         "'' when `filter`'s library can be used, else why not and what to install.");
   m.def(
+      "decompress",
+      [](py::buffer data, uint64_t size, io::ChunkFilter filter, const std::string& path) {
+        py::buffer_info info = data.request();
+        auto out = std::make_shared<std::vector<uint8_t>>(size);
+        {
+          py::gil_scoped_release release;
+          io::decompress_exact(filter, static_cast<const uint8_t*>(info.ptr),
+                               static_cast<uint64_t>(info.size * info.itemsize), out->data(), size,
+                               path, 0);
+        }
+        return bytes_to_numpy(out->data(), out->size(), out);
+      },
+      py::arg("data"), py::arg("size"), py::arg("filter"), py::arg("path"),
+      "`data` (zlib, gzip or zstd: a ChunkFilter) decompressed into exactly `size` bytes, as a "
+      "uint8 array (GIL released); a ShardFormatError naming `path` otherwise.");
+  m.def(
       "crc32c",
       [](py::buffer data) {
         py::buffer_info info = data.request();

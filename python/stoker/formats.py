@@ -88,6 +88,17 @@ def shards_in_folder(folder: str) -> list[str]:
     return found
 
 
+def load_json(path: str, what: str) -> object:
+    """The JSON document at `path` (`what` it should be, for the error otherwise)."""
+    import json
+
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError) as e:
+        raise located(ShardFormatError, path, 0, f"not readable {what} ({e})") from e
+
+
 def samples_and_fields(index: dict, fmt: str) -> tuple[int, list[str]]:
     """How many samples a shard's index (from the C++ indexer) holds, and their fields."""
     if fmt == "npy":

@@ -14,6 +14,7 @@ from stoker.arrays import ARRAY_FORMATS, is_zarr_store
 from stoker.errors import StokerError, plural
 from stoker.formats import SHARD_FORMATS, is_url, shards_in_folder
 from stoker.manifest import MANIFEST_NAME, parse_manifest, read_local_manifest
+from stoker.peers import INDEX_NAME, is_peer_index, read_peer_index
 from stoker.remote.stores import is_object_url
 
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
@@ -53,6 +54,7 @@ def resolve(
     read_url: Callable[[str], bytes] | None = None,
     note_drift: bool = True,
     list_url: Lister | None = None,
+    cache_dir: str | None = None,
 ) -> list[tuple[str, dict | None]]:
     """Shard paths and URLs for `source`, each with its manifest entry (or None), in order.
 
@@ -61,19 +63,24 @@ def resolve(
     manifest, read with `read_url`), an object in a store (``s3://``, ``gs://``: a shard, a
     manifest, a prefix ending in ``/`` or a glob, listed with `list_url`), or a list of
     any of these. A local manifest that no longer matches its folder is logged
-    (`note_drift`).
+    (`note_drift`). An MDS or LitData dataset (its ``index.json``, or the folder holding
+    it) is read in place; its compressed shards are decompressed into `cache_dir`.
     """
     if isinstance(source, (list, tuple)):
         out: list[tuple[str, dict | None]] = []
         for item in source:
-            out.extend(resolve(item, read_url, note_drift, list_url))
+            out.extend(resolve(item, read_url, note_drift, list_url, cache_dir))
         return out
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"a source is a path, pattern or list of them, not {type(source)!r}")
     text = os.fspath(source)
     names = expand_braces(text)
     if len(names) > 1:
-        return [entry for name in names for entry in resolve(name, read_url, note_drift, list_url)]
+        return [
+            entry
+            for name in names
+            for entry in resolve(name, read_url, note_drift, list_url, cache_dir)
+        ]
     if is_object_url(text) and (text.endswith("/") or "/" not in text.partition("://")[2]):
         return _listed(text, text.rstrip("/") + "/", None, read_url, list_url)
     if is_object_url(text) and any(c in text for c in "*?["):
@@ -103,6 +110,11 @@ def resolve(
         manifest = os.path.join(text, MANIFEST_NAME)
         if os.path.isfile(manifest):
             return list(read_local_manifest(manifest, note_drift))
+        peer = os.path.join(text, INDEX_NAME)
+        if os.path.isfile(peer):
+            found = read_peer_index(peer, cache_dir)
+            if found is not None:
+                return found
         shards = shards_in_folder(text)
         if not shards:
             raise StokerError(
@@ -111,6 +123,10 @@ def resolve(
         return [(path, None) for path in shards]
     if text.endswith(("/", os.sep)):
         raise StokerError(f"{text}: no such folder")
+    if is_peer_index(text) and os.path.isfile(text):
+        found = read_peer_index(text, cache_dir)
+        if found is not None:
+            return found
     if text.lower().endswith(".json"):
         return list(read_local_manifest(text, note_drift))
     known = (*SHARD_FORMATS, *ARRAY_FORMATS)

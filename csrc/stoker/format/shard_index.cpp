@@ -116,11 +116,16 @@ ShardIndex index_shard(WindowReader& in, const std::string& format, bool locate_
   if (format == "tar") return index_tar(in);
   if (format == "zip") return index_zip(in, locate_members);
   if (format == "npy") return index_npy(in);
+  if (is_record_format(format)) return index_records(in, format);
   throw FormatError(in.path(), 0,
                     "unknown shard format '" + format + "' (expected tar, zip or npy)");
 }
 
 ShardIndex index_shard(const std::string& path, const std::string& format) {
+  if (is_record_format(format)) {
+    WindowReader in(path);
+    return index_records(in, format);
+  }
   if (format != "tar" && format != "zip" && format != "npy") {
     throw FormatError(path, 0, "unknown shard format '" + format + "' (expected tar, zip or npy)");
   }

@@ -28,7 +28,7 @@ struct ShardIndex {
   ShardIndex(std::string format_name, const io::FileIdentity& file)
       : format(std::move(format_name)), file_size(file.size), identity(file) {}
 
-  std::string format;  // "tar", "zip" or "npy"
+  std::string format;  // "tar", "zip", "npy", "mds" or "litdata"
   uint64_t file_size = 0;
   io::FileIdentity identity;  // the file as indexed; reads check it
 
@@ -94,7 +94,12 @@ ShardIndex index_npy(WindowReader& in);
 // The .npy header at `base` of `in` (a whole .npy file, or a .npy member of a shard of
 // `length` bytes there), checked against those bytes; its data_offset is from `base`.
 NpyHeader read_npy_header(WindowReader& in, uint64_t base, uint64_t length);
-// format: "tar", "zip" or "npy".
+// MDS shards and LitData chunks: records behind an offset table, their columns
+// described by the format string ("mds|name:size|..." or "litdata|...": see
+// records.cpp). Each record is a sample (key: its number), each column a member.
+ShardIndex index_records(WindowReader& in, const std::string& format);
+bool is_record_format(const std::string& format);
+// format: "tar", "zip", "npy", or a record format.
 ShardIndex index_shard(WindowReader& in, const std::string& format, bool locate_members = true);
 ShardIndex index_shard(const std::string& path, const std::string& format);
 

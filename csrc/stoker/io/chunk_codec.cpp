@@ -7,6 +7,7 @@
 
 #include "stoker/cuda/symbols.hpp"
 #include "stoker/errors.hpp"
+#include "stoker/format/bytes.hpp"
 #include "stoker/io/inflate.hpp"
 
 namespace stoker::io {
@@ -138,10 +139,6 @@ uint32_t fletcher32_of(const uint8_t* data, uint64_t length) {
   return (sum2 << 16) | sum1;
 }
 
-uint32_t load_le32(const uint8_t* p) {
-  return uint32_t(p[0]) | uint32_t(p[1]) << 8 | uint32_t(p[2]) << 16 | uint32_t(p[3]) << 24;
-}
-
 uint32_t byte_reversed(uint32_t v) {
   return (v >> 24) | ((v >> 8) & 0xff00) | ((v << 8) & 0xff0000) | (v << 24);
 }
@@ -197,6 +194,42 @@ std::string codec_unavailable(ChunkFilter filter) {
   return "";
 }
 
+void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_t* dest,
+                      uint64_t size, const std::string& path, uint64_t offset) {
+  if (filter == ChunkFilter::kZlib || filter == ChunkFilter::kGzip) {
+    inflate_exact(src, n, dest, size, path, offset,
+                  filter == ChunkFilter::kZlib ? Wrapper::kZlib : Wrapper::kGzip);
+    return;
+  }
+  if (filter != ChunkFilter::kZstd) throw Error("decompress_exact: zlib, gzip or zstd");
+  const ZstdApi* api = zstd_api();
+  if (api == nullptr) throw FormatError(path, offset, codec_unavailable(ChunkFilter::kZstd));
+  struct Context {  // one per thread, freed with it
+    const ZstdApi* api = nullptr;
+    void* dctx = nullptr;
+    ~Context() {
+      if (dctx) api->free_context(dctx);
+    }
+  };
+  thread_local Context context;
+  if (context.dctx == nullptr) {
+    context.api = api;
+    context.dctx = api->create();
+    if (context.dctx == nullptr) throw Error("zstd: cannot create a decompression context");
+  }
+  // `dest` has one byte more than `size` when the caller can spare it; without it a
+  // frame that decodes past `size` fails as too small a destination, still refused.
+  size_t got = api->decompress(context.dctx, dest, size, src, n);
+  if (api->is_error(got)) {
+    throw FormatError(path, offset, std::string("corrupt zstd data: ") + api->error_name(got));
+  }
+  if (got != size) {
+    throw FormatError(path, offset,
+                      "zstd data decodes to " + std::to_string(got) + " bytes, but " +
+                          std::to_string(size) + " were expected");
+  }
+}
+
 uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, uint64_t size,
                       std::vector<uint8_t>& scratch_a, std::vector<uint8_t>& scratch_b,
                       const std::string& path, uint64_t offset, const std::string& where) {
@@ -220,7 +253,7 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
       case ChunkFilter::kCrc32c: {
         if (n < 4) throw fail("shorter than its 4-byte " + std::string(filter_name(step.filter)));
         n -= 4;
-        uint32_t stored = load_le32(data + n);
+        uint32_t stored = format::le32(data + n);
         if (step.filter == ChunkFilter::kCrc32c) {
           uint32_t got = crc32c_of(data, n);
           if (got != stored) throw fail("CRC-32C mismatch: the chunk is corrupt");
@@ -234,43 +267,13 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
         break;
       }
       case ChunkFilter::kZlib:
-      case ChunkFilter::kGzip: {
+      case ChunkFilter::kGzip:
+      case ChunkFilter::kZstd: {
         uint8_t* out = output(want);
         try {
-          inflate_exact(data, n, out, want, path, offset,
-                        step.filter == ChunkFilter::kZlib ? Wrapper::kZlib : Wrapper::kGzip);
+          decompress_exact(step.filter, data, n, out, want, path, offset);
         } catch (const FormatError& e) {
           throw fail(e.detail());
-        }
-        data = out;
-        n = want;
-        break;
-      }
-      case ChunkFilter::kZstd: {
-        const ZstdApi* api = zstd_api();
-        if (api == nullptr) throw fail(codec_unavailable(ChunkFilter::kZstd));
-        struct Context {  // one per thread, freed with it
-          const ZstdApi* api = nullptr;
-          void* dctx = nullptr;
-          ~Context() {
-            if (dctx) api->free_context(dctx);
-          }
-        };
-        thread_local Context context;
-        if (context.dctx == nullptr) {
-          context.api = api;
-          context.dctx = api->create();
-          if (context.dctx == nullptr) throw Error("zstd: cannot create a decompression context");
-        }
-        // One byte more than expected: a frame that fills it decodes past the chunk.
-        uint8_t* out = output(want + 1);
-        size_t got = api->decompress(context.dctx, out, want + 1, data, n);
-        if (api->is_error(got)) {
-          throw fail(std::string("corrupt zstd data: ") + api->error_name(got));
-        }
-        if (got != want) {
-          throw fail("zstd data decodes to " + std::to_string(got) + " bytes, but " +
-                     std::to_string(want) + " were expected");
         }
         data = out;
         n = want;

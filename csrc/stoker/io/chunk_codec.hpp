@@ -21,6 +21,12 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
                       std::vector<uint8_t>& scratch_a, std::vector<uint8_t>& scratch_b,
                       const std::string& path, uint64_t offset, const std::string& where);
 
+// Decompresses `n` bytes of zlib, gzip or zstd data into exactly `size` bytes at
+// `dest`; anything else (corrupt data, another size) is a FormatError at `path`,
+// `offset`. zstd needs libzstd, found at run time.
+void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_t* dest,
+                      uint64_t size, const std::string& path, uint64_t offset);
+
 // Folders searched for libzstd and libblosc after the loader's default path
 // (Python adds its prefix's lib and lib64, where the `blosc` wheel puts
 // libblosc). Takes effect for a library not yet found.

@@ -10,7 +10,6 @@ then reads and decodes the chunks a batch needs.
 from __future__ import annotations
 
 import itertools
-import json
 import math
 import os
 import struct
@@ -21,6 +20,7 @@ import numpy as np
 from stoker import _core
 from stoker.arrays import ArrayField, field_names_of, has_tensor_type, pick_arrays
 from stoker.errors import ShardFormatError, located
+from stoker.formats import load_json
 
 _MISSING = np.uint64(2**64 - 1)
 _F = _core.ChunkFilter
@@ -101,11 +101,7 @@ def _walk(store: str) -> list[_Array]:
 
 
 def _json(path: str) -> dict:
-    try:
-        with open(path, "rb") as f:
-            meta = json.loads(f.read())
-    except (OSError, ValueError) as e:
-        raise located(ShardFormatError, path, 0, f"not readable Zarr metadata ({e})") from e
+    meta = load_json(path, "Zarr metadata")
     if not isinstance(meta, dict):
         raise located(ShardFormatError, path, 0, "Zarr metadata must be a JSON object")
     return meta

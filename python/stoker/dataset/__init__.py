@@ -69,10 +69,16 @@ class Dataset:
             fetcher.cache_url(url)
             return fetcher.call(fetcher.list_objects(url))
 
-        shards = resolve(source, read_url, list_url=list_url)
+        shards = resolve(
+            source,
+            read_url,
+            list_url=list_url,
+            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+        )
         names = [path for path, _ in shards]
         paths = list(names)
-        formats = [format_of(path) for path in paths]
+        # (An MDS shard or LitData chunk's entry carries its record format.)
+        formats = [(entry or {}).get("format") or format_of(path) for path, entry in shards]
         remote_ids = [i for i, path in enumerate(paths) if is_url(path)]
         local_ids = [i for i, path in enumerate(paths) if not is_url(path)]
         for i in local_ids:

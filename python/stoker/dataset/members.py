@@ -291,7 +291,11 @@ class MemberTable:
                     self._group_rows[shard] = rows
             else:
                 cols, n, per_sample = _member_rows_of(self, index)
-                self._shard_keys[shard] = index["keys"]
+                keys = index["keys"]
+                if index["format"] in ("mds", "litdata"):  # records: numbered in their shard
+                    stem = os.path.splitext(os.path.basename(self.names[shard]))[0]
+                    keys = [f"{stem}/{k}" for k in keys]
+                self._shard_keys[shard] = keys
                 runs = int(index.get("key_runs", n))
                 if runs > n:
                     notes.append(("regrouped", shard, n, runs))

@@ -1,0 +1,323 @@
+"""Datasets other loaders wrote, read in place: MosaicML Streaming's MDS shards and
+LitData's ``optimize()`` chunks, found through their ``index.json``.
+
+Both formats are records behind an offset table; the C++ indexer reads each shard's table
+and record prefixes (``csrc/stoker/format/records.cpp``) given the columns this module
+learns from the index. Each record is a sample, keyed ``<shard stem>/<record>``; each
+column a field (MDS: its name; LitData: its path in the sample, dict keys joined by
+dots). A shard compressed as a whole (MDS ``zstd``/``gz``; LitData ``zstd`` chunks, whole
+or in frames) is decompressed once into the cache folder and read there in place.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+from typing import Any
+
+import numpy as np
+
+from stoker import _core
+from stoker.errors import ShardFormatError, located
+from stoker.formats import load_json
+
+INDEX_NAME = "index.json"
+
+# Fixed-size MDS encodings and their sizes; every other known one is variable.
+_MDS_FIXED = {
+    "int": 8,
+    **{f"int{b}": b // 8 for b in (8, 16, 32, 64)},
+    **{f"uint{b}": b // 8 for b in (8, 16, 32, 64)},
+    "float16": 2,
+    "float32": 4,
+    "float64": 8,
+}
+_MDS_VARIABLE = {
+    "str", "bytes", "str_int", "str_float", "str_decimal", "jpeg", "png", "pil", "pkl", "json",
+    "jpeg_array", "jpegarray", "list[pil]", "list[jpeg]", "list[png]", "ndarray",
+}  # fmt: skip
+_MDS_COMPRESSION = {"zstd": _core.ChunkFilter.ZSTD, "gz": _core.ChunkFilter.GZIP}
+# LitData leaves: fixed sizes, and leaves whose bytes start with an array header.
+_LIT_FIXED = {"int": 8, "float": 8, "bool": 1}
+_LIT_HEADER = {"numpy": "numpy", "tensor": "tensor"}
+_FRAMED_MAGIC = b"LDFZ01\x00\x00"
+
+
+def is_peer_index(path: str) -> bool:
+    return os.path.basename(path) == INDEX_NAME
+
+
+def read_peer_index(path: str, cache_dir: str | None = None) -> list[tuple[str, dict]] | None:
+    """The shards of the MDS or LitData dataset whose ``index.json`` is at `path`, each
+    with its manifest-like entry (samples, bytes, fields, and its record ``format``); None
+    when the file is not such an index."""
+    index = load_json(path, "index.json")
+    if not isinstance(index, dict):
+        return None
+    folder = os.path.dirname(os.path.abspath(path))
+    if isinstance(index.get("shards"), list) and index.get("version") == 2:
+        return [_mds_shard(path, folder, s, cache_dir) for s in index["shards"]]
+    if isinstance(index.get("chunks"), list) and isinstance(index.get("config"), dict):
+        config = index["config"]
+        format_string, fields = _litdata_format(path, config)
+        return [
+            _litdata_chunk(path, folder, c, config, format_string, fields, cache_dir)
+            for c in index["chunks"]
+        ]
+    return None
+
+
+# -- MDS ----------------------------------------------------------------------------
+
+
+def _mds_shard(index: str, folder: str, shard: Any, cache_dir: str | None) -> tuple[str, dict]:
+    def bad(what: str) -> ShardFormatError:
+        return located(ShardFormatError, index, 0, f"MDS shard entry: {what}")
+
+    if not isinstance(shard, dict) or shard.get("format") != "mds":
+        raise bad(f"format {shard.get('format') if isinstance(shard, dict) else shard!r}: "
+                  "stoker reads MDS shards (not json, csv or xsv)")  # fmt: skip
+    names, encodings = shard.get("column_names"), shard.get("column_encodings")
+    sizes = shard.get("column_sizes")
+    if not (
+        isinstance(names, list) and isinstance(encodings, list) and isinstance(sizes, list)
+    ) or not (len(names) == len(encodings) == len(sizes) and names):
+        raise bad("column_names, column_encodings and column_sizes must be lists of one length")
+    columns = []
+    for name, encoding, size in zip(names, encodings, sizes):
+        fixed = _MDS_FIXED.get(encoding)
+        if encoding.startswith("ndarray:") and encoding.count(":") == 2:
+            dtype, shape = encoding.split(":")[1:]
+            fixed = int(np.prod([int(d) for d in shape.split(",")])) * np.dtype(dtype).itemsize
+        elif (
+            fixed is None and encoding not in _MDS_VARIABLE and not encoding.startswith("ndarray:")
+        ):
+            raise bad(f"column {name!r} has the encoding {encoding!r}, which stoker does not know")
+        if (size is None) != (fixed is None) or (fixed is not None and size != fixed):
+            raise bad(f"column {name!r} ({encoding}) says it is {size} bytes")
+        columns.append(f"{_field(name)}:{'v' if fixed is None else fixed}")
+    raw = shard.get("raw_data") or {}
+    path = os.path.join(folder, str(raw.get("basename", "")))
+    samples, nbytes = shard.get("samples"), raw.get("bytes")
+    if not isinstance(samples, int) or not isinstance(nbytes, int):
+        raise bad("samples and raw_data.bytes must be integers")
+    compression = shard.get("compression")
+    if compression and not (os.path.exists(path) and os.path.getsize(path) == nbytes):
+        family = str(compression).split(":")[0]
+        if family not in _MDS_COMPRESSION:
+            raise bad(f"compression {compression!r}: stoker decompresses zstd and gz")
+        zip_data = shard.get("zip_data") or {}
+        zipped = os.path.join(folder, str(zip_data.get("basename", "")))
+        # A zstd frame without a checksum cannot tell damaged data from other data: the
+        # writer's hashes of the file (those hashlib has) are checked where it kept some.
+        hashes = zip_data.get("hashes") if isinstance(zip_data.get("hashes"), dict) else {}
+        path = unpacked(zipped, nbytes, _MDS_COMPRESSION[family], cache_dir, hashes)
+    fields = [c.split(":")[0] for c in columns]
+    entry = {"samples": samples, "bytes": nbytes, "fields": fields,
+             "format": "mds|" + "|".join(columns)}  # fmt: skip
+    return path, entry
+
+
+# -- LitData -------------------------------------------------------------------------
+
+
+def _leaf_names(spec: Any, path: str) -> list[str]:
+    """The leaves of a pytree spec (LitData's ``data_spec``), depth first, named by their
+    path: dict keys and tuple/list positions joined by dots."""
+    out: list[str] = []
+
+    def walk(node: dict, prefix: str) -> None:
+        children = node.get("children_spec") or []
+        if node.get("type") is None or not children:
+            out.append(prefix or "value")
+            return
+        context = json.loads(node.get("context") or "null")
+        keys = context if isinstance(context, list) else list(range(len(children)))
+        for key, child in zip(keys, children):
+            walk(child, f"{prefix}.{key}" if prefix else str(key))
+
+    try:
+        walk(json.loads(spec)[1], "")
+    except (TypeError, ValueError, IndexError, AttributeError, KeyError) as e:
+        raise located(ShardFormatError, path, 0, f"a data_spec stoker cannot read ({e})") from e
+    return out
+
+
+def _litdata_format(path: str, config: dict) -> tuple[str, list[str]]:
+    def bad(what: str) -> ShardFormatError:
+        return located(ShardFormatError, path, 0, f"LitData config: {what}")
+
+    if config.get("encryption"):
+        raise bad("the chunks are encrypted: decrypt them with LitData first")
+    if config.get("item_loader") not in (None, "PyTreeLoader"):
+        raise bad(f"item_loader {config.get('item_loader')!r}: stoker reads PyTreeLoader chunks")
+    formats = config.get("data_format")
+    leaves = _leaf_names(config.get("data_spec"), path)
+    if not isinstance(formats, list) or len(formats) != len(leaves):
+        raise bad(f"{len(leaves)} leaves in data_spec but data_format is {formats!r}")
+    fields = [_field(leaf) for leaf in leaves]
+    if len(set(fields)) != len(fields):
+        raise bad(f"leaf names {leaves} differ only in case")
+    columns = []
+    for field, kind in zip(fields, formats):
+        base = str(kind).split(":")[0]
+        if base in _LIT_FIXED:
+            columns.append(f"{field}:{_LIT_FIXED[base]}")
+        elif base in _LIT_HEADER:
+            columns.append(f"{field}:v:{_LIT_HEADER[base]}")
+        else:
+            columns.append(f"{field}:v")
+    return "litdata|" + "|".join(columns), fields
+
+
+def _litdata_chunk(
+    index: str,
+    folder: str,
+    chunk: Any,
+    config: dict,
+    format_string: str,
+    fields: list[str],
+    cache_dir: str | None,
+) -> tuple[str, dict]:
+    if not isinstance(chunk, dict) or not isinstance(chunk.get("filename"), str):
+        raise located(ShardFormatError, index, 0, f"a chunk entry without a filename: {chunk!r}")
+    samples, nbytes = chunk.get("chunk_size"), chunk.get("chunk_bytes")
+    if not isinstance(samples, int) or not isinstance(nbytes, int):
+        raise located(ShardFormatError, index, 0, f"chunk {chunk['filename']}: sizes not integers")
+    path = os.path.join(folder, chunk["filename"])
+    compression = config.get("compression")
+    if compression:
+        if not str(compression).startswith("zstd"):
+            raise located(
+                ShardFormatError, index, 0, f"compression {compression!r}: stoker reads zstd"
+            )
+        level = config.get("compression_level")
+        if path.endswith(".zstd.bin"):  # the whole chunk is one frame
+            plain = path[: -len(".zstd.bin")] + ".bin"
+            if os.path.exists(plain) and os.path.getsize(plain) == nbytes:
+                path = plain  # LitData's own reader left it decompressed
+            else:
+                path = unpacked(path, nbytes, _core.ChunkFilter.ZSTD, cache_dir)
+        elif level == "sample":
+            raise located(
+                ShardFormatError,
+                path,
+                0,
+                "LitData chunks compressed item by item (compression_level='sample') are not "
+                "read by stoker: optimize with compression_level='chunk', or without compression",
+            )
+        else:
+            path, nbytes = unframed(path, cache_dir)
+    entry = {"samples": samples, "bytes": nbytes, "fields": fields, "format": format_string}
+    return path, entry
+
+
+# -- decompressing once --------------------------------------------------------------
+
+
+def _field(name: str) -> str:
+    return str(name).lower()
+
+
+def _cache_path(source: str, cache_dir: str | None) -> str:
+    """Where the decompressed copy of `source` goes: a folder of the cache named for the
+    source as it is now (path, size, modification time), so a changed file is not served
+    from an old copy."""
+    from stoker.remote.cache import default_cache_root
+
+    st = os.stat(source)
+    tag = f"{os.path.abspath(source)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    folder = os.path.join(
+        os.path.abspath(cache_dir) if cache_dir else default_cache_root(),
+        "unpacked",
+        hashlib.sha256(tag).hexdigest()[:24],
+    )
+    os.makedirs(folder, exist_ok=True)
+    name = os.path.basename(source)
+    for suffix in (".zstd.bin", ".zstd", ".gz"):
+        if name.endswith(suffix):
+            name = name[: -len(suffix)] + (".bin" if suffix == ".zstd.bin" else "")
+    return os.path.join(folder, name)
+
+
+def unpacked(
+    source: str,
+    size: int,
+    codec: _core.ChunkFilter,
+    cache_dir: str | None,
+    hashes: dict[str, str] | None = None,
+) -> str:
+    """A decompressed copy of the whole-file-compressed shard `source` (`size` bytes once
+    decompressed) in the cache, made once: written beside its place and renamed. `hashes`
+    (algorithm: hex digest of `source`) are checked first, those hashlib knows."""
+    from stoker.manifest import write_atomically
+
+    try:
+        out = _cache_path(source, cache_dir)
+    except FileNotFoundError:
+        raise located(
+            ShardFormatError, source, 0, "the index lists this shard but it is not there"
+        ) from None
+    if os.path.exists(out) and os.path.getsize(out) == size:
+        return out
+    with open(source, "rb") as f:
+        data = f.read()
+    for algorithm, digest in (hashes or {}).items():
+        if algorithm in hashlib.algorithms_available:
+            got = hashlib.new(algorithm, data).hexdigest()
+            if got != str(digest).lower():
+                raise located(
+                    ShardFormatError,
+                    source,
+                    0,
+                    f"its {algorithm} is {got}, but the index says {digest}: the file is damaged",
+                )
+    write_atomically(out, [memoryview(_core.decompress(data, size, codec, source))])
+    return out
+
+
+def unframed(source: str, cache_dir: str | None) -> tuple[str, int]:
+    """LitData's framed zstd chunk `source` (items compressed in frames of a few hundred)
+    as a plain chunk in the cache: the offset table, then the items. Returns its path and
+    size."""
+    from stoker.manifest import write_atomically
+
+    with open(source, "rb") as f:
+        data = f.read()
+
+    def bad(at: int, what: str) -> ShardFormatError:
+        return located(ShardFormatError, source, at, f"framed LitData chunk: {what}")
+
+    if data[:8] != _FRAMED_MAGIC or len(data) < 24:
+        raise bad(0, "not one (no LDFZ01 magic): a LitData chunk of another compression")
+    version, _, n, _, frames = struct.unpack_from("<HHIII", data, 8)
+    if version != 1:
+        raise bad(8, f"version {version}")
+    table_end = 24 + 4 * (n + 1)
+    frame_end = table_end + 24 * frames
+    if frame_end > len(data):
+        raise bad(12, f"{n} items in {frames} frames do not fit {len(data)} bytes")
+    logical = np.frombuffer(data, "<u4", n + 1, 24).astype(np.int64)
+    head = 4 + 4 * (n + 1)
+    size = head + int(logical[-1])
+    out = _cache_path(source, cache_dir)
+    if os.path.exists(out) and os.path.getsize(out) == size:
+        return out, size
+    parts = [struct.pack("<I", n), (logical + head).astype("<u4").tobytes()]
+    expected = 0
+    for k in range(frames):
+        at = table_end + 24 * k
+        _, _, offset, packed, unpacked_len = struct.unpack_from("<IIQII", data, at)
+        if offset + packed > len(data):
+            raise bad(at, f"frame {k} ({packed} bytes at {offset}) runs past the file's end")
+        frame = _core.decompress(
+            memoryview(data)[offset : offset + packed], unpacked_len, _core.ChunkFilter.ZSTD, source
+        )
+        parts.append(memoryview(frame))
+        expected += unpacked_len
+    if expected != int(logical[-1]):
+        raise bad(table_end, f"frames hold {expected} bytes but the items {int(logical[-1])}")
+    write_atomically(out, parts)
+    return out, size
