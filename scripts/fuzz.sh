@@ -3,8 +3,8 @@
 # UndefinedBehaviorSanitizer) and fuzzes the tar, zip and npy parsers and the
 # reader on what they index, the member index sidecars, the JPEG and PNG
 # decoders behind stoker.Image(), the chunk decoders and row gathering of array
-# sources (HDF5, Zarr), and gzip streams as NIfTI volumes are read, for SECONDS
-# each (default 60).
+# sources (HDF5, Zarr), gzip streams as NIfTI volumes are read, and MDS shards and
+# LitData chunks, for SECONDS each (default 60).
 #
 #   scripts/fuzz.sh [SECONDS]
 #
@@ -60,6 +60,11 @@ cat >"$dict" <<'EOF'
 "\x1f\x8b\x08"
 "\x28\xb5\x2f\xfd"
 "\xff\xff"
+"mds|"
+"litdata|"
+":v"
+":v:numpy"
+":8"
 "\x01\x00"
 "\x02\x00"
 "\x03\x00"
@@ -82,7 +87,7 @@ artifacts="$build/artifacts"
 mkdir -p "$artifacts"
 status=0
 found=()
-for format in tar zip npy idx image chunk gzip; do
+for format in tar zip npy idx image chunk gzip record; do
   case $format in
     tar) byte='\x00' ;;
     zip) byte='\x01' ;;
@@ -91,6 +96,7 @@ for format in tar zip npy idx image chunk gzip; do
     image) byte='\x04' ;;  # JPEG and PNG members for Image() (seeds: tests/data/image-seeds)
     chunk) byte='\x05' ;;  # array sources' chunks (seeds: tests/data/chunk-seeds)
     gzip) byte='\x06' ;;   # gzip streams as .nii.gz volumes are read (seeds: tests/data/gzip-seeds)
+    record) byte='\x07' ;; # MDS shards and LitData chunks (seeds: tests/data/record-seeds)
   esac
   corpus="$build/corpus-$format"
   mkdir -p "$corpus"
@@ -99,6 +105,7 @@ for format in tar zip npy idx image chunk gzip; do
   [[ $format == image ]] && seeds=(tests/data/image-seeds/*)
   [[ $format == chunk ]] && seeds=(tests/data/chunk-seeds/*)
   [[ $format == gzip ]] && seeds=(tests/data/gzip-seeds/*)
+  [[ $format == record ]] && seeds=(tests/data/record-seeds/*)
   for file in "${seeds[@]}"; do
     [[ -e $file ]] || continue
     name="seed-$(basename "$(dirname "$file")")-$(basename "$file")"

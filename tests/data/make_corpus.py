@@ -10,6 +10,8 @@ index-seeds/  each tar and zip seed's member index (NAME.idx), the fuzz target's
 chunk-seeds/  array sources' chunks as the fuzz target's sixth format reads them (a layout
             header, then each chunk as a 2-byte length and its bytes), unfiltered and
             through each filter stoker decodes (needs numcodecs, and stoker for CRC-32C).
+record-seeds/  MDS shards and LitData chunks in the layout their writers use (a first line
+            with the record format the fuzz target reads), valid and damaged.
 gzip-seeds/  gzip files as .nii.gz volumes are (one member, several, trailing zeros).
 malformed/  shards that are wrong in one way each, named for what is wrong: every one must
             be refused with stoker.ShardFormatError, when the Dataset opens it or when its
@@ -38,6 +40,7 @@ INDEX_SEEDS = HERE / "index-seeds"
 MALFORMED = HERE / "malformed"
 CHUNK_SEEDS = HERE / "chunk-seeds"
 GZIP_SEEDS = HERE / "gzip-seeds"
+RECORD_SEEDS = HERE / "record-seeds"
 MTIME = 1_700_000_000
 DATE = (2024, 1, 1, 0, 0, 0)
 LIMIT = 64 * 1024  # every file stays tiny
@@ -558,6 +561,43 @@ def gzip_seeds() -> dict[str, bytes]:
     }
 
 
+def _records(records: list[bytes], between: bytes = b"") -> bytes:
+    """A shard of `records` behind their offset table (MDS puts its config JSON between
+    the table and the records; LitData nothing)."""
+    n = len(records)
+    at = 4 + 4 * (n + 1) + len(between)
+    offsets = [at]
+    for record in records:
+        offsets.append(offsets[-1] + len(record))
+    return struct.pack(f"<I{n + 1}I", n, *offsets) + between + b"".join(records)
+
+
+def record_seeds() -> dict[str, bytes]:
+    """MDS shards and LitData chunks for the fuzz target's record format."""
+    mds = b"mds|image:v|label:8|name:v\n"
+    rows = [
+        struct.pack("<II", 12, 3) + bytes(range(12)) + struct.pack("<q", i) + b"abc"
+        for i in range(4)
+    ]
+    mds_shard = _records(rows, b'{"format": "mds"}')
+    lit = b"litdata|image:v:numpy|label:8\n"
+    items = []
+    for i in range(3):
+        array = struct.pack("<III", 4, 1, 6) + bytes(range(6))  # uint8 (6,) with its header
+        items.append(struct.pack("<II", len(array), 8) + array + struct.pack("<q", i))
+    lit_chunk = _records(items)
+    return {
+        "mds.record": mds + mds_shard,
+        "mds-truncated.record": mds + mds_shard[:-7],
+        "mds-offsets-past-the-end.record": mds + mds_shard[:8] + b"\xff\xff\x00\x00"
+        + mds_shard[12:],
+        "litdata.record": lit + lit_chunk,
+        "litdata-header-too-long.record": lit + lit_chunk.replace(
+            struct.pack("<III", 4, 1, 6), struct.pack("<III", 4, 9, 6), 1
+        ),
+    }  # fmt: skip
+
+
 def write(folder: Path, files: dict[str, bytes]) -> None:
     """Writes `files`; other files in `folder` (a fuzzer's reproducer saved there by
     hand) are left alone."""
@@ -590,7 +630,8 @@ def main() -> None:
     write(MALFORMED, {**tar_malformed(), **zip_malformed(), **npy_malformed()})
     write(CHUNK_SEEDS, chunk_seeds())
     write(GZIP_SEEDS, gzip_seeds())
-    for folder in (SEEDS, INDEX_SEEDS, MALFORMED, CHUNK_SEEDS, GZIP_SEEDS):
+    write(RECORD_SEEDS, record_seeds())
+    for folder in (SEEDS, INDEX_SEEDS, MALFORMED, CHUNK_SEEDS, GZIP_SEEDS, RECORD_SEEDS):
         files = sorted(folder.iterdir())
         total = sum(f.stat().st_size for f in files)
         print(f"{folder.relative_to(HERE.parent.parent)}: {len(files)} files, {total} bytes")

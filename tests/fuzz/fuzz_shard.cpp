@@ -1,14 +1,14 @@
 // libFuzzer target for the shard parsers and the reader on what they index.
 //
-// Input: one byte that picks the format (byte % 7: 0 tar, 1 zip, 2 npy, 3 a
-// member index sidecar, 4 an image, 5 array chunks, 6 a gzip file), then the
-// shard's (or the sidecar's, or the image's) bytes. A gzip file (a .nii.gz) is
-// read as a stream in uneven pieces, then finished (every trailer checked). An image is decoded as
-// Image fields decode it, directly and through the reader with blank_on_error. Array chunks are an
-// array source's layout and its chunks (fuzz_chunks): every row is read through
-// the reader, and rows of chunks stored as they are used must equal a plain
-// recomputation of where each element lies. A sidecar
-// is decoded, and what it says checked as any index is. A shard is
+// Input: one byte that picks the format (byte % 8: 0 tar, 1 zip, 2 npy, 3 a
+// member index sidecar, 4 an image, 5 array chunks, 6 a gzip file, 7 an MDS
+// shard or LitData chunk: a first line with its record format, "mds|a:8|b:v",
+// then the shard), then the shard's (or the sidecar's, or the image's) bytes. A gzip file (a
+// .nii.gz) is read as a stream in uneven pieces, then finished (every trailer checked). An image is
+// decoded as Image fields decode it, directly and through the reader with blank_on_error. Array
+// chunks are an array source's layout and its chunks (fuzz_chunks): every row is read through the
+// reader, and rows of chunks stored as they are used must equal a plain recomputation of where each
+// element lies. A sidecar is decoded, and what it says checked as any index is. A shard is
 //   1. indexed from memory (a WindowReader over the bytes, with a small window
 //      so that headers straddle windows) and from a real file (a memfd opened
 //      by its /proc/self/fd path, as a Dataset opens a shard); the two must
@@ -49,7 +49,7 @@ using stoker::format::ShardIndex;
 using stoker::io::Codec;
 using stoker::io::ReadRequest;
 
-constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx", "image", "chunk", "gzip"};
+constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx", "image", "chunk", "gzip", "record"};
 constexpr size_t kNumFormats = sizeof kFormats / sizeof kFormats[0];
 // What one input may make the harness decode in all, and per batch of reads:
 // bounded, so memory stays far below libFuzzer's -rss_limit_mb.
@@ -105,7 +105,8 @@ Outcome attempt(const char* stage, Parse parse) {
 
 // What a Dataset assumes of any index the parsers return.
 void check_index(const ShardIndex& index, const std::string& format, uint64_t size, bool located) {
-  if (index.format != format) bug("index format '" + index.format + "' for a " + format);
+  const std::string name = format.substr(0, format.find('|'));  // a record format's kind
+  if (index.format != name) bug("index format '" + index.format + "' for a " + name);
   if (format == "npy") {
     const auto& h = index.npy;
     if (h.shape.empty() || h.itemsize == 0) bug("npy index without shape or itemsize");
@@ -479,9 +480,21 @@ void fuzz_gzip(const uint8_t* bytes, uint64_t size) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  const std::string format = kFormats[data[0] % kNumFormats];
+  std::string format = kFormats[data[0] % kNumFormats];
   const uint8_t* shard = data + 1;
-  const uint64_t shard_size = size - 1;
+  uint64_t shard_size = size - 1;
+  if (format == "record") {  // the first line is the record format, from a peer's index
+    const void* end = std::memchr(shard, '\n', std::min<uint64_t>(shard_size, 256));
+    if (end == nullptr) return 0;
+    format.assign(reinterpret_cast<const char*>(shard), static_cast<const uint8_t*>(end) - shard);
+    // (Python writes it from a peer's index.json: printable, never a NUL.)
+    for (char c : format) {
+      if (static_cast<unsigned char>(c) < 0x20) return 0;
+    }
+    if (!stoker::format::is_record_format(format)) return 0;
+    shard_size -= static_cast<const uint8_t*>(end) - shard + 1;
+    shard = static_cast<const uint8_t*>(end) + 1;
+  }
   if (format == "image") {
     fuzz_image(shard, shard_size);
     return 0;
