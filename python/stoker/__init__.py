@@ -17,6 +17,7 @@ from stoker._core import __version__ as __version__
 from stoker.arrays.nifti import nifti_header
 from stoker.cuda import FallbackWarning, cuda_status
 from stoker.dataset import Dataset
+from stoker.dataset.mix import Mix
 from stoker.errors import UsageError
 from stoker.fields import Bytes, Image, Int, Npy, Raw, Row
 from stoker.gds import GDSCache, load_array, load_npy, read_into
@@ -35,6 +36,7 @@ __all__ = [
     "GDSCache",
     "Int",
     "Loader",
+    "Mix",
     "Npy",
     "Raw",
     "Row",

@@ -58,6 +58,8 @@ class Dataset:
         self.cache_limit = cache_limit
         self.num_threads = num_threads
         options = fetch or FetchOptions()
+        self.fetch = options
+        self.arrays = None if arrays is None else list(arrays)
 
         def read_url(url: str) -> bytes:
             fetcher = fetcher_for(options)
@@ -156,6 +158,8 @@ class Dataset:
         self = cls.__new__(cls)
         self.source = source or root
         self.cache_dir = self.cache_limit = None
+        self.fetch = None  # (not a source Dataset() can open again: see Mix)
+        self.arrays = None
         self.num_threads = num_threads
         # One "shard" of every file: member i is file i's bytes.
         self._open(paths, paths, identities, ["files"], [index], np.arange(len(paths)))

@@ -18,8 +18,11 @@ from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
+import numpy as np
+
 from stoker import cuda
 from stoker.dataset import Dataset
+from stoker.dataset.mix import Mix
 from stoker.dataset.reads import shared_reader
 from stoker.errors import StokerError, UsageError
 from stoker.fields import FieldSpec
@@ -28,7 +31,7 @@ from stoker.loader.collate import MapRunner, default_collate
 from stoker.loader.epochs import EpochCursor, Order
 from stoker.loader.plan import FieldsPlan, check_fields_argument
 from stoker.loader.prefetch import ShardPrefetch, shard_spans
-from stoker.loader.sampler import DEFAULT_SHUFFLE_WINDOW, augment_seed
+from stoker.loader.sampler import DEFAULT_SHUFFLE_WINDOW, MixSpec, augment_seed
 
 log = logging.getLogger("stoker.loader")
 
@@ -121,6 +124,9 @@ class Loader:
         self._reader_threads = num_threads  # None: the process's default reader
         self.num_threads = shared_reader(num_threads).num_threads
         self.pinned_bytes = pinned_bytes or _DEFAULT_PINNED_BYTES
+        mix = None
+        if isinstance(dataset, Mix):
+            mix = MixSpec(dataset.group_counts(), tuple(dataset.weights), dataset.epoch_samples)
         self._cursor = EpochCursor(
             Order(
                 dataset.members.group_sizes(),
@@ -131,9 +137,12 @@ class Loader:
                 self.rank,
                 self.world_size,
                 shuffle_window,
+                mix,
             )
         )
         self._stats = Stats()
+        if mix is not None:
+            self._stats.per_source = np.zeros(len(mix.groups), np.int64)
         self._map_runner = MapRunner(map, self.num_threads) if map is not None else None
         self._build()
         self._check_cache()
@@ -196,8 +205,9 @@ class Loader:
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         self._cursor.load_state_dict(state, len(self.dataset))
 
-    def stats(self) -> dict[str, float]:
-        """Counters since the loader was made; cheap enough to leave on."""
+    def stats(self) -> dict[str, Any]:
+        """Counters since the loader was made; cheap enough to leave on. For a Mix,
+        ``per_source``: the samples handed out from each source."""
         s = self._stats
         elapsed = time.perf_counter() - s.started if s.started is not None else 0.0
         return {
@@ -210,6 +220,7 @@ class Loader:
             "images_blanked": s.images_blanked,
             "input_bound_fraction": s.wait_s / elapsed if elapsed > 0 else 0.0,
             "samples_per_s": s.samples / elapsed if elapsed > 0 else 0.0,
+            **({"per_source": s.per_source.tolist()} if s.per_source is not None else {}),
         }
 
     def _check_cache(self) -> None:

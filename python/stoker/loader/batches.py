@@ -28,6 +28,7 @@ class Stats:
     read_busy_s: float = 0.0  # thread time spent reading and decoding, summed
     images_blanked: int = 0  # Image(on_error="blank") members that did not decode
     started: float | None = None
+    per_source: np.ndarray | None = None  # a Mix's: samples read from each source
 
 
 class RingFull(Exception):
@@ -117,6 +118,10 @@ class BatchReader:
             self._count_blanked(item)
         self.stats.bytes += int(buffer.nbytes)
         self.stats.samples += len(item.indices)
+        if self.stats.per_source is not None:
+            self.stats.per_source += np.bincount(
+                self.ds.source_of(np.asarray(item.indices)), minlength=len(self.stats.per_source)
+            )
         if item.prepared is not None:
             copy = self.stage is not None  # a pinned slot the ring needs back soon
             batch = self.plan.assemble(item.prepared, buffer, item.indices, self.torch, copy)

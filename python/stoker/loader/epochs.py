@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import StokerError
-from stoker.loader.sampler import EpochPlan, batch_count, plan_epoch, rank_stretch
+from stoker.loader.sampler import EpochPlan, MixSpec, batch_count, plan_epoch, rank_stretch
 
 STATE_VERSION = 1
 
@@ -36,16 +36,23 @@ class Order:
     rank: int
     world_size: int
     shuffle_window: int
+    mix: MixSpec | None = None  # a Mix's sources and weights
 
     @property
     def samples(self) -> int:
+        """Samples in an epoch."""
+        if self.mix is not None:
+            return self.mix.epoch_samples
         return int(self.group_sizes.sum())
 
     @property
     def groups_digest(self) -> int:
         """A fingerprint of the grouping: a state saved under another one would resume
         into another order."""
-        return zlib.crc32(np.ascontiguousarray(self.group_sizes, np.int64).tobytes())
+        digest = zlib.crc32(np.ascontiguousarray(self.group_sizes, np.int64).tobytes())
+        if self.mix is not None:  # the sources, their weights and the epoch's length
+            digest = zlib.crc32(repr(self.mix).encode(), digest)
+        return digest
 
 
 class EpochCursor:
@@ -95,6 +102,7 @@ class EpochCursor:
                 drop_last=o.drop_last,
                 shuffle_window=o.shuffle_window,
                 consumed=elastic[1] if elastic is not None and elastic[0] == epoch else None,
+                mix=o.mix,
             )
             self._plans = {epoch: plan}  # one epoch's order at a time
         return plan
@@ -195,7 +203,7 @@ class EpochCursor:
         same_split = old_world == o.world_size and old_drop_last == o.drop_last
         # An epoch whose every batch was handed out is over in any split: what its ranks
         # dropped (drop_last) stays dropped, and the next iteration begins the next epoch.
-        finished = batches_done >= epoch_batches(samples, old_world, old_drop_last, o.batch_size)
+        finished = batches_done >= epoch_batches(o.samples, old_world, old_drop_last, o.batch_size)
         self.elastic = None
         if finished:
             self.position = len(self)

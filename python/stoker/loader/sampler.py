@@ -86,6 +86,85 @@ def global_order(
     return samples[np.argsort(keys, kind="stable")], shard_order
 
 
+@dataclass(frozen=True)
+class MixSpec:
+    """How a Mix draws an epoch from its sources (see mix_order): each source's groups, in
+    order, are the next `groups[s]` entries of the group sizes."""
+
+    groups: tuple[int, ...]
+    weights: tuple[float, ...]
+    epoch_samples: int
+
+    def counts(self) -> np.ndarray:
+        """Samples each source gives an epoch: the weights' shares of epoch_samples, the
+        remainders handed out largest first (ties to the earlier source)."""
+        w = np.asarray(self.weights, np.float64)
+        exact = w / w.sum() * self.epoch_samples
+        counts = np.floor(exact).astype(np.int64)
+        short = self.epoch_samples - int(counts.sum())
+        counts[np.argsort(-(exact - counts), kind="stable")[:short]] += 1
+        return counts
+
+
+def _source_seed(seed: int, source: int) -> int:
+    return int(np.random.SeedSequence([seed, 3, source]).generate_state(1, np.uint64)[0] >> 1)
+
+
+def mix_order(
+    group_sizes: np.ndarray,
+    mix: MixSpec,
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
+) -> np.ndarray:
+    """The epoch's order of a Mix: exactly ``mix.counts()[s]`` samples of each source s.
+
+    Each source is read as an endless stream of passes, pass j its own ``global_order`` for
+    epoch j (so a source keeps its shard-by-shard locality); epoch e takes the stream's
+    next ``counts[s]`` samples, so a source weighted past its size is resampled (each pass
+    without replacement) and one weighted below it goes on where the last epoch stopped.
+    The sources' streams are then interleaved sample by sample, at random positions (in
+    proportion, without shuffle), each keeping its own order. A pure function of its
+    arguments."""
+    sizes = np.asarray(group_sizes, dtype=np.int64)
+    counts = mix.counts()
+    bounds = np.concatenate([[0], np.cumsum(mix.groups)])
+    sample_starts = np.concatenate([[0], np.cumsum(sizes)])
+    streams = []
+    for s, count in enumerate(counts.tolist()):
+        own = sizes[bounds[s] : bounds[s + 1]]
+        offset = int(sample_starts[bounds[s]])
+        n = int(own.sum())
+        if count == 0:
+            streams.append(np.zeros(0, np.int64))
+            continue
+        if n == 0:
+            raise ValueError(f"source {s} of a Mix has no samples")
+        start = epoch * count
+        pieces = []
+        for j in range(start // n, (start + count - 1) // n + 1):
+            order, _ = global_order(
+                own, shuffle=shuffle, seed=_source_seed(seed, s), epoch=j,
+                shuffle_window=shuffle_window,
+            )  # fmt: skip
+            lo = max(start, j * n) - j * n
+            hi = min(start + count, (j + 1) * n) - j * n
+            pieces.append(order[lo:hi] + offset)
+        streams.append(np.concatenate(pieces))
+    labels = np.repeat(np.arange(len(counts)), counts)
+    if shuffle:
+        labels = _epoch_rng(seed, epoch, 3).permutation(labels)
+    else:  # in proportion: source s's k-th sample at (k + 0.5) / counts[s] of the epoch
+        keys = np.concatenate([(np.arange(c) + 0.5) / c for c in counts.tolist() if c])
+        labels = labels[np.argsort(keys, kind="stable")]
+    out = np.empty(len(labels), np.int64)
+    for s, stream in enumerate(streams):
+        out[labels == s] = stream
+    return out
+
+
 def rank_stretch(total: int, rank: int, world_size: int, drop_last: bool) -> tuple[int, int]:
     """[begin, end) of this rank's stretch of an epoch of `total` samples; `end` may pass
     `total` (without drop_last the last ranks wrap around to the start)."""
@@ -107,6 +186,7 @@ def plan_epoch(
     drop_last: bool,
     shuffle_window: int = DEFAULT_SHUFFLE_WINDOW,
     consumed: tuple[int, bool, int] | None = None,
+    mix: MixSpec | None = None,
 ) -> EpochPlan:
     """This rank's batches for `epoch`.
 
@@ -119,12 +199,18 @@ def plan_epoch(
     of an epoch that began with another world size: ranks move in lockstep, so one rank's
     count tells what every old rank read from its stretch; what none of them read is shared
     out, in the epoch's order, as above. Nothing is read twice (padding aside), none lost.
+    With `mix`, the epoch's order is a Mix's (mix_order).
     """
     if batch_size < 1:
         raise ValueError(f"batch_size must be at least 1, not {batch_size}")
-    order, _ = global_order(
-        shard_sizes, shuffle=shuffle, seed=seed, epoch=epoch, shuffle_window=shuffle_window
-    )
+    if mix is not None:
+        order = mix_order(
+            shard_sizes, mix, shuffle=shuffle, seed=seed, epoch=epoch, shuffle_window=shuffle_window
+        )
+    else:
+        order, _ = global_order(
+            shard_sizes, shuffle=shuffle, seed=seed, epoch=epoch, shuffle_window=shuffle_window
+        )
     if consumed is not None and len(order):
         old_world, old_drop_last, done = consumed
         taken = np.zeros(len(order), dtype=bool)  # by position in the epoch's order
