@@ -282,3 +282,25 @@ def test_mds_damaged_zstd_shard(tmp_path):
     with pytest.raises(stoker.ShardFormatError, match="sha1") as e:
         stoker.Dataset(folder, cache_dir=str(tmp_path / "cache2"))
     assert shard in str(e.value)
+
+
+# -- over HTTP ---------------------------------------------------------------------------
+
+
+def test_a_served_litdata_index(tmp_path):
+    from stoker.tools.serve import ShardServer
+
+    folder = _write_litdata(tmp_path, "lit")
+    compressed = _write_litdata(tmp_path, "litz", "zstd", "chunk")
+    with ShardServer(str(tmp_path)) as server:
+        remote = stoker.Dataset(server.url_for("lit/index.json"), cache_dir=str(tmp_path / "c"))
+        local = stoker.Dataset(folder)
+        assert len(remote) == len(local) == N
+        for a, b in zip(remote.get_batch(range(N)), local.get_batch(range(N))):
+            assert {k: bytes(v) for k, v in a.items() if k != "__key__"} == {
+                k: bytes(v) for k, v in b.items() if k != "__key__"
+            }
+        with pytest.raises(stoker.ShardFormatError, match="local copy") as e:
+            stoker.Dataset(server.url_for("litz/index.json"), cache_dir=str(tmp_path / "c"))
+        assert "litz/index.json" in str(e.value)
+    assert os.path.isdir(compressed)

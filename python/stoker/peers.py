@@ -15,13 +15,14 @@ import hashlib
 import json
 import os
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from stoker import _core
 from stoker.errors import ShardFormatError, located
-from stoker.formats import load_json
+from stoker.formats import is_url, load_json
 
 INDEX_NAME = "index.json"
 
@@ -53,26 +54,50 @@ def read_peer_index(path: str, cache_dir: str | None = None) -> list[tuple[str, 
     """The shards of the MDS or LitData dataset whose ``index.json`` is at `path`, each
     with its manifest-like entry (samples, bytes, fields, and its record ``format``); None
     when the file is not such an index."""
-    index = load_json(path, "index.json")
+    folder = os.path.dirname(os.path.abspath(path))
+    return peer_shards(
+        load_json(path, "index.json"), path, lambda name: os.path.join(folder, name), cache_dir
+    )
+
+
+def peer_shards(
+    index: object, where: str, locate: Callable[[str], str], cache_dir: str | None
+) -> list[tuple[str, dict]] | None:
+    """The shards an MDS or LitData `index` (read from `where`) lists, each located by
+    `locate(its file name)`: a path, or a URL (then compressed shards are refused: they are
+    decompressed from a local copy only). None when `index` is neither."""
     if not isinstance(index, dict):
         return None
-    folder = os.path.dirname(os.path.abspath(path))
     if isinstance(index.get("shards"), list) and index.get("version") == 2:
-        return [_mds_shard(path, folder, s, cache_dir) for s in index["shards"]]
+        return [_mds_shard(where, locate, s, cache_dir) for s in index["shards"]]
     if isinstance(index.get("chunks"), list) and isinstance(index.get("config"), dict):
         config = index["config"]
-        format_string, fields = _litdata_format(path, config)
+        format_string, fields = _litdata_format(where, config)
         return [
-            _litdata_chunk(path, folder, c, config, format_string, fields, cache_dir)
+            _litdata_chunk(where, locate, c, config, format_string, fields, cache_dir)
             for c in index["chunks"]
         ]
     return None
 
 
+def _local_only(where: str, path: str) -> None:
+    """A compressed shard is decompressed from a local file: a URL one is refused."""
+    if is_url(path):
+        raise located(
+            ShardFormatError,
+            where,
+            0,
+            f"{path} is compressed as a whole; stoker decompresses such shards from a local "
+            "copy only: copy the dataset to a local disk (or write it uncompressed)",
+        )
+
+
 # -- MDS ----------------------------------------------------------------------------
 
 
-def _mds_shard(index: str, folder: str, shard: Any, cache_dir: str | None) -> tuple[str, dict]:
+def _mds_shard(
+    index: str, locate: Callable[[str], str], shard: Any, cache_dir: str | None
+) -> tuple[str, dict]:
     def bad(what: str) -> ShardFormatError:
         return located(ShardFormatError, index, 0, f"MDS shard entry: {what}")
 
@@ -99,17 +124,20 @@ def _mds_shard(index: str, folder: str, shard: Any, cache_dir: str | None) -> tu
             raise bad(f"column {name!r} ({encoding}) says it is {size} bytes")
         columns.append(f"{_field(name)}:{'v' if fixed is None else fixed}")
     raw = shard.get("raw_data") or {}
-    path = os.path.join(folder, str(raw.get("basename", "")))
+    path = locate(str(raw.get("basename", "")))
     samples, nbytes = shard.get("samples"), raw.get("bytes")
     if not isinstance(samples, int) or not isinstance(nbytes, int):
         raise bad("samples and raw_data.bytes must be integers")
     compression = shard.get("compression")
-    if compression and not (os.path.exists(path) and os.path.getsize(path) == nbytes):
+    if compression and (
+        is_url(path) or not (os.path.exists(path) and os.path.getsize(path) == nbytes)
+    ):
         family = str(compression).split(":")[0]
         if family not in _MDS_COMPRESSION:
             raise bad(f"compression {compression!r}: stoker decompresses zstd and gz")
         zip_data = shard.get("zip_data") or {}
-        zipped = os.path.join(folder, str(zip_data.get("basename", "")))
+        zipped = locate(str(zip_data.get("basename", "")))
+        _local_only(index, zipped)
         # A zstd frame without a checksum cannot tell damaged data from other data: the
         # writer's hashes of the file (those hashlib has) are checked where it kept some.
         hashes = zip_data.get("hashes") if isinstance(zip_data.get("hashes"), dict) else {}
@@ -174,7 +202,7 @@ def _litdata_format(path: str, config: dict) -> tuple[str, list[str]]:
 
 def _litdata_chunk(
     index: str,
-    folder: str,
+    locate: Callable[[str], str],
     chunk: Any,
     config: dict,
     format_string: str,
@@ -186,9 +214,10 @@ def _litdata_chunk(
     samples, nbytes = chunk.get("chunk_size"), chunk.get("chunk_bytes")
     if not isinstance(samples, int) or not isinstance(nbytes, int):
         raise located(ShardFormatError, index, 0, f"chunk {chunk['filename']}: sizes not integers")
-    path = os.path.join(folder, chunk["filename"])
+    path = locate(chunk["filename"])
     compression = config.get("compression")
     if compression:
+        _local_only(index, path)
         if not str(compression).startswith("zstd"):
             raise located(
                 ShardFormatError, index, 0, f"compression {compression!r}: stoker reads zstd"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import fnmatch
 import glob
+import json
 import os
 import re
 import urllib.parse
@@ -12,9 +13,9 @@ from typing import Union
 
 from stoker.arrays import ARRAY_FORMATS, is_zarr_store
 from stoker.errors import StokerError, plural
-from stoker.formats import SHARD_FORMATS, is_url, shards_in_folder
+from stoker.formats import SHARD_FORMATS, is_url, join_url, shards_in_folder
 from stoker.manifest import MANIFEST_NAME, parse_manifest, read_local_manifest
-from stoker.peers import INDEX_NAME, is_peer_index, read_peer_index
+from stoker.peers import INDEX_NAME, is_peer_index, peer_shards, read_peer_index
 from stoker.remote.stores import is_object_url
 
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
@@ -95,7 +96,16 @@ def resolve(
         if urllib.parse.urlsplit(text).path.lower().endswith(".json"):
             if read_url is None:
                 raise StokerError(f"{text}: a remote manifest needs a reader")
-            return parse_manifest(read_url(text), text)
+            data = read_url(text)
+            if is_peer_index(urllib.parse.urlsplit(text).path):  # an MDS or LitData index?
+                try:
+                    index = json.loads(data)
+                except ValueError:
+                    index = None  # parse_manifest says what is wrong with it
+                found = peer_shards(index, text, lambda name: join_url(text, name), cache_dir)
+                if found is not None:
+                    return found
+            return parse_manifest(data, text)
         return [(text, None)]
     if _SCHEME.match(text):
         raise StokerError(f"{text}: sources are local paths, http(s) URLs, s3:// and gs://")
@@ -150,6 +160,8 @@ def _listed(
     objects = list_url(prefix)
     if pattern is None and any(url == prefix + MANIFEST_NAME for url, _, _ in objects):
         return parse_manifest(read_url(prefix + MANIFEST_NAME), prefix + MANIFEST_NAME)
+    if pattern is None and any(url == prefix + INDEX_NAME for url, _, _ in objects):
+        return resolve(prefix + INDEX_NAME, read_url, list_url=list_url)  # MDS or LitData
     found = [
         (url, {"bytes": size, "listed": True, **({"etag": etag} if etag else {})})
         for url, size, etag in sorted(objects)
