@@ -304,3 +304,13 @@ def test_a_served_litdata_index(tmp_path):
             stoker.Dataset(server.url_for("litz/index.json"), cache_dir=str(tmp_path / "c"))
         assert "litz/index.json" in str(e.value)
     assert os.path.isdir(compressed)
+
+
+def test_inspect(tmp_path, capsys):
+    from stoker.tools.cli import main
+
+    folder = _write_litdata(tmp_path, "lit")
+    assert main(["inspect", folder]) == 0
+    out = capsys.readouterr().out
+    assert f"{N} samples" in out and "litdata" in out and "notes" not in out
+    assert "nested.b" in out

@@ -125,7 +125,8 @@ def _inspect(args: argparse.Namespace) -> int:
         return 0
     notes = inspect.manifest_notes(args.source)  # a manifest's missing shards are said there
     shards = inspect.local_shards(args.source, allow_missing=bool(notes))
-    reports = inspect.inspect_shards(shards, args.threads)
+    formats = inspect.shard_formats(args.source)
+    reports = inspect.inspect_shards(shards, args.threads, [formats.get(p) for p in shards])
     notes += inspect.manifest_mismatches(args.source, reports)
     print(inspect.format_inspection(args.source, reports, notes))
     return 1 if any(r.error for r in reports) else 0

@@ -45,6 +45,16 @@ def local_shards(source: str, allow_missing: bool = False) -> list[str]:
     return paths
 
 
+def shard_formats(source: str) -> dict[str, str]:
+    """The formats `source`'s index gives its shards (MDS shards and LitData chunks: their
+    record formats), by path."""
+    return {
+        path: entry["format"]
+        for path, entry in resolve(source, note_drift=False)
+        if entry and isinstance(entry.get("format"), str)
+    }
+
+
 def index(source: str, out: str | None = None, num_threads: int = 0) -> tuple[str, list[dict]]:
     """Write ``stoker.json`` for the shards of `source` (beside them unless `out`)."""
     extra = None
@@ -168,12 +178,17 @@ def manifest_mismatches(source: str, reports: list[ShardReport]) -> list[str]:
     ]
 
 
-def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:
-    """Each shard's samples and field sizes, or what is wrong with it."""
+def inspect_shards(
+    paths: list[str], num_threads: int = 0, formats: list[str | None] | None = None
+) -> list[ShardReport]:
+    """Each shard's samples and field sizes, or what is wrong with it. `formats`: each
+    shard's format where its source says it (an MDS shard's or LitData chunk's record
+    format, from their index), else it is told by the name."""
+    given = dict(zip(paths, formats or []))
 
     def one(path: str) -> ShardReport:
         try:
-            fmt = format_of(path)
+            fmt = given.get(path) or format_of(path)
             if fmt in ("hdf5", "zarr"):
                 return _array_report(path, fmt)
             size = os.path.getsize(path)
@@ -189,7 +204,11 @@ def inspect_shards(paths: list[str], num_threads: int = 0) -> list[ShardReport]:
             for i, name in enumerate(found["field_names"])
         }
         keys = found["keys"]
-        return ShardReport(path, fmt, size, len(keys), fields, None, keys, found["key_runs"])
+        kind = found["format"]  # (a record format's kind: mds, litdata)
+        if kind in ("mds", "litdata"):  # records: numbered in their shard, as a Dataset keys them
+            stem = os.path.splitext(os.path.basename(path))[0]
+            keys = [f"{stem}/{k}" for k in keys]
+        return ShardReport(path, kind, size, len(keys), fields, None, keys, found["key_runs"])
 
     with ThreadPoolExecutor(num_threads or os.cpu_count() or 1) as pool:
         return list(pool.map(one, paths))
