@@ -287,23 +287,51 @@ def test_mds_damaged_zstd_shard(tmp_path):
 # -- over HTTP ---------------------------------------------------------------------------
 
 
-def test_a_served_litdata_index(tmp_path):
+@pytest.mark.parametrize(
+    "variant",
+    [("none", "none"), ("zstd", "none"), ("zstd", "chunk")],
+    ids=["plain", "zstd-framed", "zstd-whole-chunk"],
+)
+def test_a_served_litdata_index(tmp_path, variant):
     from stoker.tools.serve import ShardServer
 
-    folder = _write_litdata(tmp_path, "lit")
-    compressed = _write_litdata(tmp_path, "litz", "zstd", "chunk")
+    folder = _write_litdata(tmp_path, "lit", *variant)
     with ShardServer(str(tmp_path)) as server:
         remote = stoker.Dataset(server.url_for("lit/index.json"), cache_dir=str(tmp_path / "c"))
-        local = stoker.Dataset(folder)
-        assert len(remote) == len(local) == N
-        for a, b in zip(remote.get_batch(range(N)), local.get_batch(range(N))):
+        _check_litdata(remote, _litdata_samples(folder))
+    if variant != ("none", "none"):  # fetched compressed, cached decompressed
+        cached = [
+            os.path.join(root, f)
+            for root, _, files in os.walk(tmp_path / "c")
+            for f in files
+            if f.startswith("chunk-")
+        ]
+        assert cached
+        for path in cached:
+            with open(path, "rb") as f:
+                assert f.read(4) != b"LDFZ"  # the plain chunk, not the framed one
+
+
+def test_a_served_mds_index(tmp_path):
+    from stoker.tools.serve import ShardServer
+
+    _write_mds(tmp_path, "mdsz", "zstd", hashes=["sha1"])
+    local = _write_mds(tmp_path, "mds", None)
+    with ShardServer(str(tmp_path)) as server:
+        remote = stoker.Dataset(server.url_for("mdsz/index.json"), cache_dir=str(tmp_path / "c"))
+        here = stoker.Dataset(local)
+        for a, b in zip(remote.get_batch(range(N)), here.get_batch(range(N))):
             assert {k: bytes(v) for k, v in a.items() if k != "__key__"} == {
                 k: bytes(v) for k, v in b.items() if k != "__key__"
             }
-        with pytest.raises(stoker.ShardFormatError, match="local copy") as e:
-            stoker.Dataset(server.url_for("litz/index.json"), cache_dir=str(tmp_path / "c"))
-        assert "litz/index.json" in str(e.value)
-    assert os.path.isdir(compressed)
+        shard = tmp_path / "mdsz" / "shard.00001.mds.zstd"
+        damaged = bytearray(shard.read_bytes())
+        damaged[40:48] = b"\xff" * 8
+        shard.write_bytes(bytes(damaged))
+        again = stoker.Dataset(server.url_for("mdsz/index.json"), cache_dir=str(tmp_path / "d"))
+        with pytest.raises(stoker.StokerError, match="sha1") as e:
+            again.get_batch(range(N))
+        assert "shard.00001.mds.zstd" in str(e.value)
 
 
 def test_inspect(tmp_path, capsys):

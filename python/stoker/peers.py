@@ -16,6 +16,7 @@ import json
 import os
 import struct
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -61,11 +62,18 @@ def read_peer_index(path: str, cache_dir: str | None = None) -> list[tuple[str, 
 
 
 def peer_shards(
-    index: object, where: str, locate: Callable[[str], str], cache_dir: str | None
+    index: object,
+    where: str,
+    locate: Callable[[str], str],
+    cache_dir: str | None,
+    read_range: Callable[[str, int, int], bytes] | None = None,
 ) -> list[tuple[str, dict]] | None:
     """The shards an MDS or LitData `index` (read from `where`) lists, each located by
-    `locate(its file name)`: a path, or a URL (then compressed shards are refused: they are
-    decompressed from a local copy only). None when `index` is neither."""
+    `locate(its file name)`: a path, or a URL. A compressed local shard is decompressed
+    into the cache now; a compressed remote one is fetched into the node cache as any
+    remote shard and decompressed on its way in (its entry's ``unpack``); for LitData's
+    framed chunks, whose decompressed size only their header says, `read_range` reads
+    each header. None when `index` is neither."""
     if not isinstance(index, dict):
         return None
     if isinstance(index.get("shards"), list) and index.get("version") == 2:
@@ -73,23 +81,18 @@ def peer_shards(
     if isinstance(index.get("chunks"), list) and isinstance(index.get("config"), dict):
         config = index["config"]
         format_string, fields = _litdata_format(where, config)
-        return [
-            _litdata_chunk(where, locate, c, config, format_string, fields, cache_dir)
-            for c in index["chunks"]
-        ]
+        chunks = index["chunks"]
+
+        def one(chunk: Any) -> tuple[str, dict]:
+            return _litdata_chunk(
+                where, locate, chunk, config, format_string, fields, cache_dir, read_range
+            )
+
+        if read_range is None or len(chunks) < 2:
+            return [one(c) for c in chunks]
+        with ThreadPoolExecutor(16) as pool:  # a framed chunk's header: one request each
+            return list(pool.map(one, chunks))
     return None
-
-
-def _local_only(where: str, path: str) -> None:
-    """A compressed shard is decompressed from a local file: a URL one is refused."""
-    if is_url(path):
-        raise located(
-            ShardFormatError,
-            where,
-            0,
-            f"{path} is compressed as a whole; stoker decompresses such shards from a local "
-            "copy only: copy the dataset to a local disk (or write it uncompressed)",
-        )
 
 
 # -- MDS ----------------------------------------------------------------------------
@@ -137,15 +140,35 @@ def _mds_shard(
             raise bad(f"compression {compression!r}: stoker decompresses zstd and gz")
         zip_data = shard.get("zip_data") or {}
         zipped = locate(str(zip_data.get("basename", "")))
-        _local_only(index, zipped)
         # A zstd frame without a checksum cannot tell damaged data from other data: the
         # writer's hashes of the file (those hashlib has) are checked where it kept some.
         hashes = zip_data.get("hashes") if isinstance(zip_data.get("hashes"), dict) else {}
+        if is_url(zipped):
+            packed = zip_data.get("bytes")
+            return zipped, _entry(samples, nbytes, columns, "mds", family, packed, hashes)
         path = unpacked(zipped, nbytes, _MDS_COMPRESSION[family], cache_dir, hashes)
-    fields = [c.split(":")[0] for c in columns]
-    entry = {"samples": samples, "bytes": nbytes, "fields": fields,
-             "format": "mds|" + "|".join(columns)}  # fmt: skip
-    return path, entry
+    return path, _entry(samples, nbytes, columns, "mds")
+
+
+def _entry(
+    samples: int,
+    nbytes: int,
+    columns: list[str],
+    kind: str,
+    unpack: str | None = None,
+    packed: int | None = None,
+    hashes: dict | None = None,
+) -> dict:
+    """A manifest-like entry: what the dataset needs of a shard before it is read."""
+    entry = {
+        "samples": samples,
+        "bytes": nbytes,
+        "fields": [c.split(":")[0] for c in columns],
+        "format": f"{kind}|" + "|".join(columns),
+    }
+    if unpack is not None:  # fetched compressed, decompressed on its way into the cache
+        entry["unpack"] = {"kind": unpack, "bytes": packed, "hashes": hashes or {}}
+    return entry
 
 
 # -- LitData -------------------------------------------------------------------------
@@ -208,6 +231,7 @@ def _litdata_chunk(
     format_string: str,
     fields: list[str],
     cache_dir: str | None,
+    read_range: Callable[[str, int, int], bytes] | None = None,
 ) -> tuple[str, dict]:
     if not isinstance(chunk, dict) or not isinstance(chunk.get("filename"), str):
         raise located(ShardFormatError, index, 0, f"a chunk entry without a filename: {chunk!r}")
@@ -215,14 +239,22 @@ def _litdata_chunk(
     if not isinstance(samples, int) or not isinstance(nbytes, int):
         raise located(ShardFormatError, index, 0, f"chunk {chunk['filename']}: sizes not integers")
     path = locate(chunk["filename"])
+    columns = format_string.split("|")[1:]
     compression = config.get("compression")
     if compression:
-        _local_only(index, path)
         if not str(compression).startswith("zstd"):
             raise located(
                 ShardFormatError, index, 0, f"compression {compression!r}: stoker reads zstd"
             )
         level = config.get("compression_level")
+        if is_url(path) and level != "sample":
+            if path.endswith(".zstd.bin"):
+                return path, _entry(samples, nbytes, columns, "litdata", "zstd")
+            if read_range is None:
+                raise located(ShardFormatError, path, 0, "a framed chunk's header cannot be read")
+            header = read_range(path, 0, 24 + 4 * (samples + 1))
+            size = _framed_plain_size(header, samples, path)
+            return path, _entry(samples, size, columns, "litdata", "framed", nbytes)
         if path.endswith(".zstd.bin"):  # the whole chunk is one frame
             plain = path[: -len(".zstd.bin")] + ".bin"
             if os.path.exists(plain) and os.path.getsize(plain) == nbytes:
@@ -239,8 +271,7 @@ def _litdata_chunk(
             )
         else:
             path, nbytes = unframed(path, cache_dir)
-    entry = {"samples": samples, "bytes": nbytes, "fields": fields, "format": format_string}
-    return path, entry
+    return path, _entry(samples, nbytes, columns, "litdata")
 
 
 # -- decompressing once --------------------------------------------------------------
@@ -293,60 +324,102 @@ def unpacked(
         return out
     with open(source, "rb") as f:
         data = f.read()
-    for algorithm, digest in (hashes or {}).items():
+    _check_hashes(data, hashes or {}, source)
+    write_atomically(out, [memoryview(_core.decompress(data, size, codec, source))])
+    return out
+
+
+def _check_hashes(data: bytes, hashes: dict, where: str) -> None:
+    """The writer's digests of a file (those hashlib knows), checked."""
+    for algorithm, digest in hashes.items():
         if algorithm in hashlib.algorithms_available:
             got = hashlib.new(algorithm, data).hexdigest()
             if got != str(digest).lower():
                 raise located(
                     ShardFormatError,
-                    source,
+                    where,
                     0,
                     f"its {algorithm} is {got}, but the index says {digest}: the file is damaged",
                 )
-    write_atomically(out, [memoryview(_core.decompress(data, size, codec, source))])
-    return out
 
 
-def unframed(source: str, cache_dir: str | None) -> tuple[str, int]:
-    """LitData's framed zstd chunk `source` (items compressed in frames of a few hundred)
-    as a plain chunk in the cache: the offset table, then the items. Returns its path and
-    size."""
-    from stoker.manifest import write_atomically
+def _framed_plain_size(header: bytes, n: int, where: str) -> int:
+    """The size of the plain chunk a framed chunk of `n` items becomes, from its header."""
+    if header[:8] != _FRAMED_MAGIC or len(header) < 24 + 4 * (n + 1):
+        raise located(
+            ShardFormatError, where, 0, "framed LitData chunk: no LDFZ01 header of its items"
+        )
+    (items,) = struct.unpack_from("<I", header, 12)
+    if items != n:
+        raise located(ShardFormatError, where, 12, f"holds {items} items, the index says {n}")
+    (logical_end,) = struct.unpack_from("<I", header, 24 + 4 * n)
+    return 4 + 4 * (n + 1) + logical_end
 
-    with open(source, "rb") as f:
-        data = f.read()
+
+def unframe(data: bytes | memoryview, source: str) -> list[bytes | memoryview]:
+    """LitData's framed zstd chunk (items compressed in frames of a few hundred) as the
+    parts of the plain chunk it stands for: the offset table, then the items."""
+    data = memoryview(data)
 
     def bad(at: int, what: str) -> ShardFormatError:
         return located(ShardFormatError, source, at, f"framed LitData chunk: {what}")
 
-    if data[:8] != _FRAMED_MAGIC or len(data) < 24:
+    if bytes(data[:8]) != _FRAMED_MAGIC or len(data) < 24:
         raise bad(0, "not one (no LDFZ01 magic): a LitData chunk of another compression")
     version, _, n, _, frames = struct.unpack_from("<HHIII", data, 8)
     if version != 1:
         raise bad(8, f"version {version}")
     table_end = 24 + 4 * (n + 1)
-    frame_end = table_end + 24 * frames
-    if frame_end > len(data):
+    if table_end + 24 * frames > len(data):
         raise bad(12, f"{n} items in {frames} frames do not fit {len(data)} bytes")
     logical = np.frombuffer(data, "<u4", n + 1, 24).astype(np.int64)
     head = 4 + 4 * (n + 1)
-    size = head + int(logical[-1])
-    out = _cache_path(source, cache_dir)
-    if os.path.exists(out) and os.path.getsize(out) == size:
-        return out, size
-    parts = [struct.pack("<I", n), (logical + head).astype("<u4").tobytes()]
+    parts: list[bytes | memoryview] = [
+        struct.pack("<I", n),
+        (logical + head).astype("<u4").tobytes(),
+    ]
     expected = 0
     for k in range(frames):
         at = table_end + 24 * k
-        _, _, offset, packed, unpacked_len = struct.unpack_from("<IIQII", data, at)
+        _, _, offset, packed, plain = struct.unpack_from("<IIQII", data, at)
         if offset + packed > len(data):
             raise bad(at, f"frame {k} ({packed} bytes at {offset}) runs past the file's end")
         frame = _core.decompress(
-            memoryview(data)[offset : offset + packed], unpacked_len, _core.ChunkFilter.ZSTD, source
+            data[offset : offset + packed], plain, _core.ChunkFilter.ZSTD, source
         )
         parts.append(memoryview(frame))
-        expected += unpacked_len
+        expected += plain
     if expected != int(logical[-1]):
         raise bad(table_end, f"frames hold {expected} bytes but the items {int(logical[-1])}")
-    write_atomically(out, parts)
+    return parts
+
+
+def unframed(source: str, cache_dir: str | None) -> tuple[str, int]:
+    """A local framed LitData chunk as a plain chunk in the cache: its path and size."""
+    from stoker.manifest import write_atomically
+
+    with open(source, "rb") as f:
+        data = f.read()
+    out = _cache_path(source, cache_dir)
+    parts = unframe(data, source)
+    size = sum(len(p) for p in parts)
+    if not (os.path.exists(out) and os.path.getsize(out) == size):
+        write_atomically(out, parts)
     return out, size
+
+
+def unpack_bytes(spec: dict, data: bytes, size: int, where: str) -> list[bytes | memoryview]:
+    """A compressed remote shard's bytes (`data`, as fetched) as the `size` bytes of the
+    shard it stands for, per its entry's ``unpack`` `spec` (zstd, gz, or LitData's
+    framed chunks); the writer's hashes of the compressed file are checked first."""
+    _check_hashes(data, spec.get("hashes") or {}, where)
+    kind = spec["kind"]
+    if kind == "framed":
+        parts = unframe(data, where)
+    else:
+        codec = _core.ChunkFilter.ZSTD if kind == "zstd" else _core.ChunkFilter.GZIP
+        parts = [memoryview(_core.decompress(data, size, codec, where))]
+    got = sum(len(p) for p in parts)
+    if got != size:
+        raise located(ShardFormatError, where, 0, f"decompresses to {got} bytes, not {size}")
+    return parts

@@ -56,6 +56,7 @@ def resolve(
     note_drift: bool = True,
     list_url: Lister | None = None,
     cache_dir: str | None = None,
+    read_range: Callable[[str, int, int], bytes] | None = None,
 ) -> list[tuple[str, dict | None]]:
     """Shard paths and URLs for `source`, each with its manifest entry (or None), in order.
 
@@ -70,7 +71,7 @@ def resolve(
     if isinstance(source, (list, tuple)):
         out: list[tuple[str, dict | None]] = []
         for item in source:
-            out.extend(resolve(item, read_url, note_drift, list_url, cache_dir))
+            out.extend(resolve(item, read_url, note_drift, list_url, cache_dir, read_range))
         return out
     if not isinstance(source, (str, os.PathLike)):
         raise TypeError(f"a source is a path, pattern or list of them, not {type(source)!r}")
@@ -80,13 +81,13 @@ def resolve(
         return [
             entry
             for name in names
-            for entry in resolve(name, read_url, note_drift, list_url, cache_dir)
+            for entry in resolve(name, read_url, note_drift, list_url, cache_dir, read_range)
         ]
     if is_object_url(text) and (text.endswith("/") or "/" not in text.partition("://")[2]):
-        return _listed(text, text.rstrip("/") + "/", None, read_url, list_url)
+        return _listed(text, text.rstrip("/") + "/", None, read_url, list_url, read_range)
     if is_object_url(text) and any(c in text for c in "*?["):
         prefix = text[: min(text.index(c) for c in "*?[" if c in text)]
-        return _listed(text, prefix, text, read_url, list_url)
+        return _listed(text, prefix, text, read_url, list_url, read_range)
     if is_object_url(text) and not text.lower().endswith((".json", *SHARD_FORMATS)):
         raise StokerError(
             f"{text}: neither a shard ({', '.join(SHARD_FORMATS)}) nor a manifest (.json); "
@@ -102,7 +103,9 @@ def resolve(
                     index = json.loads(data)
                 except ValueError:
                     index = None  # parse_manifest says what is wrong with it
-                found = peer_shards(index, text, lambda name: join_url(text, name), cache_dir)
+                found = peer_shards(
+                    index, text, lambda name: join_url(text, name), cache_dir, read_range
+                )
                 if found is not None:
                     return found
             return parse_manifest(data, text)
@@ -151,6 +154,7 @@ def _listed(
     pattern: str | None,
     read_url: Callable[[str], bytes] | None,
     list_url: Lister | None,
+    read_range: Callable[[str, int, int], bytes] | None = None,
 ) -> list[tuple[str, dict | None]]:
     """The shards under a store prefix: its ``stoker.json`` if it has one (for a prefix
     that names a folder), else every shard object, in key order (only those matching
@@ -161,7 +165,8 @@ def _listed(
     if pattern is None and any(url == prefix + MANIFEST_NAME for url, _, _ in objects):
         return parse_manifest(read_url(prefix + MANIFEST_NAME), prefix + MANIFEST_NAME)
     if pattern is None and any(url == prefix + INDEX_NAME for url, _, _ in objects):
-        return resolve(prefix + INDEX_NAME, read_url, list_url=list_url)  # MDS or LitData
+        # An MDS or LitData dataset.
+        return resolve(prefix + INDEX_NAME, read_url, list_url=list_url, read_range=read_range)
     found = [
         (url, {"bytes": size, "listed": True, **({"etag": etag} if etag else {})})
         for url, size, etag in sorted(objects)

@@ -66,6 +66,11 @@ class Dataset:
             fetcher.cache_url(url)  # a store is set up here, not on the event loop
             return fetcher.call(fetcher.read_all(url))
 
+        def read_range(url: str, offset: int, length: int) -> bytes:
+            fetcher = fetcher_for(options)
+            fetcher.cache_url(url)
+            return fetcher.call(fetcher.read_range(url, offset, length))
+
         def list_url(url: str) -> list[tuple[str, int, str | None]]:
             fetcher = fetcher_for(options)
             fetcher.cache_url(url)
@@ -76,6 +81,7 @@ class Dataset:
             read_url,
             list_url=list_url,
             cache_dir=None if cache_dir is None else os.fspath(cache_dir),
+            read_range=read_range,
         )
         names = [path for path, _ in shards]
         paths = list(names)

@@ -51,6 +51,15 @@ class NoRoom(StokerError):
     """The cache has no room for a shard right now and the caller chose not to wait."""
 
 
+@dataclass(frozen=True)
+class Unpack:
+    """How a shard fetched compressed becomes the shard cached: its compressed size (None:
+    asked of the server) and the function from its bytes to the shard's, in parts."""
+
+    packed_size: int | None
+    transform: Callable[[bytes], list]
+
+
 # -- the cache ---------------------------------------------------------------------
 
 
@@ -334,18 +343,30 @@ class ShardCache:
         priority: tuple[int, int] = (0, 0),
         locked: bool = False,
         version: str | None = None,
+        unpack: Unpack | None = None,
     ) -> Hold:
         """Hold the shard `url` at `path`, downloading it if no one has: one download per
         node; whoever else wants it waits for that one (for as long as its process lives:
         the lock dies with it). Without `wait_for_room`, NoRoom when the cache is full.
         `locked`: the caller holds the shard's lock already (see shard_lock). `version`:
-        the object's ETag when it was looked at, where known (see Fetcher.download)."""
+        the object's ETag when it was looked at, where known (see Fetcher.download).
+        `unpack`: `url` is the shard compressed; it is decompressed on its way in."""
         hold = self.hold(path, size)
         if hold is not None:
             return hold
         if locked:
             return self._download(
-                url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority, version
+                url,
+                path,
+                size,
+                sha256,
+                fetcher,
+                limit,
+                progress,
+                wait_for_room,
+                priority,
+                version,
+                unpack,
             )
         with self.shard_lock(path, url):  # a download in flight: wait for it, then look
             return self.fetch(
@@ -360,6 +381,7 @@ class ShardCache:
                 priority,
                 True,
                 version,
+                unpack,
             )
 
     def _download(
@@ -374,6 +396,7 @@ class ShardCache:
         wait_for_room: bool,
         priority: tuple[int, int],
         version: str | None,
+        unpack: Unpack | None = None,
     ) -> Hold:
         part = path + _PART
         fd = -1  # the part being written
@@ -382,7 +405,12 @@ class ShardCache:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(part)  # a dead downloader's: we hold this shard's lock now
             fd = self._reserve(part, size, limit, url, fetcher.options.cache_wait, wait_for_room)
-            got = fetcher.call(fetcher.download(url, fd, size, sha256, progress, priority, version))
+            if unpack is None:
+                got = fetcher.call(
+                    fetcher.download(url, fd, size, sha256, progress, priority, version)
+                )
+            else:
+                got = self._download_unpacked(url, fd, part, fetcher, unpack, priority, version)
             if sha256 is None:
                 # Which version of the object this copy is: a copy is trusted for what is
                 # remembered of that version only. (With a sha256, the name says it.)
@@ -413,6 +441,47 @@ class ShardCache:
             if not done:
                 with contextlib.suppress(OSError):
                     os.unlink(part)
+
+    @staticmethod
+    def _download_unpacked(
+        url: str,
+        fd: int,
+        part: str,
+        fetcher: Fetcher,
+        unpack: Unpack,
+        priority: tuple[int, int],
+        version: str | None,
+    ) -> str | None:
+        """Fetch the compressed `url` beside `part`, then write what it decompresses to
+        into `fd`. (The compressed copy is not in the cache's accounting: it lives only
+        while this runs.)"""
+        packed_size = unpack.packed_size
+        if packed_size is None:
+            packed_size = fetcher.call(fetcher.stat(url)).size
+        packed = part + ".packed"
+        packed_fd = os.open(packed, os.O_RDWR | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+        try:
+            got = fetcher.call(
+                fetcher.download(url, packed_fd, packed_size, None, None, priority, version)
+            )
+            data = bytearray()
+            while len(data) < packed_size:
+                piece = os.pread(packed_fd, min(packed_size - len(data), 1 << 30), len(data))
+                if not piece:
+                    raise located(FetchError, url, len(data), f"{packed} ends early")
+                data += piece
+        finally:
+            os.close(packed_fd)
+            with contextlib.suppress(OSError):
+                os.unlink(packed)
+        at = 0
+        for chunk in unpack.transform(bytes(data)):
+            view = memoryview(chunk).cast("B")
+            while len(view):
+                written = os.pwrite(fd, view, at)
+                at += written
+                view = view[written:]
+        return got
 
     @contextlib.contextmanager
     def _cache_locked(self, deadline: float) -> Iterator[None]:

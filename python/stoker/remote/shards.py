@@ -13,7 +13,15 @@ from typing import Any
 from stoker._process import daemon_pool, wait_result
 from stoker.errors import FetchError, ShardFormatError, located
 from stoker.formats import samples_and_fields
-from stoker.remote.cache import Hold, NoRoom, ShardCache, cache_for, cache_name, default_cache_root
+from stoker.remote.cache import (
+    Hold,
+    NoRoom,
+    ShardCache,
+    Unpack,
+    cache_for,
+    cache_name,
+    default_cache_root,
+)
 from stoker.remote.http import Fetcher, FetchOptions, fetcher_for, host_of
 from stoker.remote.stores import AUTH_CODES, is_object_url
 
@@ -34,6 +42,9 @@ class RemoteShard:
     validator: str | None = None  # its ETag or Last-Modified, where known
     ranges: bool | None = None  # whether its server said it takes range requests
     listed: bool = False  # found by listing a store prefix
+    # A peer's shard compressed as a whole: fetched as it is, decompressed on its way into
+    # the cache (stoker.peers.unpack_bytes; "bytes": its compressed size, where known).
+    unpack: dict | None = None
 
 
 #: The first read of a probe (the header walk over a shard that has no manifest entry).
@@ -245,6 +256,7 @@ class RemoteShards:
                 wait_for_room=wait,
                 locked=True,
                 version=shard.validator,
+                unpack=self._unpacker(shard),
             )
         except NoRoom:
             return None
@@ -353,7 +365,21 @@ class RemoteShards:
             wait_for_room,
             priority,
             version=shard.validator,
+            unpack=self._unpacker(shard),
         )
+
+    @staticmethod
+    def _unpacker(shard: RemoteShard) -> Unpack | None:
+        if shard.unpack is None:
+            return None
+        from stoker.peers import unpack_bytes
+
+        spec, size, url = shard.unpack, shard.size, shard.url
+
+        def unpack(data: bytes) -> list:
+            return unpack_bytes(spec, data, size, url)
+
+        return Unpack(spec.get("bytes"), unpack)
 
     def start(
         self,
@@ -394,6 +420,8 @@ def apply_entry(shard: RemoteShard, entry: dict) -> None:
     shard.sha256 = entry.get("sha256", shard.sha256)
     shard.validator = entry.get("etag", shard.validator)
     shard.listed = bool(entry.get("listed", shard.listed))
+    if isinstance(entry.get("unpack"), dict):
+        shard.unpack = entry["unpack"]
     if isinstance(entry.get("fields"), list):
         shard.fields = [str(f) for f in entry["fields"]]
 
