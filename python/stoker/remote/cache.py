@@ -354,35 +354,11 @@ class ShardCache:
         hold = self.hold(path, size)
         if hold is not None:
             return hold
+        what = (url, path, size, sha256, fetcher, limit, progress, wait_for_room, priority)
         if locked:
-            return self._download(
-                url,
-                path,
-                size,
-                sha256,
-                fetcher,
-                limit,
-                progress,
-                wait_for_room,
-                priority,
-                version,
-                unpack,
-            )
+            return self._download(*what, version, unpack)
         with self.shard_lock(path, url):  # a download in flight: wait for it, then look
-            return self.fetch(
-                url,
-                path,
-                size,
-                sha256,
-                fetcher,
-                limit,
-                progress,
-                wait_for_room,
-                priority,
-                True,
-                version,
-                unpack,
-            )
+            return self.fetch(*what, True, version, unpack)
 
     def _download(
         self,
