@@ -165,6 +165,7 @@ def _entry(
         "bytes": nbytes,
         "fields": [c.split(":")[0] for c in columns],
         "format": f"{kind}|" + "|".join(columns),
+        "listed_by": f"its {'MDS' if kind == 'mds' else 'LitData'} index.json",
     }
     if unpack is not None:  # fetched compressed, decompressed on its way into the cache
         entry["unpack"] = {"kind": unpack, "bytes": packed, "hashes": hashes or {}}

@@ -414,5 +414,6 @@ def _check_manifest_size(path: str, entry: dict | None) -> None:
             ShardFormatError,
             path,
             min(actual, entry["bytes"]),
-            f"the manifest says {entry['bytes']} bytes but the file has {actual}",
+            f"{entry.get('listed_by', 'the manifest')} says {entry['bytes']} bytes but the "
+            f"file has {actual}",
         )
