@@ -399,13 +399,16 @@ def unframed(source: str, cache_dir: str | None) -> tuple[str, int]:
     """A local framed LitData chunk as a plain chunk in the cache: its path and size."""
     from stoker.manifest import write_atomically
 
-    with open(source, "rb") as f:
-        data = f.read()
     out = _cache_path(source, cache_dir)
-    parts = unframe(data, source)
-    size = sum(len(p) for p in parts)
-    if not (os.path.exists(out) and os.path.getsize(out) == size):
-        write_atomically(out, parts)
+    with open(source, "rb") as f:
+        head = f.read(24)
+        n = struct.unpack_from("<I", head, 12)[0] if len(head) == 24 else 0
+        size = _framed_plain_size(head + f.read(4 * (n + 1)), n, source)
+        if os.path.exists(out) and os.path.getsize(out) == size:
+            return out, size  # decompressed at an earlier open: not again
+        f.seek(0)
+        data = f.read()
+    write_atomically(out, unframe(data, source))
     return out, size
 
 
