@@ -247,6 +247,95 @@ def test_codec_libraries_are_found():
 
     assert _core.codec_unavailable(_core.ChunkFilter.ZSTD) == ""
     assert _core.codec_unavailable(_core.ChunkFilter.BLOSC) == ""
+    status = stoker.codec_status()
+    assert status["zstd"]["available"] and os.path.isfile(status["zstd"]["library"])
+    assert status["blosc"]["available"] and os.path.isfile(status["blosc"]["library"])
+
+
+def _blosc_elsewhere(root) -> str:
+    """A copy of the installed `blosc` package laid out as pip lays out a prefix (the
+    package in <root>/lib/pythonX.Y/site-packages, its libblosc in <root>/lib64, as the
+    RECORD beside it says) in a folder that is no prefix of this Python's; returns the
+    site-packages folder."""
+    import glob
+    import importlib.util
+    import sys
+
+    installed = os.path.dirname(os.path.dirname(importlib.util.find_spec("blosc").origin))
+    record = glob.glob(os.path.join(installed, "blosc-*.dist-info", "RECORD"))
+    if not record:
+        pytest.skip("the installed blosc has no RECORD (not installed by pip)")
+    site = os.path.join(root, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    site = os.path.join(site, "site-packages")
+    shutil.copytree(os.path.join(installed, "blosc"), os.path.join(site, "blosc"))
+    info = os.path.dirname(record[0])
+    shutil.copytree(info, os.path.join(site, os.path.basename(info)))
+    with open(record[0]) as f:
+        for line in f:
+            file = line.split(",", 1)[0]
+            if os.path.basename(file).startswith("libblosc.so"):
+                target = os.path.normpath(os.path.join(site, file))
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                shutil.copy2(os.path.join(installed, file), target, follow_symlinks=True)
+    return site
+
+
+def _run_python(args: list[str], env: dict) -> str:
+    import subprocess
+
+    out = subprocess.run(args, capture_output=True, text=True, env=env, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    return out.stdout
+
+
+_READ_BLOSC = (
+    "import sys, stoker\n"
+    "ds = stoker.Dataset(sys.argv[1])\n"
+    "print(stoker.codec_status()['blosc']['library'])\n"
+    "print([int(sample['x']) for sample in ds.get_batch([0, 39])])\n"
+)
+
+
+def test_libblosc_is_found_where_the_blosc_package_is(tmp_path):
+    """libblosc is looked for beside the `blosc` package that Python imports, wherever it
+    is installed: here a copy outside every prefix of this Python (as `pip install
+    --target` or a shared folder on PYTHONPATH leaves it), found before any other."""
+    path = _write_v3(tmp_path / "b.zarr", {"x": np.arange(40, dtype="<i4")}, V3["blosc lz4 shuffle"])
+    site = _blosc_elsewhere(tmp_path / "elsewhere")
+    env = dict(os.environ, PYTHONPATH=site)
+    import sys
+
+    lines = _run_python([sys.executable, "-c", _READ_BLOSC, path], env).splitlines()
+    assert lines[0].startswith(str(tmp_path / "elsewhere") + os.sep), lines
+    assert lines[1] == "[0, 39]"
+
+
+def test_libblosc_is_found_through_a_linked_site(tmp_path):
+    """A venv that sees another environment's packages through a .pth file (as the
+    sanitizer run does): neither sys.prefix nor sys.base_prefix is where blosc lives, and
+    libblosc is still found from the package."""
+    import importlib.util
+    import subprocess
+    import sys
+    import sysconfig
+
+    path = _write_v3(tmp_path / "b.zarr", {"x": np.arange(40, dtype="<i4")}, V3["blosc lz4 shuffle"])
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    python = str(venv / "bin" / "python")
+    venv_site = _run_python(
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], dict(os.environ)
+    ).strip()
+    # This environment's site-packages, with its own .pth files (an editable stoker's).
+    with open(os.path.join(venv_site, "_linked.pth"), "w") as f:
+        f.write(f"import site; site.addsitedir({sysconfig.get_paths()['purelib']!r})\n")
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    lines = _run_python([python, "-c", _READ_BLOSC, path], env).splitlines()
+    blosc_home = os.path.dirname(os.path.dirname(importlib.util.find_spec("blosc").origin))
+    prefix = os.path.realpath(os.path.join(blosc_home, "..", "..", ".."))
+    assert os.path.realpath(lines[0]).startswith(prefix + os.sep), (lines, prefix)
+    assert not os.path.realpath(lines[0]).startswith(str(venv)), lines
+    assert lines[1] == "[0, 39]"
 
 
 # -- damaged stores ---------------------------------------------------------------------

@@ -121,7 +121,9 @@ void register_arrays(py::module_& m) {
       }));
 
   m.def("set_codec_search_dirs", &io::set_codec_search_dirs, py::arg("dirs"),
-        "Folders searched for libzstd and libblosc after the dynamic loader's path.");
+        "Folders searched for libzstd and libblosc before the dynamic loader's path.");
+  m.def("codec_library", &io::codec_library, py::arg("filter"),
+        "The file `filter`'s library was loaded from ('' when none is needed or found).");
   m.def("codec_unavailable", &io::codec_unavailable, py::arg("filter"),
         "'' when `filter`'s library can be used, else why not and what to install.");
   m.def(

@@ -14,6 +14,7 @@ from stoker._core import (
     StokerError,
 )
 from stoker._core import __version__ as __version__
+from stoker.arrays import codec_status
 from stoker.arrays.nifti import nifti_header
 from stoker.cuda import FallbackWarning, cuda_status
 from stoker.dataset import Dataset
@@ -51,6 +52,7 @@ __all__ = [
     "ShardWriter",
     "StokerError",
     "UsageError",
+    "codec_status",
     "cuda_status",
     "load_array",
     "load_npy",

@@ -1,6 +1,7 @@
 #include "stoker/io/chunk_codec.hpp"
 
 #include <dlfcn.h>
+#include <link.h>
 
 #include <cstring>
 #include <mutex>
@@ -36,6 +37,7 @@ struct Libraries {
   BloscApi blosc;
   bool zstd_ready = false, blosc_ready = false;
   std::string zstd_error, blosc_error;
+  std::string zstd_path, blosc_path;  // the files the loader actually mapped
 };
 
 Libraries& libraries() {
@@ -43,19 +45,28 @@ Libraries& libraries() {
   return *libs;
 }
 
+// The folders Python found first (where a package such as the `blosc` wheel put its
+// copy, wherever that package is installed), then the loader's own path: a library a
+// user installed with pip wins over a system one that may be older.
 void* open_library(const std::vector<std::string>& names, const std::vector<std::string>& dirs,
-                   std::string& tried) {
-  for (const auto& name : names) {
-    if (void* handle = dlopen(name.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
-  }
+                   std::string& tried, std::string& loaded) {
+  std::vector<std::string> candidates;
   for (const auto& dir : dirs) {
-    for (const auto& name : names) {
-      std::string path = dir + "/" + name;
-      if (void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL)) return handle;
+    for (const auto& name : names) candidates.push_back(dir + "/" + name);
+  }
+  candidates.insert(candidates.end(), names.begin(), names.end());
+  for (const auto& candidate : candidates) {
+    if (void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL)) {
+      struct link_map* map = nullptr;
+      loaded = dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name
+                   ? map->l_name
+                   : candidate;
+      return handle;
     }
   }
-  tried = names.front();
-  for (const auto& dir : dirs) tried += ", " + dir + "/" + names.front();
+  tried.clear();
+  for (const auto& dir : dirs) tried += dir + "/" + names.front() + ", ";
+  tried += names.front() + " on the loader's path";
   return nullptr;
 }
 
@@ -64,7 +75,7 @@ const ZstdApi* zstd_api() {
   std::lock_guard<std::mutex> lock(libs.mutex);
   if (!libs.zstd_ready) {
     std::string tried, missing;
-    void* handle = open_library({"libzstd.so.1", "libzstd.so"}, libs.dirs, tried);
+    void* handle = open_library({"libzstd.so.1", "libzstd.so"}, libs.dirs, tried, libs.zstd_path);
     if (handle == nullptr) {
       libs.zstd_error = "the zstd codec needs libzstd, which was not found (tried " + tried +
                         "): install it (Debian/Ubuntu: apt-get install libzstd1)";
@@ -91,7 +102,7 @@ const BloscApi* blosc_api() {
   std::lock_guard<std::mutex> lock(libs.mutex);
   if (!libs.blosc_ready) {
     std::string tried, missing;
-    void* handle = open_library({"libblosc.so.1", "libblosc.so"}, libs.dirs, tried);
+    void* handle = open_library({"libblosc.so.1", "libblosc.so"}, libs.dirs, tried, libs.blosc_path);
     if (handle == nullptr) {
       libs.blosc_error =
           "the blosc codec needs libblosc (c-blosc 1.x), which was not found (tried " + tried +
@@ -180,6 +191,18 @@ void set_codec_search_dirs(std::vector<std::string> dirs) {
   Libraries& libs = libraries();
   std::lock_guard<std::mutex> lock(libs.mutex);
   libs.dirs = std::move(dirs);
+}
+
+std::string codec_library(ChunkFilter filter) {
+  if (filter == ChunkFilter::kZstd && zstd_api() != nullptr) {
+    std::lock_guard<std::mutex> lock(libraries().mutex);
+    return libraries().zstd_path;
+  }
+  if (filter == ChunkFilter::kBlosc && blosc_api() != nullptr) {
+    std::lock_guard<std::mutex> lock(libraries().mutex);
+    return libraries().blosc_path;
+  }
+  return "";
 }
 
 std::string codec_unavailable(ChunkFilter filter) {

@@ -27,10 +27,14 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
 void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_t* dest,
                       uint64_t size, const std::string& path, uint64_t offset);
 
-// Folders searched for libzstd and libblosc after the loader's default path
-// (Python adds its prefix's lib and lib64, where the `blosc` wheel puts
-// libblosc). Takes effect for a library not yet found.
+// Folders searched for libzstd and libblosc before the loader's default path
+// (Python passes the folder where the `blosc` distribution put its libblosc).
+// Takes effect for a library not yet found.
 void set_codec_search_dirs(std::vector<std::string> dirs);
+
+// The file the library for `filter` was loaded from ("" for a filter that needs
+// none, or whose library cannot be found).
+std::string codec_library(ChunkFilter filter);
 
 // "" when the library for `filter` can be used, else why not (what to install).
 std::string codec_unavailable(ChunkFilter filter);
