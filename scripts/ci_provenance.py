@@ -60,7 +60,8 @@ def dpkg_owners(paths: list[str]) -> dict[str, str]:
 
 def installed_packages() -> dict[str, dict[str, str]]:
     """Every installed Debian package: its dependencies, what it provides, its priority."""
-    fmt = "${Package}\t${Status}\t${Priority}\t${Essential}\t${Depends}\t${Pre-Depends}\t${Provides}\n"
+    fields = ("Package", "Status", "Priority", "Essential", "Depends", "Pre-Depends", "Provides")
+    fmt = "\t".join("${" + f + "}" for f in fields) + "\n"
     out = subprocess.run(["dpkg-query", "-W", "-f", fmt], capture_output=True, text=True)
     packages = {}
     for line in out.stdout.splitlines():
@@ -104,7 +105,9 @@ def closure(roots: set[str], packages: dict[str, dict[str, str]]) -> set[str]:
 def python_needs() -> set[str]:
     """The Debian packages the machine's own Python links (its lib-dynload modules)."""
     libs: set[str] = set()
-    dynload = os.path.join(sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}")
+    dynload = os.path.join(
+        sys.base_prefix, "lib", f"python{sys.version_info[0]}.{sys.version_info[1]}"
+    )
     for module in glob.glob(os.path.join(dynload, "lib-dynload", "*.so")):
         out = subprocess.run(["ldd", module], capture_output=True, text=True)
         libs.update(re.findall(r"=>\s*(/\S+)", out.stdout))
@@ -174,7 +177,9 @@ def main() -> int:
 
     packages = installed_packages()
     machine = {
-        n for n, i in packages.items() if i["priority"] in ("required", "important") or i["essential"] == "yes"
+        n
+        for n, i in packages.items()
+        if i["priority"] in ("required", "important") or i["essential"] == "yes"
     }
     wanted = set(args.apt.split())
     missing = sorted(wanted - set(packages))
@@ -185,7 +190,9 @@ def main() -> int:
     mapped, notes = libraries_in_use(args.allow_gpu_driver)
     programs = {name: shutil.which(name) for name in PROGRAMS}
     outside = [p for p in mapped if not os.path.realpath(p).startswith(env_prefix)]
-    outside += [p for p in programs.values() if p and not os.path.realpath(p).startswith(env_prefix)]
+    outside += [
+        p for p in programs.values() if p and not os.path.realpath(p).startswith(env_prefix)
+    ]
     owners = dpkg_owners(outside)
     rows = []
     for path in mapped + [p for p in programs.values() if p]:

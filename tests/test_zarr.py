@@ -300,7 +300,9 @@ def test_libblosc_is_found_where_the_blosc_package_is(tmp_path):
     """libblosc is looked for beside the `blosc` package that Python imports, wherever it
     is installed: here a copy outside every prefix of this Python (as `pip install
     --target` or a shared folder on PYTHONPATH leaves it), found before any other."""
-    path = _write_v3(tmp_path / "b.zarr", {"x": np.arange(40, dtype="<i4")}, V3["blosc lz4 shuffle"])
+    path = _write_v3(
+        tmp_path / "b.zarr", {"x": np.arange(40, dtype="<i4")}, V3["blosc lz4 shuffle"]
+    )
     site = _blosc_elsewhere(tmp_path / "elsewhere")
     env = dict(os.environ, PYTHONPATH=site)
     import sys
@@ -319,12 +321,15 @@ def test_libblosc_is_found_through_a_linked_site(tmp_path):
     import sys
     import sysconfig
 
-    path = _write_v3(tmp_path / "b.zarr", {"x": np.arange(40, dtype="<i4")}, V3["blosc lz4 shuffle"])
+    path = _write_v3(
+        tmp_path / "b.zarr", {"x": np.arange(40, dtype="<i4")}, V3["blosc lz4 shuffle"]
+    )
     venv = tmp_path / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     python = str(venv / "bin" / "python")
     venv_site = _run_python(
-        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"], dict(os.environ)
+        [python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        dict(os.environ),
     ).strip()
     # This environment's site-packages, with its own .pth files (an editable stoker's).
     with open(os.path.join(venv_site, "_linked.pth"), "w") as f:

@@ -102,7 +102,8 @@ const BloscApi* blosc_api() {
   std::lock_guard<std::mutex> lock(libs.mutex);
   if (!libs.blosc_ready) {
     std::string tried, missing;
-    void* handle = open_library({"libblosc.so.1", "libblosc.so"}, libs.dirs, tried, libs.blosc_path);
+    void* handle =
+        open_library({"libblosc.so.1", "libblosc.so"}, libs.dirs, tried, libs.blosc_path);
     if (handle == nullptr) {
       libs.blosc_error =
           "the blosc codec needs libblosc (c-blosc 1.x), which was not found (tried " + tried +
