@@ -60,17 +60,18 @@ def check_bytes(ds: stoker.Dataset, samples: list[dict], data: bytes) -> None:
     """Every value a Dataset served is the bytes its index points at in `data`: stored
     members as they are in the file, deflated ones as zlib inflates them."""
     assert len(samples) == len(ds)
-    rows, bounds = ds.members.member_rows(np.arange(len(ds), dtype=np.int64))
+    members = ds.gather(np.arange(len(ds), dtype=np.int64))
+    bounds = members.bounds
     for s, sample in enumerate(samples):
         assert len(sample) - 1 == bounds[s + 1] - bounds[s]  # "__key__" and one per member
-        for row in rows[bounds[s] : bounds[s + 1]].tolist():
-            value = sample[ds.members.field_names[int(ds.members.field[row])]]
+        for row in range(bounds[s], bounds[s + 1]):
+            value = sample[ds.fields[int(members.field[row])]]
             got = value.tobytes()
-            offset, length = int(ds.members.offset[row]), int(ds.members.length[row])
-            assert len(got) == int(ds.members.out[row])
+            offset, length = int(members.offset[row]), int(members.length[row])
+            assert len(got) == int(members.out[row])
             assert offset + length <= len(data), "index points past the end of the file"
             stored = data[offset : offset + length]
-            codec = int(ds.members.codec[row])
+            codec = int(members.codec[row])
             if codec == STORED:
                 assert got == stored
             else:

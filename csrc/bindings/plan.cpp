@@ -34,34 +34,74 @@ py::array_t<T> exact(const py::handle& object, const char* what) {
   return array;
 }
 
-// The member table's columns as one object, made again when the table grows.
+// Python objects a C++ structure points into, let go of with the GIL held from
+// whichever thread drops the structure last.
+std::shared_ptr<const void> hold_objects(std::vector<py::object> objects) {
+  auto* held = new std::vector<py::object>(std::move(objects));
+  return std::shared_ptr<const void>(held, [](const void* p) {
+    py::gil_scoped_acquire gil;
+    delete static_cast<const std::vector<py::object>*>(p);
+  });
+}
+
+// One indexed shard's member columns (rows within the shard), as the plan reads them.
+std::shared_ptr<plan::ShardColumns> make_shard_columns(int64_t first_sample, py::dict columns,
+                                                       py::array sample_first,
+                                                       py::list field_rows) {
+  auto out = std::make_shared<plan::ShardColumns>();
+  std::vector<py::object> keep;
+  auto column = [&](const char* name) -> py::object {
+    py::object array = columns[name];
+    keep.push_back(array);
+    return array;
+  };
+  auto file = exact<uint32_t>(column("file"), "file");
+  out->file = file.data();
+  out->offset = exact<uint64_t>(column("offset"), "offset").data();
+  out->length = exact<uint64_t>(column("length"), "length").data();
+  out->out = exact<uint64_t>(column("out"), "out").data();
+  out->codec = exact<uint8_t>(column("codec"), "codec").data();
+  out->crc = exact<uint32_t>(column("crc"), "crc").data();
+  out->decoder = exact<int32_t>(column("decoder"), "decoder").data();
+  out->array = exact<uint32_t>(column("array"), "array").data();
+  out->rows = static_cast<uint64_t>(file.size());
+  for (const py::object& array : keep) {
+    if (py::len(array) != out->rows) throw py::value_error("the member columns differ in length");
+  }
+  auto first = exact<int64_t>(sample_first, "sample_first");
+  keep.push_back(sample_first);
+  out->sample_first = first.data();
+  out->samples = static_cast<uint64_t>(first.size());
+  out->first_sample = first_sample;
+  for (const py::handle& table : field_rows) {
+    if (table.is_none()) {
+      out->field_rows.push_back(nullptr);
+      continue;
+    }
+    auto rows = exact<int64_t>(table, "a field's rows");
+    if (static_cast<uint64_t>(rows.size()) != out->samples) {
+      throw py::value_error("a field's rows differ in length from the shard's samples");
+    }
+    keep.push_back(py::reinterpret_borrow<py::object>(table));
+    out->field_rows.push_back(rows.data());
+  }
+  out->keep = hold_objects(std::move(keep));
+  return out;
+}
+
+// The index as one batch sees it: made again whenever shards are indexed or let go.
 class PyMembers {
  public:
-  PyMembers(py::dict columns, py::array sample_first, std::shared_ptr<io::FileTable> files,
+  PyMembers(py::array shard_start, py::dict resident, std::shared_ptr<io::FileTable> files,
             std::vector<uint64_t> decoder_row_bytes, std::vector<std::string> decoder_what) {
-    auto column = [&](const char* name) -> py::object {
-      py::object array = columns[name];
-      keep_.push_back(array);
-      return array;
-    };
-    keep_.push_back(sample_first);
-    auto file = exact<uint32_t>(column("file"), "file");
-    m_.file = file.data();
-    m_.offset = exact<uint64_t>(column("offset"), "offset").data();
-    m_.length = exact<uint64_t>(column("length"), "length").data();
-    m_.out = exact<uint64_t>(column("out"), "out").data();
-    m_.codec = exact<uint8_t>(column("codec"), "codec").data();
-    m_.crc = exact<uint32_t>(column("crc"), "crc").data();
-    m_.decoder = exact<int32_t>(column("decoder"), "decoder").data();
-    m_.array = exact<uint32_t>(column("array"), "array").data();
-    auto first = exact<int64_t>(sample_first, "sample_first");
-    m_.sample_first = first.data();
-    m_.rows = static_cast<uint64_t>(file.size());
-    m_.samples = static_cast<uint64_t>(first.size());
-    for (const py::object& array : keep_) {
-      if (array.ptr() != sample_first.ptr() && py::len(array) != m_.rows) {
-        throw py::value_error("the member columns differ in length");
-      }
+    auto starts = exact<int64_t>(shard_start, "shard_start");
+    if (starts.size() < 1) throw py::value_error("shard_start needs at least one entry");
+    m_.shard_start =
+        std::make_shared<const std::vector<int64_t>>(starts.data(), starts.data() + starts.size());
+    m_.samples = static_cast<uint64_t>(starts.data()[starts.size() - 1]);
+    for (auto item : resident) {
+      m_.resident.emplace(item.first.cast<uint32_t>(),
+                          item.second.cast<std::shared_ptr<plan::ShardColumns>>());
     }
     m_.files = std::move(files);
     if (decoder_row_bytes.size() != decoder_what.size()) {
@@ -73,7 +113,6 @@ class PyMembers {
   const plan::Members& members() const { return m_; }
 
  private:
-  std::vector<py::object> keep_;  // what the pointers point into
   plan::Members m_;
 };
 
@@ -170,7 +209,7 @@ PyBatchPlan make_plan(const py::list& fields) {
     auto t = item.cast<py::tuple>();
     if (t.size() != 8) {
       throw py::value_error(
-          "a field is (name, kind, nbytes, what, alternatives, tables, column, image)");
+          "a field is (name, kind, nbytes, what, alternatives, field_ids, column, image)");
     }
     plan::FieldSpec f;
     f.name = t[0].cast<std::string>();
@@ -182,17 +221,13 @@ PyBatchPlan make_plan(const py::list& fields) {
     f.nbytes = t[2].cast<uint64_t>();
     f.what = t[3].cast<std::string>();
     f.alternatives = t[4].cast<std::vector<std::string>>();
-    f.length = UINT64_MAX;
-    auto hold = [&](const py::handle& object, const char* what) {
-      auto array = exact<int64_t>(object, what);
-      f.length = std::min<uint64_t>(f.length, static_cast<uint64_t>(array.size()));
-      out.keep.push_back(py::reinterpret_borrow<py::object>(object));
-      return array.data();
-    };
-    for (const py::handle& table : t[5].cast<py::list>()) {
-      f.tables.push_back(hold(table, "a field table"));
+    f.field_ids = t[5].cast<std::vector<int32_t>>();
+    if (!t[6].is_none()) {
+      auto column = exact<int64_t>(t[6], "a column");
+      f.length = static_cast<uint64_t>(column.size());
+      out.keep.push_back(py::reinterpret_borrow<py::object>(t[6]));
+      f.column = column.data();
     }
-    if (!t[6].is_none()) f.column = hold(t[6], "a column");
     if (!t[7].is_none()) f.image = t[7].cast<std::shared_ptr<image::Target>>();
     specs.push_back(std::move(f));
   }
@@ -220,12 +255,20 @@ void register_plan(py::module_& m) {
       .value("IMAGE", plan::Kind::kImage);
   m.attr("ALIGN") = plan::kAlign;
 
-  py::class_<PyMembers, std::shared_ptr<PyMembers>>(
-      m, "MemberColumns", "A member table's columns, as the plan reads them.")
-      .def(py::init<py::dict, py::array, std::shared_ptr<io::FileTable>, std::vector<uint64_t>,
+  py::class_<plan::ShardColumns, std::shared_ptr<plan::ShardColumns>>(
+      m, "ShardColumns", "One indexed shard's member columns, as the plan reads them.")
+      .def(py::init(&make_shard_columns), py::arg("first_sample"), py::arg("columns"),
+           py::arg("sample_first"), py::arg("field_rows"),
+           "columns: the member columns (rows within the shard); sample_first: each sample's "
+           "first row; field_rows: per field id, each sample's row of it (-1: none), or None.");
+  py::class_<PyMembers, std::shared_ptr<PyMembers>>(m, "MemberColumns",
+                                                    "The dataset's index as a batch plan reads it.")
+      .def(py::init<py::array, py::dict, std::shared_ptr<io::FileTable>, std::vector<uint64_t>,
                     std::vector<std::string>>(),
-           py::arg("columns"), py::arg("sample_first"), py::arg("files"),
-           py::arg("decoder_row_bytes"), py::arg("decoder_what"));
+           py::arg("shard_start"), py::arg("resident"), py::arg("files"),
+           py::arg("decoder_row_bytes"), py::arg("decoder_what"),
+           "shard_start: where each shard's samples start (shards + 1 entries); resident: "
+           "{shard: ShardColumns} of the shards indexed now.");
 
   py::class_<PyPreparedBatch>(m, "PreparedBatch", "A batch laid out and ready to read.")
       .def_property_readonly("nbytes", &PyPreparedBatch::nbytes)
@@ -238,7 +281,8 @@ void register_plan(py::module_& m) {
 
   py::class_<PyBatchPlan>(m, "BatchPlan", "The fields= layout of a Loader, made once.")
       .def(py::init(&make_plan), py::arg("fields"),
-           "fields: (name, kind, nbytes, what, alternatives, tables, column, image) per field.")
+           "fields: (name, kind, nbytes, what, alternatives, field_ids, column, image) per "
+           "field.")
       .def(
           "prepare",
           [](const PyBatchPlan& self, const py::array_t<int64_t, py::array::c_style>& indices,

@@ -254,11 +254,20 @@ class FieldKind(enum.IntEnum):
     COLUMN = 4
     IMAGE = 5
 
+class ShardColumns:
+    def __init__(
+        self,
+        first_sample: int,
+        columns: dict[str, np.ndarray],
+        sample_first: np.ndarray,
+        field_rows: Sequence[np.ndarray | None],
+    ) -> None: ...
+
 class MemberColumns:
     def __init__(
         self,
-        columns: dict[str, np.ndarray],
-        sample_first: np.ndarray,
+        shard_start: np.ndarray,
+        resident: dict[int, ShardColumns],
         files: FileTable,
         decoder_row_bytes: Sequence[int],
         decoder_what: Sequence[str],
@@ -284,7 +293,7 @@ class BatchPlan:
                 int,
                 str,
                 Sequence[str],
-                Sequence[np.ndarray],
+                Sequence[int],
                 np.ndarray | None,
                 ImageTarget | None,
             ]

@@ -42,6 +42,11 @@ def join_url(base: str, relative: str) -> str:
 
 def format_of(path: str) -> str:
     """The shard format of `path` (or URL), from its name; a clear error for anything else."""
+    dot = path.rfind(".")
+    if dot > path.rfind("/") and not is_url(path):  # the common case, cheaply
+        found = SHARD_FORMATS.get(path[dot:].lower())
+        if found is not None:
+            return found
     lower = urllib.parse.urlsplit(path).path.lower() if is_url(path) else path.lower()
     if lower.endswith(_COMPRESSED_TAR):
         raise located(

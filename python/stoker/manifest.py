@@ -5,6 +5,7 @@ arrive; and whether a local one still matches its folder."""
 from __future__ import annotations
 
 import contextlib
+import gc
 import hashlib
 import json
 import logging
@@ -39,6 +40,18 @@ def read_manifest(path: str) -> list[tuple[str, dict]]:
 def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
     """The shards of a manifest read from `where` (a path or URL), as (location, entry)
     pairs; locations are relative to the manifest, so a served manifest lists URLs."""
+    # A manifest of 100,000 shards is as many dicts made at once: the cyclic collector
+    # would walk them all again and again as they are made (none is garbage).
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        return _parse_manifest(data, where)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
     try:
         manifest = json.loads(data)
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
@@ -51,31 +64,37 @@ def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
             ShardFormatError, where, 0, f"manifest version {manifest['version']} is not supported"
         )
     shards = []
+    remote = is_url(where)
+    folder = os.path.join(os.path.dirname(where), "")
+    # Once per entry, for manifests of a hundred thousand shards: plain checks first.
     for i, entry in enumerate(manifest["shards"]):
-        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+        path = entry.get("path") if isinstance(entry, dict) else None
+        if not isinstance(path, str):
             raise located(ShardFormatError, where, 0, f"manifest shard {i} has no 'path'")
         for key in ("bytes", "samples"):
-            if key in entry and (not isinstance(entry[key], int) or entry[key] < 0):
+            count = entry.get(key, 0)
+            if type(count) is not int or count < 0:
                 raise located(
                     ShardFormatError, where, 0, f"manifest shard {i}: {key!r} is not a count"
                 )
-        if "sha256" in entry:
-            digest = entry["sha256"]
+        digest = entry.get("sha256")
+        if digest is not None:
             if not isinstance(digest, str) or not _SHA256.fullmatch(digest):
                 raise located(
                     ShardFormatError, where, 0, f"manifest shard {i}: 'sha256' is not a digest"
                 )
-            entry = {**entry, "sha256": digest.lower()}
-        if is_url(where):
-            location = join_url(where, entry["path"])
+            if not digest.islower():
+                entry = {**entry, "sha256": digest.lower()}
+        if remote:
+            location = join_url(where, path)
             if not is_url(location):
                 raise located(
                     ShardFormatError, where, 0, f"manifest shard {i}: {location!r} is not a URL"
                 )
-        elif is_url(entry["path"]):
-            location = entry["path"]
+        elif is_url(path) or path.startswith("/"):
+            location = path
         else:
-            location = os.path.join(os.path.dirname(where), entry["path"])
+            location = folder + path
         shards.append((location, entry))
     return shards
 
@@ -88,19 +107,25 @@ def manifest_drift(
     its folder, or in a folder a listed shard is in) that it does not list. Only those
     folders are listed, never a whole tree. (A manifest of another name may describe a part
     of its folder.)"""
-    listed = {os.path.abspath(path) for path, _ in shards}
+    listed = {path for path, _ in shards}  # (made from the manifest's folder: absolute)
     missing = sorted(p for p in listed if not os.path.exists(p)) if check_missing else []
     if os.path.basename(manifest) != MANIFEST_NAME:
         return missing, []
-    folders = {os.path.dirname(os.path.abspath(manifest))} | {os.path.dirname(p) for p in listed}
-    present = set()
+    folders = {os.path.dirname(os.path.abspath(manifest))}
+    folders |= {p.rpartition(os.sep)[0] or os.sep for p in listed}
+    suffixes = tuple(SHARD_FORMATS)
+    unlisted: list[str] = []
+    normal: set[str] | None = None  # the listed paths normalised, made only if needed
     for folder in folders:
         with contextlib.suppress(OSError):
             for entry in os.scandir(folder):
-                is_shard = os.path.splitext(entry.name.lower())[1] in SHARD_FORMATS
-                if is_shard and entry.is_file():
-                    present.add(entry.path)
-    return missing, sorted(present - listed)
+                if entry.path in listed or not entry.name.lower().endswith(suffixes):
+                    continue
+                if normal is None:
+                    normal = {os.path.normpath(p) for p in listed}
+                if os.path.normpath(entry.path) not in normal and entry.is_file():
+                    unlisted.append(entry.path)
+    return missing, sorted(unlisted)
 
 
 def describe_drift(manifest: str, missing: list[str], unlisted: list[str]) -> str:

@@ -120,29 +120,9 @@ def check_key(key: object, where: str) -> str:
 
 def sample_sizes(ds: Dataset) -> np.ndarray:
     """Each sample's bytes once packed (an estimate where members are not indexed yet)."""
-    table = ds.members
-    sizes = np.zeros(len(ds), np.int64)
-    holds = ds.holds
-    local = np.ones(len(table.indexed), bool) if holds is None else ~holds.is_remote
-    # Shards a manifest described are indexed now: their member sizes count.
-    starts = table.shard_start
-    lazy = np.flatnonzero(~table.indexed & local & (starts[1:] > starts[:-1]))
-    ds.ensure_indexed(starts[lazy])
-    known = table.sample_first >= 0
-    if known.any():
-        idx = np.flatnonzero(known)
-        rows, bounds = table.member_rows(idx)
-        per_member = tar_bytes(table.out[rows].astype(np.int64))
-        sums = np.add.reduceat(per_member, bounds[:-1]) if len(rows) else np.zeros(len(idx))
-        sums[np.diff(bounds) == 0] = 0
-        sizes[idx] = sums
-    if "label" in table.extras:
+    sizes = ds.sample_bytes(lambda out: tar_bytes(out.astype(np.int64)))
+    if "label" in ds.columns:
         sizes += 2 * BLOCK  # a .cls member of a few digits
-    if not known.all() and holds is not None:  # remote shards not fetched: their average
-        for shard in np.flatnonzero(holds.is_remote).tolist():
-            first, end = int(starts[shard]), int(starts[shard + 1])
-            if end > first and sizes[first:end].sum() == 0:
-                sizes[first:end] = holds.size_of(shard) // (end - first)
     return sizes
 
 
@@ -220,11 +200,12 @@ def write_shard(
     try:
         for at in range(0, len(samples), chunk):
             idx = samples[at : at + chunk]
-            batch = ds.get_batch(idx)  # (fetches remote shards: their rows are known after)
+            with ds.holding(idx):  # (fetches remote shards, and indexes them)
+                batch = ds.get_batch(idx)
+                npy_rows = ds.gather(idx).decoder != 0
             if transform is not None:
                 transform(batch)
-            npy_rows = ds.members.decoder[ds.members.member_rows(idx)[0]] != 0
-            labels = ds.members.extras.get("label")
+            labels = ds.columns.get("label")
             at_member = 0
             for s, sample in enumerate(batch):
                 if stop is not None and stop.is_set():

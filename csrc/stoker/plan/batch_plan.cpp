@@ -1,5 +1,6 @@
 #include "stoker/plan/batch_plan.hpp"
 
+#include <algorithm>
 #include <cstring>
 #include <string>
 
@@ -34,8 +35,8 @@ std::string sample_of(const KeyOf& key_of, int64_t sample) {
   return "sample " + quoted(key_of(sample));
 }
 
-[[noreturn]] void bad_member(const Members& m, int64_t row, const std::string& what) {
-  throw FormatError(m.files->paths[m.file[row]], m.offset[row], what);
+[[noreturn]] void bad_member(const Members& m, const MemberRef& r, const std::string& what) {
+  throw FormatError(m.files->paths[r.shard->file[r.row]], r.shard->offset[r.row], what);
 }
 
 std::string shape_text(const std::vector<uint64_t>& shape) {
@@ -47,18 +48,37 @@ std::string shape_text(const std::vector<uint64_t>& shape) {
   return out + ")";
 }
 
+MemberRef ref(const ShardColumns* shard, uint32_t id, int64_t row) {
+  return MemberRef{shard, static_cast<uint64_t>(row),
+                   static_cast<int64_t>((uint64_t(id) << 32) | uint64_t(row))};
+}
+
 // Each sample's member of field `f`: the first of its alternatives the sample has.
 void find_rows(const FieldSpec& f, const int64_t* indices, size_t n, const Members& m,
-               const KeyOf& key_of, std::vector<int64_t>& rows) {
+               const KeyOf& key_of, std::vector<MemberRef>& rows) {
   rows.resize(n);
+  const ShardColumns* shard = nullptr;  // consecutive samples mostly share a shard
+  uint32_t id = 0;
   for (size_t i = 0; i < n; ++i) {
     int64_t sample = indices[i];
-    int64_t row = -1;
-    for (const int64_t* table : f.tables) {
-      row = table[sample];
-      if (row >= 0) break;
+    if (shard == nullptr || sample < shard->first_sample ||
+        sample >= shard->first_sample + static_cast<int64_t>(shard->samples)) {
+      shard = m.shard_of(sample, id);
+      if (shard == nullptr) {
+        throw Error("internal: sample " + std::to_string(sample) +
+                    " is read before its shard is indexed");
+      }
     }
-    if (row < 0 || static_cast<uint64_t>(row) >= m.rows) {
+    int64_t local = sample - shard->first_sample;
+    int64_t row = -1;
+    for (int32_t field : f.field_ids) {
+      if (field >= 0 && static_cast<size_t>(field) < shard->field_rows.size() &&
+          shard->field_rows[field] != nullptr) {
+        row = shard->field_rows[field][local];
+        if (row >= 0) break;
+      }
+    }
+    if (row < 0 || static_cast<uint64_t>(row) >= shard->rows) {
       std::string which = name_of(f);
       if (f.alternatives.size() > 1) {
         which = "field of ";
@@ -66,62 +86,66 @@ void find_rows(const FieldSpec& f, const int64_t* indices, size_t n, const Membe
           which += (a ? ", " : "") + quoted(f.alternatives[a]);
         }
       }
-      int64_t first = m.sample_first[sample];
+      int64_t first = shard->sample_first[local];
       std::string what =
           sample_of(key_of, sample) + " (#" + std::to_string(sample) + ") has no " + which;
       if (first < 0) throw FormatError(what);
-      bad_member(m, first, what);
+      bad_member(m, ref(shard, id, first), what);
     }
-    rows[i] = row;
+    rows[i] = ref(shard, id, row);
   }
 }
 
-ReadRequest request_for(const Members& m, int64_t row, uint64_t dest) {
+ReadRequest request_for(const MemberRef& m, uint64_t dest) {
+  const ShardColumns& s = *m.shard;
+  uint64_t row = m.row;
   ReadRequest r;
-  r.file = m.file[row];
-  r.offset = m.offset[row];
-  r.length = m.length[row];
+  r.file = s.file[row];
+  r.offset = s.offset[row];
+  r.length = s.length[row];
   r.dest_offset = dest;
-  r.out_length = m.out[row];
-  r.codec = static_cast<Codec>(m.codec[row]);
-  r.crc32 = m.crc[row];
-  r.array = m.array[row];
+  r.out_length = s.out[row];
+  r.codec = static_cast<Codec>(s.codec[row]);
+  r.crc32 = s.crc[row];
+  r.array = s.array[row];
   // Stored bytes are served as they are on disk; inflating touches every byte anyway.
   r.check_crc = r.codec != Codec::kStored && r.codec != Codec::kArrayRow;
   return r;
 }
 
-void add(PreparedBatch& batch, const ReadRequest& r, int64_t row) {
+uint64_t out_of(const MemberRef& r) { return r.shard->out[r.row]; }
+
+void add(PreparedBatch& batch, const ReadRequest& r, const MemberRef& member) {
   batch.requests.push_back(r);
-  batch.request_rows.push_back(row);
+  batch.request_rows.push_back(member.id);
 }
 
 // A fixed number of bytes per sample (kRaw, or rows of .npy shards).
 void plan_fixed(const FieldSpec& f, uint64_t nbytes, const std::string& what,
-                const std::vector<int64_t>& rows, const Members& m, const KeyOf& key_of,
+                const std::vector<MemberRef>& rows, const Members& m, const KeyOf& key_of,
                 Regions& regions, FieldLayout& out, PreparedBatch& batch) {
   size_t n = rows.size();
   for (size_t i = 0; i < n; ++i) {
-    if (m.out[rows[i]] != nbytes) {
+    if (out_of(rows[i]) != nbytes) {
       bad_member(m, rows[i],
                  name_of(f) + " of " + sample_of(key_of, batch.indices[i]) + " is " +
-                     std::to_string(m.out[rows[i]]) + " bytes, not the " + std::to_string(nbytes) +
+                     std::to_string(out_of(rows[i])) + " bytes, not the " + std::to_string(nbytes) +
                      " of " + what);
     }
   }
   out.offset = regions.take(n * nbytes);
   for (size_t i = 0; i < n; ++i) {
-    add(batch, request_for(m, rows[i], out.offset + i * nbytes), rows[i]);
+    add(batch, request_for(rows[i], out.offset + i * nbytes), rows[i]);
   }
 }
 
-void plan_int(const FieldSpec& f, const std::vector<int64_t>& rows, const Members& m,
+void plan_int(const FieldSpec& f, const std::vector<MemberRef>& rows, const Members& m,
               Regions& regions, FieldLayout& out, PreparedBatch& batch) {
   size_t n = rows.size();
   out.offset = regions.take(n * sizeof(int64_t));
   for (size_t i = 0; i < n; ++i) {
-    int64_t row = rows[i];
-    ReadRequest r = request_for(m, row, out.offset + i * sizeof(int64_t));
+    const MemberRef& row = rows[i];
+    ReadRequest r = request_for(row, out.offset + i * sizeof(int64_t));
     if (r.codec == Codec::kStored) {
       r.codec = Codec::kAsciiInt;  // parsed straight from the bytes on disk
     } else {
@@ -138,32 +162,32 @@ void plan_int(const FieldSpec& f, const std::vector<int64_t>& rows, const Member
   }
 }
 
-void plan_bytes(const std::vector<int64_t>& rows, const Members& m, Regions& regions,
-                FieldLayout& out, PreparedBatch& batch) {
+void plan_bytes(const std::vector<MemberRef>& rows, Regions& regions, FieldLayout& out,
+                PreparedBatch& batch) {
   size_t n = rows.size();
   out.starts.resize(n);
   out.lengths.resize(n);
   uint64_t size = 0;
   for (size_t i = 0; i < n; ++i) {
     out.starts[i] = size;
-    out.lengths[i] = m.out[rows[i]];
+    out.lengths[i] = out_of(rows[i]);
     size += (out.lengths[i] + kAlign - 1) / kAlign * kAlign;
   }
   out.offset = regions.take(size);
   for (size_t i = 0; i < n; ++i) {
     out.starts[i] += out.offset;
-    add(batch, request_for(m, rows[i], out.starts[i]), rows[i]);
+    add(batch, request_for(rows[i], out.starts[i]), rows[i]);
   }
 }
 
 // Images: each member is decoded by the reader into a fixed-size slot.
-void plan_image(const FieldSpec& f, const std::vector<int64_t>& rows, const Members& m,
-                uint64_t augment_seed, Regions& regions, FieldLayout& out, PreparedBatch& batch) {
+void plan_image(const FieldSpec& f, const std::vector<MemberRef>& rows, uint64_t augment_seed,
+                Regions& regions, FieldLayout& out, PreparedBatch& batch) {
   size_t n = rows.size();
   uint64_t nbytes = f.image->nbytes();
   out.offset = regions.take(n * nbytes);
   for (size_t i = 0; i < n; ++i) {
-    ReadRequest r = request_for(m, rows[i], out.offset + i * nbytes);
+    ReadRequest r = request_for(rows[i], out.offset + i * nbytes);
     if (r.codec == Codec::kStored) {
       r.codec = Codec::kImage;
     } else {
@@ -180,12 +204,12 @@ void plan_image(const FieldSpec& f, const std::vector<int64_t>& rows, const Memb
 // .npy files stored as members: each member is read as its header (into a
 // side region, checked against the first's after the read) and its data (laid
 // out as one array).
-void plan_npy_members(const FieldSpec& f, const std::vector<int64_t>& rows, const Members& m,
+void plan_npy_members(const FieldSpec& f, const std::vector<MemberRef>& rows, const Members& m,
                       const KeyOf& key_of, Regions& regions, FieldLayout& out,
                       PreparedBatch& batch) {
   size_t n = rows.size();
-  for (int64_t row : rows) {
-    if (m.codec[row] != static_cast<uint8_t>(Codec::kStored)) {
+  for (const MemberRef& row : rows) {
+    if (row.shard->codec[row.row] != static_cast<uint8_t>(Codec::kStored)) {
       bad_member(m, row,
                  name_of(f) +
                      ": compressed .npy members cannot be viewed in place; store them "
@@ -193,12 +217,13 @@ void plan_npy_members(const FieldSpec& f, const std::vector<int64_t>& rows, cons
     }
   }
   // The first member's header says the batch's dtype and shape: one small read.
-  int64_t first = rows[0];
-  const std::string& path = m.files->paths[m.file[first]];
+  const MemberRef& first = rows[0];
+  const std::string& path = m.files->paths[first.shard->file[first.row]];
+  uint64_t first_offset = first.shard->offset[first.row];
   try {
     format::WindowReader in(path, 4096);
-    out.npy = format::read_npy_header(in, m.offset[first], m.out[first]);
-    const uint8_t* bytes = in.at(m.offset[first], out.npy.data_offset, ".npy header");
+    out.npy = format::read_npy_header(in, first_offset, out_of(first));
+    const uint8_t* bytes = in.at(first_offset, out.npy.data_offset, ".npy header");
     out.header.assign(bytes, bytes + out.npy.data_offset);
   } catch (const FormatError& e) {
     bad_member(m, first, name_of(f) + " is not a .npy file: " + e.detail());
@@ -213,7 +238,7 @@ void plan_npy_members(const FieldSpec& f, const std::vector<int64_t>& rows, cons
   }
   uint64_t header = out.npy.data_offset, nbytes = out.npy.data_bytes;
   for (size_t i = 0; i < n; ++i) {
-    if (m.out[rows[i]] != header + nbytes) {
+    if (out_of(rows[i]) != header + nbytes) {
       bad_member(m, rows[i],
                  name_of(f) + " of " + sample_of(key_of, batch.indices[i]) + " does not hold a " +
                      shape_text(out.npy.shape) + " " + quoted(out.npy.descr) +
@@ -225,7 +250,7 @@ void plan_npy_members(const FieldSpec& f, const std::vector<int64_t>& rows, cons
   out.header_offset = regions.take(n * header);
   out.offset = regions.take(n * nbytes);
   for (size_t i = 0; i < n; ++i) {
-    ReadRequest r = request_for(m, rows[i], out.header_offset + i * header);
+    ReadRequest r = request_for(rows[i], out.header_offset + i * header);
     r.length = r.out_length = header;
     add(batch, r, rows[i]);
     r.offset += header;
@@ -239,7 +264,7 @@ void plan_npy_members(const FieldSpec& f, const std::vector<int64_t>& rows, cons
 
 BatchPlan::BatchPlan(std::vector<FieldSpec> fields) : fields_(std::move(fields)) {
   for (const FieldSpec& f : fields_) {
-    if (f.kind == Kind::kColumn ? f.column == nullptr : f.tables.empty()) {
+    if (f.kind == Kind::kColumn ? f.column == nullptr : f.field_ids.empty()) {
       throw Error("field '" + f.name + "' has nothing to read");
     }
     if (f.kind == Kind::kImage && !f.image) {
@@ -248,12 +273,21 @@ BatchPlan::BatchPlan(std::vector<FieldSpec> fields) : fields_(std::move(fields))
   }
 }
 
+const ShardColumns* Members::shard_of(int64_t sample, uint32_t& shard) const {
+  const std::vector<int64_t>& starts = *shard_start;
+  auto after = std::upper_bound(starts.begin(), starts.end(), sample);
+  if (after == starts.begin() || after == starts.end()) return nullptr;
+  shard = static_cast<uint32_t>(after - starts.begin() - 1);
+  auto found = resident.find(shard);
+  return found == resident.end() ? nullptr : found->second.get();
+}
+
 PreparedBatch BatchPlan::prepare(const int64_t* indices, size_t n, const Members& m,
                                  const KeyOf& key_of, uint64_t augment_seed) const {
   PreparedBatch batch;
   batch.indices.assign(indices, indices + n);
   for (const FieldSpec& f : fields_) {
-    if (f.length < m.samples) {
+    if (f.kind == Kind::kColumn && f.length < m.samples) {
       throw Error("field '" + f.name + "' has " + std::to_string(f.length) +
                   " entries for a dataset of " + std::to_string(m.samples) + " samples");
     }
@@ -265,7 +299,7 @@ PreparedBatch BatchPlan::prepare(const int64_t* indices, size_t n, const Members
   }
   batch.fields.resize(fields_.size());
   Regions regions;
-  std::vector<int64_t> rows;
+  std::vector<MemberRef> rows;
   for (size_t k = 0; k < fields_.size(); ++k) {
     const FieldSpec& f = fields_[k];
     FieldLayout& out = batch.fields[k];
@@ -283,22 +317,24 @@ PreparedBatch BatchPlan::prepare(const int64_t* indices, size_t n, const Members
         plan_int(f, rows, m, regions, out, batch);
         break;
       case Kind::kBytes:
-        plan_bytes(rows, m, regions, out, batch);
+        plan_bytes(rows, regions, out, batch);
         break;
       case Kind::kImage:
-        plan_image(f, rows, m, augment_seed, regions, out, batch);
+        plan_image(f, rows, augment_seed, regions, out, batch);
         break;
       case Kind::kNpy: {
         bool all_members = true;
-        for (int64_t row : rows) all_members = all_members && m.decoder[row] == 0;
+        for (const MemberRef& row : rows) {
+          all_members = all_members && row.shard->decoder[row.row] == 0;
+        }
         if (all_members) {
           plan_npy_members(f, rows, m, key_of, regions, out, batch);
           break;
         }
         // Rows of .npy shards: one decoder (dtype and shape) for the batch.
-        out.decoder = m.decoder[rows[0]];
-        for (int64_t row : rows) {
-          if (m.decoder[row] != out.decoder || out.decoder == 0 ||
+        out.decoder = rows[0].shard->decoder[rows[0].row];
+        for (const MemberRef& row : rows) {
+          if (row.shard->decoder[row.row] != out.decoder || out.decoder == 0 ||
               static_cast<size_t>(out.decoder) >= m.decoder_row_bytes.size()) {
             bad_member(m, row,
                        name_of(f) +

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "stoker/format/shard_index.hpp"
@@ -35,19 +36,22 @@ struct FieldSpec {
   Kind kind = Kind::kBytes;
   uint64_t nbytes = 0;  // kRaw: bytes per sample
   std::string what;     // kRaw: "(3, 64, 64) uint8", for messages
-  // The member row of this field for every sample of the dataset (-1: none, or
-  // not indexed yet), one table per alternative in order. Filled in place as
-  // shards are indexed; owned by the caller for the plan's life.
-  std::vector<const int64_t*> tables;
-  std::vector<std::string> alternatives;       // the tables' field names, for messages
+  // The dataset's field ids of the alternatives, in order: each sample's member
+  // is the first of them its shard's index has for it.
+  std::vector<int32_t> field_ids;
+  std::vector<std::string> alternatives;       // their names, for messages
   const int64_t* column = nullptr;             // kColumn: one value per sample
   std::shared_ptr<const image::Target> image;  // kImage: what each image becomes
-  uint64_t length = 0;                         // entries in each table (or the column)
+  uint64_t length = 0;                         // kColumn: the column's entries
 };
 
-// The member table's columns as they are now (rows are only ever added).
-struct Members {
-  const uint32_t* file = nullptr;
+// One indexed shard's members, rows numbered within the shard. The arrays are
+// the caller's; `keep` holds them for as long as any batch plan uses them.
+struct ShardColumns {
+  int64_t first_sample = 0;  // the dataset's number of the shard's first sample
+  uint64_t samples = 0;
+  uint64_t rows = 0;
+  const uint32_t* file = nullptr;  // into the dataset's FileTable
   const uint64_t* offset = nullptr;
   const uint64_t* length = nullptr;
   const uint64_t* out = nullptr;
@@ -55,14 +59,35 @@ struct Members {
   const uint32_t* crc = nullptr;
   const int32_t* decoder = nullptr;
   const uint32_t* array = nullptr;
-  const int64_t* sample_first = nullptr;
-  uint64_t rows = 0;
+  const int64_t* sample_first = nullptr;  // per sample of the shard: its first row
+  // Per field id of the dataset: each sample's row of that field (-1: none), or
+  // null where no sample of the shard has the field.
+  std::vector<const int64_t*> field_rows;
+  std::shared_ptr<const void> keep;
+};
+
+// One member: its shard's columns and its row there. `id` is how Python names
+// it: shard << 32 | row.
+struct MemberRef {
+  const ShardColumns* shard = nullptr;
+  uint64_t row = 0;
+  int64_t id = 0;
+};
+
+// The dataset's index as a batch sees it: where each shard's samples start, and
+// the columns of the shards indexed now (only those a batch may read need be).
+struct Members {
+  std::shared_ptr<const std::vector<int64_t>> shard_start;  // shards + 1 entries
+  std::unordered_map<uint32_t, std::shared_ptr<const ShardColumns>> resident;
   uint64_t samples = 0;
   std::shared_ptr<const io::FileTable> files;
   // Per decoder id (rows of .npy shards; 0 is raw bytes): bytes per row, and
   // "(3,) float32" for messages.
   std::vector<uint64_t> decoder_row_bytes;
   std::vector<std::string> decoder_what;
+
+  // The shard holding `sample`, and its number; null if that shard is not indexed.
+  const ShardColumns* shard_of(int64_t sample, uint32_t& shard) const;
 };
 
 // Where one field of a prepared batch lies in its buffer.
@@ -73,7 +98,7 @@ struct FieldLayout {
   format::NpyHeader npy;         // kNpy members: the batch's first member's header
   uint64_t header_offset = 0;    // kNpy members: every member's header, side by side
   std::vector<uint8_t> header;   // kNpy members: the first member's header bytes
-  std::vector<int64_t> rows;     // kNpy members: each sample's member (for check())
+  std::vector<MemberRef> rows;   // kNpy members: each sample's member (for check())
   std::vector<uint64_t> starts;  // kBytes: where each sample's bytes are
   std::vector<uint64_t> lengths;
 };
@@ -81,7 +106,7 @@ struct FieldLayout {
 struct PreparedBatch {
   std::vector<int64_t> indices;
   std::vector<io::ReadRequest> requests;
-  std::vector<int64_t> request_rows;  // the member row each request reads
+  std::vector<int64_t> request_rows;  // the member each request reads (MemberRef::id)
   std::vector<FieldLayout> fields;    // one per FieldSpec
   uint64_t nbytes = 0;
 };

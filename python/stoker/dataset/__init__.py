@@ -13,7 +13,7 @@ import contextlib
 import errno
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, overload
 
 import numpy as np
@@ -22,9 +22,17 @@ from stoker import _core
 from stoker.arrays import index_array_source
 from stoker.dataset.files import files_index, read_labels_csv
 from stoker.dataset.holds import ShardHolds
-from stoker.dataset.members import MemberTable, Note
+from stoker.dataset.members import DEFAULT_RESIDENT, Gathered, MemberTable, Note
 from stoker.dataset.reads import samples_from, shared_reader, submit_members
-from stoker.errors import ReadError, ShardFormatError, StokerError, UsageError, human, located
+from stoker.errors import (
+    ReadError,
+    ShardFormatError,
+    StokerError,
+    UsageError,
+    human,
+    located,
+    quoted,
+)
 from stoker.formats import format_of, is_url
 from stoker.remote import FetchOptions, RemoteShard, RemoteShards, apply_entry, fetcher_for
 from stoker.sources import Source, resolve
@@ -33,7 +41,7 @@ log = logging.getLogger("stoker.dataset")
 
 ARRAY_SOURCES = ("hdf5", "zarr")
 
-__all__ = ["Dataset", "MemberTable", "read_labels_csv"]
+__all__ = ["Dataset", "Gathered", "read_labels_csv"]
 
 
 class Dataset:
@@ -89,8 +97,7 @@ class Dataset:
         formats = [(entry or {}).get("format") or format_of(path) for path, entry in shards]
         remote_ids = [i for i, path in enumerate(paths) if is_url(path)]
         local_ids = [i for i, path in enumerate(paths) if not is_url(path)]
-        for i in local_ids:
-            _check_manifest_size(paths[i], shards[i][1])
+        _check_manifest_sizes([paths[i] for i in local_ids], [shards[i][1] for i in local_ids])
         indexes: list[dict] = [{} for _ in paths]
         identities = np.zeros((len(paths), 3), np.int64)
         # Shards a manifest describes open without a scan: each is indexed when a batch
@@ -209,7 +216,12 @@ class Dataset:
         )
         self.holds: ShardHolds | None = None
         self._said: set[str] = set()
+        self._group_starts: np.ndarray | None = None
         ready = [s for s, index in enumerate(indexes) if "samples" not in index]
+        # What opening indexed (a scan of every shard) stays indexed: it was paid for, and
+        # only a source without a manifest is scanned. Shards indexed later are held while
+        # in use, a bounded number at once.
+        self.members.reserve(max(DEFAULT_RESIDENT, len(ready)))
         member_files = None if member_files is None else member_files.astype(np.uint32)
         self._say(self.members.add(ready, [indexes[s] for s in ready], member_files))
 
@@ -271,8 +283,9 @@ class Dataset:
         """Keys of samples `indices` (non-negative)."""
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         table = self.members
-        if table.indexed[table.shards_of(idx)].all():
-            return table.keys(idx)
+        with table.lock:  # (indexes are let go of under it)
+            if not table.missing(np.unique(table.shards_of(idx))):
+                return table.keys(idx)
         with self.holding(idx):  # a shard's keys are known once it is indexed
             return table.keys(idx)
 
@@ -310,41 +323,175 @@ class Dataset:
             raise IndexError(f"sample {bad} out of range for a dataset of {n}")
         idx = np.where(idx < 0, idx + n, idx)
         with self.holding(idx):
-            rows, bounds = self.members.member_rows(idx)
-            reader = shared_reader(self.num_threads)
-            buffer = submit_members(self.members, rows, reader).wait()
-            return samples_from(self.members, buffer, idx, rows, bounds)
+            members = self.members.gather(idx)
+            buffer = self.read_members(members, shared_reader(self.num_threads)).wait()
+            return self.samples_of(buffer, idx, members)
 
     def shards_of(self, indices: np.ndarray) -> np.ndarray:
         """The shard of each sample of `indices`."""
         return self.members.shards_of(indices)
 
+    def sample_bytes(self, cost: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
+        """Each sample's members' summed `cost` (of their decoded lengths), shard by shard
+        (indexing local shards a manifest described); a remote shard not fetched yet counts
+        its size spread evenly over its samples."""
+        table = self.members
+        sizes = np.zeros(len(self), np.int64)
+        starts = table.shard_start
+        for shard in range(len(starts) - 1):
+            first, end = int(starts[shard]), int(starts[shard + 1])
+            if end == first:
+                continue
+            remote = self.holds is not None and self.holds.is_remote[shard]
+            if remote and table.resident(shard) is None:
+                sizes[first:end] = self.holds.size_of(shard) // (end - first)
+                continue
+            with self.indexed(np.array([first], np.int64)):
+                out, sample_first = table.member_out(shard)
+            per_member = np.concatenate([np.asarray(cost(out), np.int64), [0]])
+            sums = np.add.reduceat(per_member, np.minimum(sample_first[:-1], len(out)))
+            sums[np.diff(sample_first) == 0] = 0
+            sizes[first:end] = sums
+        return sizes
+
+    def has_field_everywhere(self, name: str) -> bool:
+        """Whether every sample has field `name` (local shards are indexed to tell, one at a
+        time)."""
+        table = self.members
+        if name in table.extras:
+            return True
+        starts = table.shard_start
+        for shard in range(len(starts) - 1):
+            if starts[shard + 1] > starts[shard]:
+                with self.indexed(np.array([starts[shard]], np.int64)):
+                    if not table.has_field(name, shard):
+                        return False
+        return True
+
+    # -- what readers of whole batches go through (the Loader's way into the index) -----
+
+    def group_sizes(self) -> np.ndarray:
+        """The sampler's groups of consecutive samples (each shard, or runs of an array
+        source's chunks)."""
+        return self.members.group_sizes()
+
+    def shards_of_groups(self, groups: np.ndarray) -> np.ndarray:
+        """The shard each of the sampler's `groups` (indices into group_sizes) lies in."""
+        starts = self._group_starts
+        if starts is None:
+            starts = np.concatenate([[0], np.cumsum(self.group_sizes())[:-1]]).astype(np.int64)
+            self._group_starts = starts
+        return self.members.shards_of(starts[np.asarray(groups, np.int64)])
+
+    def reserve_index(self, shards: int) -> None:
+        """A reader will use up to `shards` shards at once: keep that many indexed."""
+        self.members.reserve(shards)
+
+    @property
+    def fields_known(self) -> bool:
+        """Whether every shard's field names are known (a manifest, or opening, said)."""
+        return self.members.fields_known
+
+    @property
+    def columns(self) -> dict[str, np.ndarray]:
+        """The dataset's integer columns (a CSV's labels): one value per sample."""
+        return self.members.extras
+
+    def field_ids(self, names: Sequence[str]) -> list[int]:
+        """The ids of field `names` as a BatchPlan names them (-1: none yet)."""
+        return self.members.field_ids(names)
+
+    def decoder(self, decoder: int) -> tuple[np.dtype, tuple[int, ...]] | None:
+        """dtype and row shape of a typed decoder (rows of .npy shards); None for bytes."""
+        return self.members.decoders[decoder]
+
+    def plan_columns(self) -> _core.MemberColumns:
+        """The index as a BatchPlan reads a batch (inside `indexed` for it)."""
+        return self.members.plan_columns()
+
+    def gather(self, indices: np.ndarray) -> Gathered:
+        """The members of samples `indices` (inside `indexed` for them), in order."""
+        return self.members.gather(indices)
+
+    def read_members(self, members: Gathered, reader: _core.ShardReader) -> _core.PendingRead:
+        """Start reading gathered `members` into one buffer, each decoded at the next
+        aligned offset."""
+        return submit_members(self.members, members, reader)
+
+    def samples_of(
+        self, buffer: np.ndarray, indices: np.ndarray, members: Gathered
+    ) -> list[dict[str, Any]]:
+        """Sample dicts viewing `buffer`, as read_members(members) read it."""
+        return samples_from(self.members, buffer, indices, members)
+
+    def describe(self, member: int) -> tuple[str, str, int] | None:
+        """The file, field name and sample of a member id a batch plan named (None where
+        its shard is no longer indexed)."""
+        return self.members.describe(member)
+
+    def explain(
+        self, error: ShardFormatError, members: np.ndarray, offsets: np.ndarray
+    ) -> ShardFormatError:
+        """`error`, which the reader raised about a piece of one of `members` (ids) read at
+        file `offsets`, said of the field and sample whose bytes it is about."""
+        path, offset = getattr(error, "path", None), getattr(error, "offset", None)
+        hits = np.flatnonzero(offsets == np.uint64(offset or 0)) if path is not None else []
+        for hit in hits.tolist() if len(hits) else []:
+            found = self.describe(int(members[hit]))
+            if found is not None and found[0] == path:
+                _, field, sample = found
+                what = getattr(error, "detail", str(error))
+                return located(
+                    ShardFormatError,
+                    path,
+                    offset,
+                    f"field {field!r} of sample {quoted(self.key(sample))}: {what}",
+                )
+        return error
+
     # -- indexing and holding ------------------------------------------------------
 
-    def ensure_indexed(self, indices: np.ndarray) -> None:
-        """Every shard of samples `indices` in the member table: local shards a manifest
-        described are indexed now; remote ones must be held already (see holding)."""
+    @contextlib.contextmanager
+    def indexed(self, indices: np.ndarray) -> Iterator[None]:
+        """Every shard of samples `indices` indexed, and kept so for the block: local shards
+        not indexed now are indexed (a manifest described them, or they were let go of);
+        remote ones must be held already (see holding)."""
         table = self.members
-        if table.complete or len(indices) == 0:
-            return
-        shards = np.unique(table.shards_of(indices))
-        missing = shards[~table.indexed[shards]]
-        if self.holds is not None and self.holds.is_remote[missing].any():
-            name = table.names[int(missing[self.holds.is_remote[missing]][0])]
-            raise StokerError(f"internal: shard {name} is read before it is local")
-        self._say(table.index_local(missing.tolist(), self.num_threads or 0))
+        shards = np.unique(table.shards_of(indices)).tolist() if len(indices) else []
+        pinned: list[int] = []
+        try:
+            with table.lock:
+                missing = table.missing(np.asarray(shards, np.int64))
+                for shard in set(shards) - set(missing):
+                    table.pin(shard)  # first: indexing the others must not let them go
+                    pinned.append(shard)
+                if missing:
+                    if self.holds is not None and self.holds.is_remote[missing].any():
+                        name = table.names[next(s for s in missing if self.holds.is_remote[s])]
+                        raise StokerError(f"internal: shard {name} is read before it is local")
+                    self._say(table.index_local(missing, self.num_threads or 0, pin=True))
+                    pinned += missing
+            yield
+        finally:
+            for shard in pinned:
+                table.unpin(shard)
+
+    def ensure_indexed(self, indices: np.ndarray) -> None:
+        """Every shard of samples `indices` indexed now (see indexed, which also keeps them
+        so)."""
+        with self.indexed(indices):
+            pass
 
     @contextlib.contextmanager
     def holding(self, indices: np.ndarray) -> Iterator[None]:
         """The shards of samples `indices` held (remote ones fetched into the cache) and
         indexed, for the block."""
         if self.holds is None or len(indices) == 0:
-            self.ensure_indexed(indices)
-            yield
+            with self.indexed(indices):
+                yield
             return
         shards = self.holds.remote_among(np.unique(self.shards_of(indices)))
-        with self.holds.holding(shards):
-            self.ensure_indexed(indices)
+        with self.holds.holding(shards), self.indexed(indices):
             yield
 
     def _check_index(self, i: int) -> int:
@@ -391,25 +538,31 @@ def _describes(entry: dict | None) -> bool:
     return bool(entry) and isinstance(entry.get("samples"), int) and "bytes" in entry
 
 
-def _check_manifest_size(path: str, entry: dict | None) -> None:
-    """A shard a manifest lists is there, and as large as the manifest says."""
-    if entry is None:
+def _check_manifest_sizes(paths: list[str], entries: list[dict | None]) -> None:
+    """Each shard a manifest lists is there, and as large as the manifest says (stat'ed in
+    parallel: a manifest may list a hundred thousand)."""
+    listed = [i for i, entry in enumerate(entries) if entry is not None]
+    if not listed:
         return  # not from a manifest: the index parser reports a missing file
-    try:
-        actual = os.stat(path).st_size
-    except FileNotFoundError:
-        folder = os.path.dirname(path) or "."
-        raise located(
-            ReadError,
-            path,
-            0,
-            "the manifest lists this shard but it is not there; run `stoker index "
-            f"{folder}` to write the manifest again",
-            errno.ENOENT,
-        ) from None
-    except OSError:
-        return  # the index parser reports it with its errno
-    if "bytes" in entry and actual != entry["bytes"]:
+    identities, errors = _core.stat_files([paths[i] for i in listed], 0)
+    for j in np.flatnonzero(errors).tolist():
+        if int(errors[j]) == errno.ENOENT:
+            path = paths[listed[j]]
+            folder = os.path.dirname(path) or "."
+            raise located(
+                ReadError,
+                path,
+                0,
+                "the manifest lists this shard but it is not there; run `stoker index "
+                f"{folder}` to write the manifest again",
+                errno.ENOENT,
+            )
+        # (any other failure: the index parser reports it with its errno)
+    expected = np.array([entries[i].get("bytes", -1) for i in listed], np.int64)
+    wrong = np.flatnonzero((errors == 0) & (expected >= 0) & (identities[:, 1] != expected))
+    if len(wrong):
+        j = int(wrong[0])
+        path, entry, actual = paths[listed[j]], entries[listed[j]], int(identities[j, 1])
         raise located(
             ShardFormatError,
             path,

@@ -69,7 +69,7 @@ class ShardHolds:
         def then(hold: Hold) -> Arrival:
             # The cache file changes only by a new download; with a sha256 that is the
             # same bytes. Otherwise its index is made again, to compare.
-            if table.indexed[shard] and (
+            if table.resident(shard) is not None and (
                 tuple(table.identities[shard]) == hold.identity or remote.shards[r].sha256
             ):
                 return hold, None
@@ -86,25 +86,39 @@ class ShardHolds:
         before. On an error the hold stays the caller's to release."""
         hold, index = arrival
         table = self.table
+        r = self.remote_of[shard]
         with table.lock:  # threads reading the dataset share its index
-            if index is not None:
-                if not table.indexed[shard]:
-                    self._on_notes(table.add([shard], [index]))
-                elif not same_index(table, shard, index):
-                    raise located(
-                        FetchError,
-                        self.url_of(shard),
-                        0,
-                        "fetched again, the shard's members differ from the first time: it "
-                        "changed on the server (a manifest with sha256 pins it)",
-                    )
-            table.set_identity(shard, hold.identity)
+            # Held: its index stays until the hold is let go of. Pinned first, so that
+            # adding it to a table full of pinned shards does not let it go at once.
+            table.pin(shard)
+            try:
+                if index is None and table.resident(shard) is None:  # let go of meanwhile
+                    index = _core.index_shards([hold.path], [self.remote.shards[r].format], 1)
+                    index = index[0]
+                if index is not None:
+                    if table.resident(shard) is None:
+                        self._on_notes(table.add([shard], [index]))
+                    elif not same_index(table, shard, index):
+                        raise located(
+                            FetchError,
+                            self.url_of(shard),
+                            0,
+                            "fetched again, the shard's members differ from the first time: "
+                            "it changed on the server (a manifest with sha256 pins it)",
+                        )
+                table.set_identity(shard, hold.identity)
+            except BaseException:
+                table.unpin(shard)
+                raise
 
     def warm(self, shard: int, priority: tuple[int, int] = (1, 0)) -> concurrent.futures.Future:
         """Fetch `shard` ahead, unheld, if the cache has room for it now."""
         return self.remote.warm(self.remote_of[shard], priority)
 
-    def release(self, shard: int) -> None:
+    def release(self, shard: int, arrived: bool = True) -> None:
+        """Let go of a hold of `shard`; `arrived`: arrived() took it (and kept its index)."""
+        if arrived:
+            self.table.unpin(shard)
         if self.remote.release(self.remote_of[shard]):
             # Close our cached descriptors too, or an evicted file's space stays in use.
             forget_everywhere(self.table.paths[shard])
@@ -115,7 +129,7 @@ class ShardHolds:
 
         def done(future: concurrent.futures.Future) -> None:
             if not future.cancelled() and future.exception() is None:
-                self.release(shard)
+                self.release(shard, arrived=False)
 
         return done
 
@@ -125,16 +139,17 @@ class ShardHolds:
     def holding(self, shards: list[int]) -> Iterator[None]:
         """`shards` (remote ones) held in the cache, fetched if need be, for the block."""
         futures = [self.start(s) for s in shards]
-        held = []
+        held: list[tuple[int, bool]] = []  # ours to release from here on, and arrived
         try:
             for shard, future in zip(shards, futures):
                 arrival = wait_result(future)
-                held.append(shard)  # ours to release from here on, whatever happens
+                held.append((shard, False))
                 self.arrived(shard, arrival)
+                held[-1] = (shard, True)
             yield
         finally:
-            for shard in held:
-                self.release(shard)
+            for shard, arrived in held:
+                self.release(shard, arrived)
             for shard, future in zip(shards[len(held) :], futures[len(held) :]):
                 future.add_done_callback(self.release_when_done(shard))
 

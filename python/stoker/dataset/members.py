@@ -1,20 +1,29 @@
 """The member table: where every member (one field of one sample) of a dataset lies.
 
-One row per member, in named numpy columns; per sample, where its rows start and how many
-it has; per shard, whether it is indexed yet. It is the one interface between a dataset's
-index and everything that reads (the Loader's plan, ``get_batch``, the tools): nothing
-outside ``stoker.dataset`` reaches past its methods and properties.
+It costs memory in proportion to the shards in use, not to the dataset. From the start it
+knows each shard's number of samples (so a sample's shard is one search of an array of
+shards); the members of a shard are known only once the shard is indexed, and then held
+as a ShardIndex of its own: its member columns (rows and samples numbered within the
+shard), each sample's first row, each field's row per sample, and the keys. Indexed shards
+are kept in a bounded least-recently-used set; one let go of is indexed again from its
+member index sidecar, its header, or the node cache's copy (milliseconds) when it is read
+again. A shard in use by a hold (a remote shard being read) is never let go of, and
+neither are the few whose index cannot be made again from a file (array sources, loose
+files). A batch being planned or read keeps what it reads alive by itself.
 
-Rows are only ever added (a shard a manifest described, or a remote one, is indexed when
-first read), under a lock; a column seen by a reader is never changed where it has been
-filled, so threads may read samples while others are added.
+It is the one interface between a dataset's index and everything that reads (the Loader's
+plan, ``get_batch``, the tools), through ``stoker.dataset.Dataset``: nothing outside
+``stoker.dataset`` reaches past its methods. Members are named outside a shard by a member
+id, ``shard << 32 | row``.
 """
 
 from __future__ import annotations
 
 import os
 import threading
+from collections import OrderedDict
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -26,7 +35,7 @@ from stoker.errors import ShardFormatError, located
 #: What adding shards found that a user should hear: (kind, shard, detail, detail).
 Note = tuple[str, int, int, int]
 
-#: The member columns and their types.
+#: The member columns and their types (rows and samples numbered within their shard).
 MEMBER_COLUMNS = {
     "file": np.uint32,  # index into the table's files
     "offset": np.uint64,  # where the member's bytes start in its file
@@ -39,28 +48,102 @@ MEMBER_COLUMNS = {
     "sample": np.int64,  # the sample the member belongs to
     "array": np.uint32,  # ARRAY_ROW members: index into the table's arrays
 }
+_PLAN_COLUMNS = [c for c in MEMBER_COLUMNS if c not in ("field", "sample")]
+
+#: Indexed shards kept beyond those in use, at the least (a Loader asks for more when its
+#: shuffle window and read-ahead span more). About 2 MB each for shards of 10,000 samples.
+DEFAULT_RESIDENT = 32
+
+#: Formats whose index can be made again from the shard's file (or its sidecar).
+_REINDEXABLE = ("tar", "zip", "npy", "mds", "litdata")
+
+_ROW_BITS = 32
+_ROW_MASK = (1 << _ROW_BITS) - 1
+
+
+def member_id(shard: int | np.ndarray, row: int | np.ndarray) -> Any:
+    """A member's name outside its shard."""
+    return (np.int64(shard) << _ROW_BITS) | np.int64(row)
+
+
+class ShardIndex:
+    """One indexed shard's members. `columns` hold MEMBER_COLUMNS (``sample`` within the
+    shard); a sample's members are consecutive rows from ``sample_first[i]`` to
+    ``sample_first[i + 1]``; `field_rows` maps a field id to each sample's row of it (-1:
+    none); `keys` is None where keys are made from the shard's name and the row."""
+
+    def __init__(
+        self,
+        first_sample: int,
+        columns: dict[str, np.ndarray],
+        per_sample: np.ndarray,
+        keys: np.ndarray | None,
+    ) -> None:
+        self.first_sample = first_sample
+        self.columns = {
+            name: np.ascontiguousarray(columns[name], dtype=dtype)
+            for name, dtype in MEMBER_COLUMNS.items()
+        }
+        self.samples = len(per_sample)
+        self.sample_first = np.zeros(self.samples + 1, np.int64)
+        np.cumsum(per_sample, out=self.sample_first[1:])
+        self.field_rows: dict[int, np.ndarray] = {}
+        field, sample = self.columns["field"], self.columns["sample"]
+        for f in np.unique(field).tolist():
+            hits = np.flatnonzero(field == f)
+            rows = np.full(self.samples, -1, np.int64)
+            rows[sample[hits]] = hits
+            self.field_rows[int(f)] = rows
+        self.keys = keys
+        self._core: _core.ShardColumns | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.columns["offset"])
+
+    def plan_columns(self) -> _core.ShardColumns:
+        """The shard as a BatchPlan reads it (made once)."""
+        if self._core is None:
+            fields = max(self.field_rows, default=-1) + 1
+            self._core = _core.ShardColumns(
+                self.first_sample,
+                {name: self.columns[name] for name in _PLAN_COLUMNS},
+                self.sample_first[:-1],
+                [self.field_rows.get(f) for f in range(fields)],
+            )
+        return self._core
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_core"] = None  # made again on the other side
+        return state
+
+
+@dataclass
+class Gathered:
+    """The members of a set of samples, in order, each sample's consecutive: MEMBER_COLUMNS
+    (``sample``: the dataset's numbers), where each sample's members start (`bounds`), and
+    each member's id."""
+
+    columns: dict[str, np.ndarray]
+    bounds: np.ndarray
+    ids: np.ndarray
+
+    def __getattr__(self, name: str) -> np.ndarray:
+        try:
+            return self.__dict__["columns"][name]
+        except KeyError:
+            raise AttributeError(name) from None
 
 
 class MemberTable:
-    """Every member of every indexed shard, and how samples map to them. Each column of
-    MEMBER_COLUMNS is an attribute (a view of every row so far, not to be written to).
+    """Every shard's sample count, and the members of the shards indexed now.
 
-    `shard_counts` is each shard's number of samples (known before its members are), and
-    `names` each shard as the user knows it (its URL, for a remote one); `paths` are the
-    files member rows refer to (a remote shard's copy in the cache; for a dataset of loose
-    files, one per sample), with the `identities` they were indexed as.
+    `shard_start` is where each shard's samples start (and the last ends); `names` each
+    shard as the user knows it (its URL, for a remote one); `paths` are the files member
+    rows refer to (a remote shard's copy in the cache; for a dataset of loose files, one
+    per sample), with the `identities` they were indexed as.
     """
-
-    file: np.ndarray
-    offset: np.ndarray
-    length: np.ndarray
-    out: np.ndarray
-    codec: np.ndarray
-    crc: np.ndarray
-    field: np.ndarray
-    decoder: np.ndarray
-    sample: np.ndarray
-    array: np.ndarray
 
     def __init__(
         self,
@@ -79,12 +162,13 @@ class MemberTable:
         #: The layouts of array sources' chunked arrays, which ARRAY_ROW members name.
         self.arrays: list[_core.ArrayLayout] = []
         self.files = _core.FileTable(paths, identities)  # reads check each file is as indexed
-        self.shard_start = np.concatenate([[0], np.cumsum(shard_counts)]).astype(np.int64)
-        n = int(self.shard_start[-1])
-        self.sample_first = np.full(n, -1, np.int64)
-        self.sample_count = np.zeros(n, np.int64)
-        self.indexed = np.zeros(len(shard_counts), bool)
-        self.complete = len(shard_counts) == 0  # every shard indexed
+        self.shard_start = np.zeros(len(shard_counts) + 1, np.int64)
+        np.cumsum(np.asarray(shard_counts, np.int64), out=self.shard_start[1:])
+        #: Each shard indexed at least once (its samples and fields checked).
+        self.known = np.zeros(len(shard_counts), bool)
+        self._resident: OrderedDict[int, ShardIndex] = OrderedDict()
+        self._pins: dict[int, int] = {}
+        self.capacity = DEFAULT_RESIDENT
         self.field_names: list[str] = []
         self._field_ids: dict[str, int] = {}
         for name in field_names:
@@ -95,74 +179,30 @@ class MemberTable:
         self._decoder_ids: dict[tuple[str, tuple[int, ...]], int] = {}
         #: Integer columns of the dataset (a CSV's labels): one value per sample.
         self.extras: dict[str, np.ndarray] = {}
-        self._shard_keys: list[list[str] | None] = [None] * len(shard_counts)
         self._group_rows: dict[int, int] = {}  # array sources read by chunk: rows per group
-        self._key_array: np.ndarray | None = None
-        self._field_tables: dict[str, np.ndarray] = {}
-        self._rows = 0
-        self._columns = {name: np.zeros(0, dtype) for name, dtype in MEMBER_COLUMNS.items()}
-        self._show_rows()
         self._lock = ProcessLocal(threading.RLock)
         self._plan_columns: tuple[int, Any] | None = None
-        self._version = 0  # moves on whenever rows, files or decoders change
+        self._version = 0  # moves on whenever the indexed shards, files or decoders change
 
-    # -- the columns ---------------------------------------------------------------
+    # -- shards and samples ----------------------------------------------------------
 
     def __len__(self) -> int:
         """Samples."""
         return int(self.shard_start[-1])
 
     @property
-    def rows(self) -> int:
-        """Member rows so far."""
-        return self._rows
-
-    def plan_columns(self) -> _core.MemberColumns:
-        """The columns as a BatchPlan reads them; the same object until rows are added or
-        a file changes."""
-        cached = self._plan_columns
-        if cached is not None and cached[0] == self._version:
-            return cached[1]
-        with self.lock:
-            key = self._version
-            decoders = self.decoders[1:]
-            columns = _core.MemberColumns(
-                {name: getattr(self, name) for name in MEMBER_COLUMNS if name != "sample"},
-                self.sample_first,
-                self.files,
-                [0] + [int(np.prod(shape, dtype=np.int64)) * d.itemsize for d, shape in decoders],
-                [""] + [f"{shape} {d}" for d, shape in decoders],
-            )
-            self._plan_columns = (key, columns)
-            return columns
+    def indexed(self) -> np.ndarray:
+        """Whether each shard has been indexed (its members known at least once)."""
+        return self.known
 
     @property
     def lock(self) -> threading.RLock:
-        """Guards growth (this process's: a forked child makes its own)."""
+        """Guards changes (this process's: a forked child makes its own)."""
         return self._lock.get()
 
-    def field_id(self, name: str) -> int:
-        if name not in self._field_ids:
-            self._field_ids[name] = len(self.field_names)
-            self.field_names.append(name)
-        return self._field_ids[name]
-
-    def decoder_id(self, descr: str, row_shape: tuple[int, ...], name: str) -> int:
-        """The decoder of rows of `descr` and `row_shape` (`name`: the shard, for errors)."""
-        key = (descr, row_shape)
-        if key not in self._decoder_ids:
-            try:
-                dtype = np.dtype(descr)
-            except (TypeError, ValueError) as e:
-                raise located(
-                    ShardFormatError,
-                    name,
-                    0,
-                    f"the .npy header's dtype {descr!r} is not one numpy knows ({e})",
-                ) from e
-            self._decoder_ids[key] = len(self.decoders)
-            self.decoders.append((dtype, row_shape))
-        return self._decoder_ids[key]
+    def shards_of(self, indices: np.ndarray) -> np.ndarray:
+        """The shard of each sample of `indices`."""
+        return np.searchsorted(self.shard_start, indices, side="right") - 1
 
     def group_sizes(self) -> np.ndarray:
         """The sampler's groups of consecutive samples: each shard, except that the rows of
@@ -183,125 +223,236 @@ class MemberTable:
                 out.append(np.array([rows] * whole + ([rest] if rest else []), np.int64))
         return np.concatenate(out) if out else sizes
 
-    def shards_of(self, indices: np.ndarray) -> np.ndarray:
-        """The shard of each sample of `indices`."""
-        return np.searchsorted(self.shard_start, indices, side="right") - 1
+    def field_id(self, name: str) -> int:
+        if name not in self._field_ids:
+            self._field_ids[name] = len(self.field_names)
+            self.field_names.append(name)
+        return self._field_ids[name]
 
-    def path_of_row(self, row: int) -> str:
-        return self.paths[int(self.file[row])]
+    def field_ids(self, names: Sequence[str]) -> list[int]:
+        """The ids of field `names` (-1 for one no shard indexed so far has)."""
+        return [self._field_ids.get(name, -1) for name in names]
 
-    # -- rows for samples ----------------------------------------------------------
+    def decoder_id(self, descr: str, row_shape: tuple[int, ...], name: str) -> int:
+        """The decoder of rows of `descr` and `row_shape` (`name`: the shard, for errors)."""
+        key = (descr, row_shape)
+        if key not in self._decoder_ids:
+            try:
+                dtype = np.dtype(descr)
+            except (TypeError, ValueError) as e:
+                raise located(
+                    ShardFormatError,
+                    name,
+                    0,
+                    f"the .npy header's dtype {descr!r} is not one numpy knows ({e})",
+                ) from e
+            self._decoder_ids[key] = len(self.decoders)
+            self.decoders.append((dtype, row_shape))
+            self._version += 1
+        return self._decoder_ids[key]
 
-    def member_rows(self, indices: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """Member rows of samples `indices` (indexed), in order, and where each sample's
-        rows start."""
-        starts = self.sample_first[indices]
-        counts = self.sample_count[indices]
-        bounds = np.zeros(len(indices) + 1, np.int64)
-        np.cumsum(counts, out=bounds[1:])
-        rows = np.arange(bounds[-1], dtype=np.int64) + np.repeat(starts - bounds[:-1], counts)
-        return rows, bounds
+    # -- the shards indexed now ------------------------------------------------------
 
-    def field_rows(self, name: str, indices: np.ndarray) -> np.ndarray:
-        """The row holding field `name` of each sample of `indices` (-1: it has none)."""
-        return self.field_table(name)[indices]
+    def resident(self, shard: int) -> ShardIndex | None:
+        """Shard `shard`'s index if it is held now (and marked as just used)."""
+        found = self._resident.get(shard)
+        if found is not None:
+            self._resident.move_to_end(shard)
+        return found
 
-    def field_table(self, name: str) -> np.ndarray:
-        """Field `name`'s row for every sample (-1: none, or not indexed yet), built on
-        first use and kept current as shards are indexed."""
-        table = self._field_tables.get(name)
-        if table is None:
-            with self.lock:
-                table = self._field_tables.get(name)
-                if table is None:
-                    table = np.full(len(self), -1, np.int64)
-                    self._fill_field_table(name, table, 0, self._rows)
-                    self._field_tables[name] = table
-        return table
+    def missing(self, shards: np.ndarray) -> list[int]:
+        """Those of `shards` (unique) not indexed now."""
+        resident = self._resident
+        return [s for s in shards.tolist() if s not in resident]
 
-    def rows_for(self, alternatives: Sequence[str], indices: np.ndarray) -> np.ndarray:
-        """For each sample of `indices`, the row of the first field of `alternatives` it
-        has (-1: none of them)."""
-        chosen = self.field_rows(alternatives[0], indices)
-        for name in alternatives[1:]:
-            lacking = np.flatnonzero(chosen < 0)
-            if not len(lacking):
-                break
-            chosen[lacking] = self.field_rows(name, indices[lacking])
-        return chosen
+    @property
+    def resident_count(self) -> int:
+        """Shards whose index is held now."""
+        return len(self._resident)
 
-    def _fill_field_table(self, name: str, table: np.ndarray, lo: int, hi: int) -> None:
-        field = self._field_ids.get(name)
-        if field is None:
+    def reserve(self, shards: int) -> None:
+        """Hold at least `shards` indexed shards before letting any go (a reader that uses
+        that many at once)."""
+        self.capacity = max(self.capacity, int(shards))
+
+    def pin(self, shard: int) -> None:
+        """Keep `shard`'s index (it must be indexed) until unpin: a hold reads it."""
+        with self.lock:
+            self._pins[shard] = self._pins.get(shard, 0) + 1
+
+    def unpin(self, shard: int) -> None:
+        with self.lock:
+            left = self._pins.get(shard, 0) - 1
+            if left > 0:
+                self._pins[shard] = left
+            else:
+                self._pins.pop(shard, None)
+            self._let_go()
+
+    def _let_go(self) -> None:
+        """Drop the least recently used indexes past the capacity that nothing pins and
+        that can be made again."""
+        excess = len(self._resident) - self.capacity
+        if excess <= 0:
             return
-        hits = lo + np.flatnonzero(self.field[lo:hi] == field)
-        table[self.sample[hits]] = hits
+        for shard in list(self._resident):
+            if excess <= 0:
+                break
+            if shard in self._pins or self.formats[shard] not in _REINDEXABLE:
+                continue
+            del self._resident[shard]
+            excess -= 1
+            self._version += 1
 
-    # -- keys ----------------------------------------------------------------------
+    def plan_columns(self) -> _core.MemberColumns:
+        """The index as a BatchPlan reads it; the same object until shards are indexed or
+        let go of, or a file changes."""
+        cached = self._plan_columns
+        if cached is not None and cached[0] == self._version:
+            return cached[1]
+        with self.lock:
+            key = self._version
+            decoders = self.decoders[1:]
+            columns = _core.MemberColumns(
+                self.shard_start,
+                {s: index.plan_columns() for s, index in self._resident.items()},
+                self.files,
+                [0] + [int(np.prod(shape, dtype=np.int64)) * d.itemsize for d, shape in decoders],
+                [""] + [f"{shape} {d}" for d, shape in decoders],
+            )
+            self._plan_columns = (key, columns)
+            return columns
+
+    # -- members of samples (of indexed shards) --------------------------------------
+
+    def _by_shard(self, indices: np.ndarray) -> list[tuple[ShardIndex, np.ndarray, Any, int]]:
+        """(index, samples within the shard, where they are in `indices`, shard) per shard
+        of `indices`; every one must be indexed."""
+        shards = self.shards_of(indices)
+        if len(shards) and shards[0] == shards[-1] and (shards == shards[0]).all():
+            groups = [(int(shards[0]), slice(None))]
+        else:
+            groups = [(int(s), shards == s) for s in np.unique(shards).tolist()]
+        out = []
+        for shard, where in groups:
+            index = self._resident.get(shard)
+            if index is None:
+                raise KeyError(shard)
+            out.append((index, indices[where] - int(self.shard_start[shard]), where, shard))
+        return out
+
+    def gather(self, indices: np.ndarray) -> Gathered:
+        """The members of samples `indices`, in order (their shards indexed)."""
+        n = len(indices)
+        firsts = np.zeros(n, np.int64)
+        counts = np.zeros(n, np.int64)
+        shard_of = np.zeros(n, np.int64)
+        parts = self._by_shard(indices)
+        for index, local, where, shard in parts:
+            firsts[where] = index.sample_first[local]
+            counts[where] = index.sample_first[local + 1] - index.sample_first[local]
+            shard_of[where] = shard
+        bounds = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        rows = np.arange(bounds[-1], dtype=np.int64) + np.repeat(firsts - bounds[:-1], counts)
+        member_shard = np.repeat(shard_of, counts)
+        columns = {name: np.zeros(len(rows), dtype) for name, dtype in MEMBER_COLUMNS.items()}
+        for index, _, _, shard in parts:
+            at = slice(None) if len(parts) == 1 else member_shard == shard
+            picked = rows[at]
+            for name, column in columns.items():
+                column[at] = index.columns[name][picked]
+            columns["sample"][at] += index.first_sample
+        return Gathered(columns, bounds, member_id(member_shard, rows))
+
+    def describe(self, member: int) -> tuple[str, str, int] | None:
+        """The file, field name and sample of member id `member` (None if its shard is not
+        indexed now)."""
+        shard, row = int(member) >> _ROW_BITS, int(member) & _ROW_MASK
+        index = self._resident.get(shard)
+        if index is None or row >= index.rows:
+            return None
+        columns = index.columns
+        return (
+            self.paths[int(columns["file"][row])],
+            self.field_names[int(columns["field"][row])],
+            index.first_sample + int(columns["sample"][row]),
+        )
+
+    def has_field(self, name: str, shard: int) -> bool:
+        """Whether every sample of indexed `shard` has field `name`."""
+        index = self._resident[shard]
+        rows = index.field_rows.get(self._field_ids.get(name, -1))
+        return rows is not None and bool((rows >= 0).all())
+
+    def member_out(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each member's decoded bytes of indexed `shard`, and where each sample's start."""
+        index = self._resident[shard]
+        return index.columns["out"], index.sample_first
 
     def keys(self, indices: np.ndarray) -> list[str]:
-        """Keys of samples `indices` (of indexed shards)."""
-        if self._key_array is None:  # built on first use: one array lookup per batch after
-            with self.lock:
-                if self._key_array is None:
-                    keys = np.empty(len(self), dtype=object)
-                    for shard in np.flatnonzero(self.indexed).tolist():
-                        self._fill_keys(keys, shard)
-                    self._key_array = keys
-        return self._key_array[indices].tolist()
+        """Keys of samples `indices` (their shards indexed)."""
+        parts = self._by_shard(indices)
+        if len(parts) == 1:
+            index, local, _, shard = parts[0]
+            return self._keys_of(index, local, shard).tolist()
+        out = np.empty(len(indices), dtype=object)
+        for index, local, where, shard in parts:
+            out[where] = self._keys_of(index, local, shard)
+        return out.tolist()
 
-    def _fill_keys(self, keys: np.ndarray, shard: int) -> None:
-        first, end = int(self.shard_start[shard]), int(self.shard_start[shard + 1])
-        names = self._shard_keys[shard]
-        if names is None:  # rows of a .npy shard
-            stem = os.path.splitext(self.names[shard].rsplit("/", 1)[-1])[0]
-            names = [f"{stem}/{row}" for row in range(end - first)]
-        keys[first:end] = names
+    def _keys_of(self, index: ShardIndex, local: np.ndarray, shard: int) -> np.ndarray:
+        if index.keys is not None:
+            return index.keys[local]
+        stem = os.path.splitext(self.names[shard].rsplit("/", 1)[-1])[0]  # rows of a .npy
+        return np.array([f"{stem}/{row}" for row in local.tolist()], dtype=object)
 
-    # -- growth --------------------------------------------------------------------
+    # -- indexing --------------------------------------------------------------------
 
     def add(
         self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None = None
     ) -> list[Note]:
-        """Add the members of `shards`, now local and indexed as `indexes`. Returns what a
+        """Hold the members of `shards`, now local and indexed as `indexes`. Returns what a
         user should hear of them: ("regrouped", shard, samples, runs) for a shard whose
         samples' members lay apart (runs: the samples a reader of adjacent members only
         would see), ("stale-index", shard, state, 0) for one whose member index sidecar
         was not for it as it is now."""
         with self.lock:
-            return self._add(shards, indexes, member_files)
+            notes = self._add(shards, indexes, member_files)
+            self._let_go()
+            return notes
 
     def _add(
         self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None
     ) -> list[Note]:
-        parts: dict[str, list[np.ndarray]] = {name: [] for name in MEMBER_COLUMNS}
-        pointers = []
         notes: list[Note] = []
-        base = self._rows
+        arrays_before = len(self.arrays)
         for shard, index in zip(shards, indexes):
             name = self.names[shard]
             first = int(self.shard_start[shard])
             expected = int(self.shard_start[shard + 1]) - first
+            keys = None
             if index["format"] == "npy":
                 cols, n, per_sample = _npy_rows(self, index, name)
-            elif index["format"] == "array":
+            elif index["format"] == "array":  # (never let go of: indexed once)
                 cols, n, per_sample = _array_rows(self, index, name)
                 rows = _chunk_rows(index)
                 if rows:
                     self._group_rows[shard] = rows
             else:
                 cols, n, per_sample = _member_rows_of(self, index)
-                keys = index["keys"]
+                found = index["keys"]
                 if index["format"] in ("mds", "litdata"):  # records: numbered in their shard
                     stem = os.path.splitext(os.path.basename(self.names[shard]))[0]
-                    keys = [f"{stem}/{k}" for k in keys]
-                self._shard_keys[shard] = keys
+                    found = [f"{stem}/{k}" for k in found]
+                keys = np.empty(len(found), dtype=object)
+                keys[:] = found
                 runs = int(index.get("key_runs", n))
-                if runs > n:
+                if runs > n and not self.known[shard]:
                     notes.append(("regrouped", shard, n, runs))
-                found = index.get("sidecar", 0)
-                if found in (_core.SidecarState.STALE, _core.SidecarState.DAMAGED):
-                    notes.append(("stale-index", shard, int(found), 0))  # the shard was walked
+                state = index.get("sidecar", 0)
+                if state in (_core.SidecarState.STALE, _core.SidecarState.DAMAGED):
+                    notes.append(("stale-index", shard, int(state), 0))  # the shard was walked
                 if n != expected and runs == expected:
                     raise located(
                         ShardFormatError,
@@ -320,54 +471,15 @@ class MemberTable:
                     "the shard changed",
                 )
             m = len(cols["offset"])
-            cols["file"] = np.full(m, shard, np.uint32)
-            cols["sample"] = first + np.repeat(np.arange(n, dtype=np.int64), per_sample)
-            starts = np.concatenate([[0], np.cumsum(per_sample)[:-1]]).astype(np.int64)
-            pointers.append((first, n, base + starts, per_sample))
-            base += m
-            for column in MEMBER_COLUMNS:
-                parts[column].append(cols[column])
-        if member_files is not None:
-            parts["file"] = [member_files]
-        if len(self.arrays) != len(self.files.arrays):
+            cols["file"] = member_files if member_files is not None else np.full(m, shard)
+            cols["sample"] = np.repeat(np.arange(n, dtype=np.int64), per_sample)
+            self._resident[shard] = ShardIndex(first, cols, per_sample, keys)
+            self._resident.move_to_end(shard)
+            self.known[shard] = True
+        if len(self.arrays) != arrays_before:
             self.files = _core.FileTable(self.paths, self.identities, self.arrays)
-        added = base - self._rows
-        if added:
-            self._append({k: np.concatenate(v) for k, v in parts.items()}, added)
-        # Only now that their rows exist may samples point at them: another thread may
-        # be reading other samples meanwhile.
-        for first, n, sample_first, per_sample in pointers:
-            self.sample_first[first : first + n] = sample_first
-            self.sample_count[first : first + n] = per_sample
-        for field, table in list(self._field_tables.items()):  # keep built tables current
-            self._fill_field_table(field, table, self._rows - added, self._rows)
-        if self._key_array is not None:
-            for shard in shards:
-                self._fill_keys(self._key_array, shard)
-        self.indexed[shards] = True
-        self.complete = bool(self.indexed.all())
-        return notes
-
-    def _append(self, new: dict[str, np.ndarray], added: int) -> None:
-        # Amortised growth: a remote dataset adds one shard's members at a time. A grown
-        # column is a new array: readers holding the old one still see its rows.
-        capacity = len(self._columns["offset"])
-        if self._rows + added > capacity:
-            grown = max(self._rows + added, 2 * capacity)
-            for name, dtype in MEMBER_COLUMNS.items():
-                column = np.zeros(grown, dtype)
-                column[: self._rows] = self._columns[name][: self._rows]
-                self._columns[name] = column
-        for name, dtype in MEMBER_COLUMNS.items():
-            self._columns[name][self._rows : self._rows + added] = new[name].astype(dtype)
-        self._rows += added
-        self._show_rows()
         self._version += 1
-
-    def _show_rows(self) -> None:
-        # A grown column is a new array: readers holding the old views still see their rows.
-        for name in MEMBER_COLUMNS:
-            setattr(self, name, self._columns[name][: self._rows])
+        return notes
 
     def set_identity(self, shard: int, identity: tuple[int, int, int]) -> None:
         """Shard `shard`'s file is now the one of `identity` (a remote shard fetched again):
@@ -380,12 +492,15 @@ class MemberTable:
                 self.identities = identities
                 self._version += 1
 
-    def index_local(self, shards: list[int], num_threads: int) -> list[Note]:
-        """Index local shards a manifest described (when first read); returns what add()
-        does. Shards indexed meanwhile by another thread are skipped."""
+    def index_local(self, shards: list[int], num_threads: int, pin: bool = False) -> list[Note]:
+        """Index local shards not indexed now (a manifest described them, or they were let
+        go of); returns what add() does. Shards indexed meanwhile by another thread are
+        skipped. `pin`: every one of `shards` is pinned (unpin each when done)."""
         with self.lock:
-            todo = [s for s in shards if not self.indexed[s]]
+            todo = [s for s in shards if s not in self._resident]
             if not todo:
+                for s in shards if pin else ():
+                    self._pins[s] = self._pins.get(s, 0) + 1
                 return []
             found = _core.index_shards(
                 [self.paths[s] for s in todo], [self.formats[s] for s in todo], num_threads
@@ -394,14 +509,18 @@ class MemberTable:
             identities = self.identities.copy()
             for s, index in zip(todo, found):
                 identities[s] = index["identity"]
-            self.files = _core.FileTable(self.paths, identities, self.arrays)
-            self.identities = identities
-            self._version += 1
+            if not np.array_equal(identities, self.identities):
+                self.files = _core.FileTable(self.paths, identities, self.arrays)
+                self.identities = identities
+            for s in shards if pin else ():  # (before letting any go)
+                self._pins[s] = self._pins.get(s, 0) + 1
+            self._let_go()
             return notes
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()  # (the lock is a ProcessLocal: the other side makes one)
         state["_plan_columns"] = None
+        state["_pins"] = {}  # holds are this process's
         return state
 
 
@@ -476,15 +595,18 @@ def _member_rows_of(table: MemberTable, index: dict) -> tuple[dict, int, np.ndar
 
 
 def same_index(table: MemberTable, shard: int, index: dict) -> bool:
-    """Whether `index` (of the shard fetched again) lays its members out as before."""
-    first, end = int(table.shard_start[shard]), int(table.shard_start[shard + 1])
-    rows, _ = table.member_rows(np.arange(first, end, dtype=np.int64))
+    """Whether `index` (of the shard fetched again) lays its members out as the one held
+    now (a shard not held now has nothing to compare with: its sample count was checked)."""
+    held = table.resident(shard)
+    if held is None:
+        return True
+    offsets, lengths = held.columns["offset"], held.columns["length"]
     if index["format"] == "npy":
         return bool(
-            len(rows) == int(index["shape"][0])
-            and (not len(rows) or int(table.offset[rows[0]]) == int(index["data_offset"]))
+            len(offsets) == int(index["shape"][0])
+            and (not len(offsets) or int(offsets[0]) == int(index["data_offset"]))
         )
     return bool(
-        np.array_equal(table.offset[rows], index["member_offset"])
-        and np.array_equal(table.length[rows], index["member_length"])
+        np.array_equal(offsets, index["member_offset"])
+        and np.array_equal(lengths, index["member_length"])
     )

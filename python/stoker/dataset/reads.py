@@ -9,7 +9,7 @@ import numpy as np
 
 from stoker import _core
 from stoker._process import per_process, values
-from stoker.dataset.members import MemberTable
+from stoker.dataset.members import Gathered, MemberTable
 
 #: Where each piece starts in a batch buffer: aligned so that any dtype can be viewed in
 #: place (the C++ plan's alignment).
@@ -45,26 +45,26 @@ def aligned_offsets(lengths: np.ndarray) -> tuple[np.ndarray, int]:
 
 def submit_members(
     table: MemberTable,
-    rows: np.ndarray,
+    members: Gathered,
     reader: _core.ShardReader,
 ) -> _core.PendingRead:
-    """Start reading member `rows`: each lands, decoded (inflated, CRC-checked), at the
-    next aligned offset of a new buffer."""
-    out = table.out[rows]
+    """Start reading gathered `members`: each lands, decoded (inflated, CRC-checked), at
+    the next aligned offset of a new buffer."""
+    out = members.out
     dest, size = aligned_offsets(out)
-    codecs = table.codec[rows]
+    codecs = members.codec
     compressed = bool(codecs.any())
     return reader.read(
         table.files,
-        table.file[rows],
-        table.offset[rows],
-        table.length[rows],
+        members.file,
+        members.offset,
+        members.length,
         dest,
         size,
         out_lengths=out,
         codecs=codecs if compressed else None,
-        crcs=table.crc[rows] if compressed else None,
-        arrays=table.array[rows] if table.arrays else None,
+        crcs=members.crc if compressed else None,
+        arrays=members.array if table.arrays else None,
     )
 
 
@@ -72,17 +72,16 @@ def samples_from(
     table: MemberTable,
     buffer: np.ndarray,
     indices: np.ndarray,
-    rows: np.ndarray,
-    bounds: np.ndarray,
+    members: Gathered,
 ) -> list[dict[str, Any]]:
-    """Sample dicts viewing `buffer`, as submit_members(rows) read it."""
-    lengths = table.out[rows]
+    """Sample dicts viewing `buffer`, as submit_members(members) read it."""
+    lengths = members.out
     starts, _ = aligned_offsets(lengths)
-    fields = table.field[rows].tolist()
-    decoders = table.decoder[rows].tolist()
+    fields = members.field.tolist()
+    decoders = members.decoder.tolist()
     begins = starts.tolist()
     lengths = lengths.tolist()
-    bounds = bounds.tolist()
+    bounds = members.bounds.tolist()
     extras = {name: values[indices].tolist() for name, values in table.extras.items()}
     names = table.field_names
     samples = []

@@ -127,9 +127,10 @@ class Loader:
         mix = None
         if isinstance(dataset, Mix):
             mix = MixSpec(dataset.group_counts(), tuple(dataset.weights), dataset.epoch_samples)
+        groups = dataset.group_sizes()
         self._cursor = EpochCursor(
             Order(
-                dataset.members.group_sizes(),
+                groups,
                 batch_size,
                 shuffle,
                 seed,
@@ -139,6 +140,13 @@ class Loader:
                 shuffle_window,
                 mix,
             )
+        )
+        # The shards in use at once: a window of them per source, and what the batches
+        # being read span; their member indexes are kept while in use, not longer.
+        typical = int(np.median(groups[groups > 0])) if (groups > 0).any() else 1
+        sources = len(mix.groups) if mix is not None else 1
+        dataset.reserve_index(
+            (shuffle_window + 1) * sources + (prefetch + 2) * -(-batch_size // typical)
         )
         self._stats = Stats()
         if mix is not None:

@@ -11,10 +11,9 @@ from typing import Any
 import numpy as np
 
 from stoker import cuda
-from stoker.dataset import Dataset
-from stoker.dataset.reads import samples_from, submit_members
+from stoker.dataset import Dataset, Gathered
 from stoker.errors import ShardFormatError, StokerError
-from stoker.loader.plan import FieldsPlan, name_member
+from stoker.loader.plan import FieldsPlan
 
 log = logging.getLogger("stoker.loader")
 
@@ -56,8 +55,7 @@ class InFlight:
     pending: Any  # _core.PendingRead, or FailedRead
     indices: np.ndarray | None = None
     prepared: Any = None  # fields=: the _core.PreparedBatch
-    rows: np.ndarray | None = None  # map=: the member rows read, and each sample's first
-    bounds: np.ndarray | None = None
+    members: Gathered | None = None  # map=: the members read
 
 
 class BatchReader:
@@ -89,10 +87,9 @@ class BatchReader:
         one), this raises RingFull instead of waiting. `augment_seed`: the epoch's seed of
         images' random crops."""
         if self.plan is None:
-            self.ds.ensure_indexed(indices)
-            rows, bounds = self.ds.members.member_rows(indices)
-            pending = submit_members(self.ds.members, rows, self.reader)
-            return InFlight(pending, indices, rows=rows, bounds=bounds)
+            with self.ds.indexed(indices):
+                members = self.ds.gather(indices)
+            return InFlight(self.ds.read_members(members, self.reader), indices, members=members)
         prepared = self.plan.prepare(indices, augment_seed)
         slot = None
         if self.stage is not None:
@@ -109,9 +106,9 @@ class BatchReader:
         except ShardFormatError as error:  # the reader knows files and offsets, not samples
             if item.prepared is not None:
                 raise self.plan.name_member(error, item.prepared) from error
-            if item.rows is not None:
-                offsets = self.ds.members.offset[item.rows]
-                raise name_member(self.ds, error, item.rows, offsets) from error
+            if item.members is not None:
+                members = item.members
+                raise self.ds.explain(error, members.ids, members.offset) from error
             raise  # a batch that failed before any read: its error says it all
         self.stats.read_busy_s += item.pending.busy_seconds()
         if item.prepared is not None and self.plan.has_images:
@@ -126,7 +123,7 @@ class BatchReader:
             copy = self.stage is not None  # a pinned slot the ring needs back soon
             batch = self.plan.assemble(item.prepared, buffer, item.indices, self.torch, copy)
             return self.stage.to_device(batch, buffer) if self.stage else batch
-        samples = samples_from(self.ds.members, buffer, item.indices, item.rows, item.bounds)
+        samples = self.ds.samples_of(buffer, item.indices, item.members)
         if self.map_fn is not None:
             samples = self.map_fn(samples)
         batch = self.collate(samples)

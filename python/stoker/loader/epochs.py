@@ -13,7 +13,8 @@ import numpy as np
 from stoker.errors import StokerError
 from stoker.loader.sampler import EpochPlan, MixSpec, batch_count, plan_epoch, rank_stretch
 
-STATE_VERSION = 1
+#: 2: the lazy per-rank order (order version 2 of the sampler); 1 had another order.
+STATE_VERSION = 2
 
 
 def epoch_batches(samples: int, world_size: int, drop_last: bool, batch_size: int) -> int:
@@ -79,7 +80,7 @@ class EpochCursor:
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_plans"] = {}  # an epoch's whole order: made again on the other side
+        state["_plans"] = {}  # made again on the other side, cheaply
         return state
 
     def __len__(self) -> int:
@@ -177,8 +178,17 @@ class EpochCursor:
         }
 
     def load_state_dict(self, state: Mapping[str, Any], samples: int) -> None:
-        if state.get("version") != STATE_VERSION:
-            raise StokerError(f"loader state version {state.get('version')} is not supported")
+        version = state.get("version")
+        if version == 1:
+            epoch = state.get("epoch", 0)
+            raise StokerError(
+                "this loader state was saved by an earlier stoker, whose epoch order differs "
+                "from this one's, so it cannot be resumed exactly: start the epoch over "
+                f"instead (load nothing, or call set_epoch({epoch}) to read epoch {epoch} "
+                "again from its first batch)"
+            )
+        if version != STATE_VERSION:
+            raise StokerError(f"loader state version {version} is not supported")
         o = self.order
         # Ranks move in lockstep, so any rank's state serves every rank.
         mine = {

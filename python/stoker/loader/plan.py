@@ -11,7 +11,7 @@ import numpy as np
 
 from stoker import _core
 from stoker.dataset import Dataset
-from stoker.errors import ShardFormatError, StokerError, UsageError, located, quoted
+from stoker.errors import ShardFormatError, StokerError, UsageError, quoted
 from stoker.fields import Bytes, FieldSpec, Image, Int, Npy, Raw, Row
 
 _KINDS = {
@@ -69,24 +69,24 @@ class FieldsPlan:
 
     def __init__(self, ds: Dataset, fields: Mapping[str, FieldSpec]) -> None:
         self.ds = ds
-        table = ds.members
-        have = set(table.field_names) | set(table.extras)
+        have = set(ds.fields)
         self.entries: list[tuple[str, FieldSpec]] = []  # (batch entry, decoder)
         specs = []
         for key, spec in fields.items():
             name, alternatives = self._check(key, spec, have)
             self.entries.append((name, spec))
-            if alternatives[0] in table.extras:
-                column = table.extras[alternatives[0]]
+            if alternatives[0] in ds.columns:
+                column = ds.columns[alternatives[0]]
                 specs.append((name, int(_core.FieldKind.COLUMN), 0, "", [], [], column, None))
                 continue
             kind = next((k for cls, k in _KINDS.items() if isinstance(spec, cls)), _BYTES)
             nbytes = spec.nbytes if isinstance(spec, Raw) else 0
             what = f"{spec.shape} {np.dtype(spec.dtype)}" if isinstance(spec, Raw) else ""
-            tables = [table.field_table(a) for a in alternatives]
             target = spec.target if isinstance(spec, Image) else None
-            specs.append((name, int(kind), nbytes, what, list(alternatives), tables, None, target))
-        self.plan = _core.BatchPlan(specs)
+            specs.append((name, int(kind), nbytes, what, list(alternatives), [], None, target))
+        self._specs = specs
+        self._field_names = -1  # the dataset's field names when the plan's ids were looked up
+        self._plan()
         self._layouts: dict[tuple, tuple[np.dtype, tuple[int, ...], int]] = {}
         self._fixed = all(isinstance(spec, (Raw, Int, Image)) for _, spec in self.entries)
         self.has_images = any(isinstance(spec, Image) for _, spec in self.entries)
@@ -117,8 +117,7 @@ class FieldsPlan:
         if any(entry == name for entry, _ in self.entries):
             raise UsageError(f"fields= names the batch entry {name!r} twice")
         lookup = tuple(a.lower() for a in alternatives)
-        table = self.ds.members
-        extras = [a for a in lookup if a in table.extras]
+        extras = [a for a in lookup if a in self.ds.columns]
         if extras and len(lookup) > 1:
             raise UsageError(
                 f"fields= key {key!r}: {extras[0]!r} is an integer column of the dataset, "
@@ -126,7 +125,7 @@ class FieldsPlan:
             )
         if extras and not isinstance(spec, Int):
             raise UsageError(f"field {name!r} is an integer column: use stoker.Int()")
-        if len(table) and table.fields_known and not any(a in have for a in lookup):
+        if len(self.ds) and self.ds.fields_known and not any(a in have for a in lookup):
             what = (
                 f"field {name!r} is in no sample"
                 if len(lookup) == 1
@@ -141,16 +140,29 @@ class FieldsPlan:
         """The batch of samples `indices` laid out: a _core.PreparedBatch to submit. Images'
         random crops are seeded by `augment_seed` (the loader's seed and epoch) and each
         sample's index."""
-        self.ds.ensure_indexed(indices)
-        columns = self.ds.members.plan_columns()
-        return self.plan.prepare(indices, columns, self.ds.key, augment_seed)
+        with self.ds.indexed(indices):
+            if len(self.ds.fields) != self._field_names:  # a shard named a field anew
+                self._plan()
+            return self.plan.prepare(indices, self.ds.plan_columns(), self.ds.key, augment_seed)
+
+    def _plan(self) -> None:
+        """The C++ plan, with the dataset's ids of each field's alternatives (a field no
+        shard indexed so far has is -1, and looked up again once one does)."""
+        specs = [
+            (*spec[:5], self.ds.field_ids(spec[4]) if spec[6] is None else [-1], *spec[6:])
+            for spec in self._specs
+        ]
+        self.plan = _core.BatchPlan(specs)
+        self._field_names = len(self.ds.fields)
 
     def blanked(self, prepared: Any, requests: np.ndarray) -> list[str]:
         """The keys of the samples whose images the reader blanked (`requests`, its request
         numbers) not reported before: each bad member is logged once, not every epoch."""
-        rows, _ = prepared.pieces()
-        table = self.ds.members
-        keys = [self.ds.key(int(table.sample[int(rows[r])])) for r in requests.tolist()]
+        members, _ = prepared.pieces()
+        keys = []
+        for r in requests.tolist():
+            found = self.ds.describe(int(members[r]))
+            keys.append(self.ds.key(found[2]) if found is not None else f"member {r}")
         new = [k for k in dict.fromkeys(keys) if k not in self._blanked_keys]
         self._blanked_keys.update(new)
         return new
@@ -184,7 +196,7 @@ class FieldsPlan:
                     f"field {name!r}: torch has no tensor type for {dtype} ({e}); read it "
                     "with stoker.Bytes() and convert it in your own code"
                 ) from e
-        batch["__key__"] = self.ds.members.keys(indices)
+        batch["__key__"] = self.ds.keys(indices)
         return batch
 
     def _recipe(self, prepared: Any, n: int) -> list[tuple]:
@@ -210,7 +222,7 @@ class FieldsPlan:
             if npy is not None:  # .npy members: the batch's first header says
                 dtype, shape = np.dtype(npy[0]), tuple(npy[1])
             elif decoder:  # rows of .npy shards
-                dtype, shape = self.ds.members.decoders[decoder]
+                dtype, shape = self.ds.decoder(decoder)
             elif isinstance(spec, Raw):
                 dtype, shape = np.dtype(spec.dtype), spec.shape
             elif isinstance(spec, Image):
@@ -223,25 +235,5 @@ class FieldsPlan:
 
     def name_member(self, error: ShardFormatError, prepared: Any) -> ShardFormatError:
         """`error` from the reader, said of the field and sample whose bytes it is about."""
-        rows, offsets = prepared.pieces()
-        return name_member(self.ds, error, rows, offsets)
-
-
-def name_member(
-    ds: Dataset, error: ShardFormatError, rows: np.ndarray, offsets: np.ndarray
-) -> ShardFormatError:
-    """`error`, which the reader raised about a piece of member `rows` read at file
-    `offsets`, said of the field and sample whose bytes it is about."""
-    table = ds.members
-    path, offset = getattr(error, "path", None), getattr(error, "offset", None)
-    hits = np.flatnonzero(offsets == np.uint64(offset or 0)) if path is not None else []
-    for hit in hits:
-        row = int(rows[hit])
-        if table.path_of_row(row) == path:
-            field = table.field_names[int(table.field[row])]
-            key = ds.key(int(table.sample[row]))
-            what = getattr(error, "detail", str(error))
-            return located(
-                ShardFormatError, path, offset, f"field {field!r} of sample {quoted(key)}: {what}"
-            )
-    return error
+        members, offsets = prepared.pieces()
+        return self.ds.explain(error, members, offsets)

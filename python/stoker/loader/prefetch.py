@@ -20,16 +20,24 @@ def shard_spans(
     ds: Dataset, holds: ShardHolds, plan: EpochPlan, start: int
 ) -> tuple[list[int], dict[int, int], dict[int, int]]:
     """This rank's remote shards from batch `start` on: in the order batches first read
-    them, and the first and last batch that reads each."""
-    indices = plan.indices[start * plan.batch_size : len(plan) * plan.batch_size]
-    shards = ds.shards_of(indices)
-    batches = start + np.arange(len(indices), dtype=np.int64) // plan.batch_size
+    them, and the first and last batch that reads each (from the plan's make-up: no
+    sample of the epoch is listed to find them)."""
+    groups, first_batch, last_batch = plan.group_spans(start)
+    shards = ds.shards_of_groups(groups)
     keep = holds.is_remote[shards]
-    shards, batches = shards[keep], batches[keep]
-    unique, first_at = np.unique(shards, return_index=True)
-    order = unique[np.argsort(first_at, kind="stable")].tolist()
-    first = dict(zip(shards[::-1].tolist(), batches[::-1].tolist()))
-    last = dict(zip(shards.tolist(), batches.tolist()))
+    order: list[int] = []
+    first: dict[int, int] = {}
+    last: dict[int, int] = {}
+    # Groups come in the order batches first read them; a shard cut into several groups
+    # (never a remote one today) spans all of them.
+    for shard, a, b in zip(
+        shards[keep].tolist(), first_batch[keep].tolist(), last_batch[keep].tolist()
+    ):
+        if shard not in first:
+            order.append(shard)
+            first[shard], last[shard] = a, b
+        else:
+            first[shard], last[shard] = min(first[shard], a), max(last[shard], b)
     return order, first, last
 
 
@@ -92,7 +100,7 @@ class ShardPrefetch:
             try:
                 self.holds.arrived(shard, arrival)
             except BaseException:
-                self.holds.release(shard)
+                self.holds.release(shard, arrived=False)
                 raise
             self.started[shard] = future
             self.arrived.add(shard)

@@ -22,8 +22,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 import stoker
 from stoker._process import usable_cores
 from stoker.errors import StokerError
@@ -157,12 +155,9 @@ def _complete_fields(ds: stoker.Dataset) -> tuple[list[str], list[str]]:
     field in every sample of a batch, and a bench should not fail on optional fields."""
     if ds.holds is not None:  # members of shards not yet fetched are not known
         return list(ds.fields), []
-    every = np.arange(len(ds))
-    ds.ensure_indexed(every)
     complete, partial = [], []
     for name in ds.fields:
-        has = name in ds.members.extras or (ds.members.field_rows(name, every) >= 0).all()
-        (complete if has else partial).append(name)
+        (complete if ds.has_field_everywhere(name) else partial).append(name)
     return complete, partial
 
 
