@@ -97,9 +97,14 @@ class Dataset:
         formats = [(entry or {}).get("format") or format_of(path) for path, entry in shards]
         remote_ids = [i for i, path in enumerate(paths) if is_url(path)]
         local_ids = [i for i, path in enumerate(paths) if not is_url(path)]
-        _check_manifest_sizes([paths[i] for i in local_ids], [shards[i][1] for i in local_ids])
         indexes: list[dict] = [{} for _ in paths]
         identities = np.zeros((len(paths), 3), np.int64)
+        # What a manifest lists is stat'ed now: each file as it is when opened is what
+        # reads check against (and what indexing it later is compared with).
+        listed = [i for i in local_ids if shards[i][1] is not None]
+        identities[listed] = _check_manifest_sizes(
+            [paths[i] for i in listed], [shards[i][1] for i in listed]
+        )
         # Shards a manifest describes open without a scan: each is indexed when a batch
         # first reads it.
         described = {i for i in local_ids if _describes(shards[i][1])}
@@ -538,13 +543,12 @@ def _describes(entry: dict | None) -> bool:
     return bool(entry) and isinstance(entry.get("samples"), int) and "bytes" in entry
 
 
-def _check_manifest_sizes(paths: list[str], entries: list[dict | None]) -> None:
+def _check_manifest_sizes(paths: list[str], entries: list[dict]) -> np.ndarray:
     """Each shard a manifest lists is there, and as large as the manifest says (stat'ed in
-    parallel: a manifest may list a hundred thousand)."""
-    listed = [i for i, entry in enumerate(entries) if entry is not None]
-    if not listed:
-        return  # not from a manifest: the index parser reports a missing file
-    identities, errors = _core.stat_files([paths[i] for i in listed], 0)
+    parallel: a manifest may list a hundred thousand). Returns their identities (zeros
+    where a stat failed: the index parser reports it with its errno)."""
+    listed = list(range(len(paths)))
+    identities, errors = _core.stat_files(paths, 0)
     for j in np.flatnonzero(errors).tolist():
         if int(errors[j]) == errno.ENOENT:
             path = paths[listed[j]]
@@ -570,3 +574,5 @@ def _check_manifest_sizes(paths: list[str], entries: list[dict | None]) -> None:
             f"{entry.get('listed_by', 'the manifest')} says {entry['bytes']} bytes but the "
             f"file has {actual}",
         )
+    identities[errors != 0] = 0
+    return identities

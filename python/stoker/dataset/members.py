@@ -506,10 +506,12 @@ class MemberTable:
                 [self.paths[s] for s in todo], [self.formats[s] for s in todo], num_threads
             )
             notes = self._add(todo, found, None)
-            identities = self.identities.copy()
-            for s, index in zip(todo, found):
-                identities[s] = index["identity"]
-            if not np.array_equal(identities, self.identities):
+            now = np.array([index["identity"] for index in found], np.int64).reshape(-1, 3)
+            # (The FileTable holds every shard's path: made again only for a file that is
+            # not the one opened.)
+            if not np.array_equal(now, self.identities[todo]):
+                identities = self.identities.copy()
+                identities[todo] = now
                 self.files = _core.FileTable(self.paths, identities, self.arrays)
                 self.identities = identities
             for s in shards if pin else ():  # (before letting any go)
