@@ -5,7 +5,6 @@ arrive; and whether a local one still matches its folder."""
 from __future__ import annotations
 
 import contextlib
-import gc
 import hashlib
 import json
 import logging
@@ -17,6 +16,7 @@ from collections.abc import Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from stoker import _core
+from stoker._process import collector_paused
 from stoker.errors import ShardFormatError, located, plural
 from stoker.formats import SHARD_FORMATS, format_of, is_url, join_url, samples_and_fields
 
@@ -40,15 +40,8 @@ def read_manifest(path: str) -> list[tuple[str, dict]]:
 def parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:
     """The shards of a manifest read from `where` (a path or URL), as (location, entry)
     pairs; locations are relative to the manifest, so a served manifest lists URLs."""
-    # A manifest of 100,000 shards is as many dicts made at once: the cyclic collector
-    # would walk them all again and again as they are made (none is garbage).
-    collecting = gc.isenabled()
-    gc.disable()
-    try:
+    with collector_paused():  # (100,000 shards: as many dicts that stay alive)
         return _parse_manifest(data, where)
-    finally:
-        if collecting:
-            gc.enable()
 
 
 def _parse_manifest(data: bytes, where: str) -> list[tuple[str, dict]]:

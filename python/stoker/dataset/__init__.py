@@ -19,6 +19,7 @@ from typing import Any, overload
 import numpy as np
 
 from stoker import _core
+from stoker._process import collector_paused
 from stoker.arrays import index_array_source
 from stoker.dataset.files import files_index, read_labels_csv
 from stoker.dataset.holds import ShardHolds
@@ -84,6 +85,20 @@ class Dataset:
             fetcher.cache_url(url)
             return fetcher.call(fetcher.list_objects(url))
 
+        with collector_paused():  # a hundred thousand shards' entries, all kept
+            self._open_source(source, read_url, list_url, read_range, arrays, options)
+
+    def _open_source(
+        self,
+        source: Source,
+        read_url: Callable[[str], bytes],
+        list_url: Callable[[str], list[tuple[str, int, str | None]]],
+        read_range: Callable[[str, int, int], bytes],
+        arrays: Sequence[str] | None,
+        options: FetchOptions,
+    ) -> None:
+        """Find the shards of `source` and index (or describe) them: the body of __init__."""
+        cache_dir, cache_limit, num_threads = self.cache_dir, self.cache_limit, self.num_threads
         shards = resolve(
             source,
             read_url,
