@@ -99,15 +99,18 @@ def main() -> None:
     n = len(ds)
     order = np.random.default_rng(1).permutation(n)
     batches = [order[i : i + args.batch_size] for i in range(0, n, args.batch_size)]
-    members = ds.members
-    rows = [members.member_rows(b)[0] for b in batches]
-    files, offsets, lengths = members.file, members.offset, members.length
     reader = _core.ShardReader(args.threads)
-    table = members.files
-    plans = []
-    for r in rows:
-        dest = np.arange(len(r), dtype=np.uint64) * np.uint64(args.record_bytes)
-        plans.append((files[r], offsets[r], lengths[r], dest, len(r) * args.record_bytes))
+    table = ds.members.files
+
+    def read_plan(indices: np.ndarray) -> tuple:
+        """The bare reader's arguments for samples `indices` (their members gathered once,
+        before timing)."""
+        with ds.indexed(indices):
+            m = ds.gather(indices)
+        dest = np.arange(len(m.offset), dtype=np.uint64) * np.uint64(args.record_bytes)
+        return m.file, m.offset, m.length, dest, len(m.offset) * args.record_bytes
+
+    plans = [read_plan(b) for b in batches]
 
     def shard_reader_sync() -> None:
         for f, o, ln, d, size in plans:
@@ -122,11 +125,10 @@ def main() -> None:
         for pending in in_flight:
             pending.wait()
 
-    in_order = []
-    for start in range(0, n, args.batch_size):
-        r = members.member_rows(np.arange(start, min(n, start + args.batch_size)))[0]
-        dest = np.arange(len(r), dtype=np.uint64) * np.uint64(args.record_bytes)
-        in_order.append((files[r], offsets[r], lengths[r], dest, len(r) * args.record_bytes))
+    in_order = [
+        read_plan(np.arange(start, min(n, start + args.batch_size)))
+        for start in range(0, n, args.batch_size)
+    ]
 
     def shard_reader_in_order() -> None:
         for f, o, ln, d, size in in_order:

@@ -133,8 +133,8 @@ def open_input(
 
 def labels_of(ds: Dataset) -> np.ndarray | None:
     """Every sample's integer label: the ``label`` column, or the ``cls`` field."""
-    if "label" in ds.members.extras:
-        return ds.members.extras["label"]
+    if "label" in ds.columns:
+        return ds.columns["label"]
     if "cls" not in ds.fields:
         return None
     from stoker.fields import Int
