@@ -184,7 +184,7 @@ if not all(os.path.realpath(p).startswith(want) for p in (stoker.__file__, stoke
   local -a tests=()
   local name
   for name in test_tar test_zip test_npy test_reader test_dataset test_loader test_malformed \
-    test_member_index test_grouping test_image test_hdf5 test_zarr test_nifti \
+    test_member_index test_index_memory test_grouping test_image test_hdf5 test_zarr test_nifti \
     test_cuda_standin test_gds_cpu; do
     if [[ -f "$ROOT/tests/$name.py" ]]; then
       tests+=("$ROOT/tests/$name.py")
