@@ -266,11 +266,11 @@ def test_a_manifest_opens_without_a_scan(tmp_path):
         f.write(b"\xff" * 100)
     ds = stoker.Dataset(tmp_path)
     assert len(ds) == 60 and sorted(ds.fields) == ["cls", "raw"]
-    assert not ds.members.indexed.any()
+    assert not ds.members.known.any()
     got = ds.get_batch(range(40))
     want = scanned.get_batch(range(40))
     assert [bytes(s["raw"]) for s in got] == [bytes(s["raw"]) for s in want]
-    assert ds.members.indexed.tolist() == [True, True, False]
+    assert ds.members.known.tolist() == [True, True, False]
     with pytest.raises(stoker.ShardFormatError, match="s2.tar"):
         ds.get_batch([45])
     (tmp_path / "s2.tar").unlink()

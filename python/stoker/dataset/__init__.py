@@ -351,23 +351,33 @@ class Dataset:
         """The shard of each sample of `indices`."""
         return self.members.shards_of(indices)
 
+    def _each_shard_indexed(self, fetched_only: bool) -> Iterator[tuple[int, int, int]]:
+        """(shard, first sample, end) of every shard with samples, each indexed (and kept
+        so) while the caller looks at it; `fetched_only`: remote shards not indexed now are
+        yielded unindexed instead of read (the caller tells them by `resident`)."""
+        starts = self.members.shard_start
+        for shard in range(len(starts) - 1):
+            first, end = int(starts[shard]), int(starts[shard + 1])
+            if end == first:
+                continue
+            remote = self.holds is not None and self.holds.is_remote[shard]
+            if fetched_only and remote and self.members.resident(shard) is None:
+                yield shard, first, end
+                continue
+            with self.indexed(np.array([first], np.int64)):
+                yield shard, first, end
+
     def sample_bytes(self, cost: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """Each sample's members' summed `cost` (of their decoded lengths), shard by shard
         (indexing local shards a manifest described); a remote shard not fetched yet counts
         its size spread evenly over its samples."""
         table = self.members
         sizes = np.zeros(len(self), np.int64)
-        starts = table.shard_start
-        for shard in range(len(starts) - 1):
-            first, end = int(starts[shard]), int(starts[shard + 1])
-            if end == first:
-                continue
-            remote = self.holds is not None and self.holds.is_remote[shard]
-            if remote and table.resident(shard) is None:
+        for shard, first, end in self._each_shard_indexed(fetched_only=True):
+            if table.resident(shard) is None:  # remote, not fetched
                 sizes[first:end] = self.holds.size_of(shard) // (end - first)
                 continue
-            with self.indexed(np.array([first], np.int64)):
-                out, sample_first = table.member_out(shard)
+            out, sample_first = table.member_out(shard)
             per_member = np.concatenate([np.asarray(cost(out), np.int64), [0]])
             sums = np.add.reduceat(per_member, np.minimum(sample_first[:-1], len(out)))
             sums[np.diff(sample_first) == 0] = 0
@@ -377,16 +387,12 @@ class Dataset:
     def has_field_everywhere(self, name: str) -> bool:
         """Whether every sample has field `name` (local shards are indexed to tell, one at a
         time)."""
-        table = self.members
-        if name in table.extras:
+        if name in self.members.extras:
             return True
-        starts = table.shard_start
-        for shard in range(len(starts) - 1):
-            if starts[shard + 1] > starts[shard]:
-                with self.indexed(np.array([starts[shard]], np.int64)):
-                    if not table.has_field(name, shard):
-                        return False
-        return True
+        return all(
+            self.members.has_field(name, shard)
+            for shard, _, _ in self._each_shard_indexed(fetched_only=False)
+        )
 
     # -- what readers of whole batches go through (the Loader's way into the index) -----
 
@@ -455,8 +461,8 @@ class Dataset:
         """`error`, which the reader raised about a piece of one of `members` (ids) read at
         file `offsets`, said of the field and sample whose bytes it is about."""
         path, offset = getattr(error, "path", None), getattr(error, "offset", None)
-        hits = np.flatnonzero(offsets == np.uint64(offset or 0)) if path is not None else []
-        for hit in hits.tolist() if len(hits) else []:
+        hits = np.flatnonzero(offsets == np.uint64(offset or 0)) if path is not None else ()
+        for hit in list(hits):
             found = self.describe(int(members[hit]))
             if found is not None and found[0] == path:
                 _, field, sample = found
@@ -562,11 +568,10 @@ def _check_manifest_sizes(paths: list[str], entries: list[dict]) -> np.ndarray:
     """Each shard a manifest lists is there, and as large as the manifest says (stat'ed in
     parallel: a manifest may list a hundred thousand). Returns their identities (zeros
     where a stat failed: the index parser reports it with its errno)."""
-    listed = list(range(len(paths)))
     identities, errors = _core.stat_files(paths, 0)
     for j in np.flatnonzero(errors).tolist():
         if int(errors[j]) == errno.ENOENT:
-            path = paths[listed[j]]
+            path = paths[j]
             folder = os.path.dirname(path) or "."
             raise located(
                 ReadError,
@@ -577,11 +582,11 @@ def _check_manifest_sizes(paths: list[str], entries: list[dict]) -> np.ndarray:
                 errno.ENOENT,
             )
         # (any other failure: the index parser reports it with its errno)
-    expected = np.array([entries[i].get("bytes", -1) for i in listed], np.int64)
+    expected = np.array([entry.get("bytes", -1) for entry in entries], np.int64)
     wrong = np.flatnonzero((errors == 0) & (expected >= 0) & (identities[:, 1] != expected))
     if len(wrong):
         j = int(wrong[0])
-        path, entry, actual = paths[listed[j]], entries[listed[j]], int(identities[j, 1])
+        path, entry, actual = paths[j], entries[j], int(identities[j, 1])
         raise located(
             ShardFormatError,
             path,

@@ -28,7 +28,7 @@ class ShardHolds:
         self.remote = remote
         self.remote_of = remote_of
         self.table = table
-        self.is_remote = np.zeros(len(table.indexed), bool)
+        self.is_remote = np.zeros(len(table.known), bool)
         self.is_remote[list(remote_of)] = True
         self._on_notes: Callable[[list], None] = lambda notes: None
 
@@ -64,7 +64,6 @@ class ShardHolds:
         start in `priority` order (lowest first)."""
         remote, table = self.remote, self.table
         r = self.remote_of[shard]
-        fmt = remote.shards[r].format
 
         def then(hold: Hold) -> Arrival:
             # The cache file changes only by a new download; with a sha256 that is the
@@ -74,7 +73,7 @@ class ShardHolds:
             ):
                 return hold, None
             try:
-                return hold, _core.index_shards([hold.path], [fmt], 1)[0]
+                return hold, self._index(shard, hold)
             except BaseException:
                 remote.release(r)
                 raise
@@ -86,15 +85,13 @@ class ShardHolds:
         before. On an error the hold stays the caller's to release."""
         hold, index = arrival
         table = self.table
-        r = self.remote_of[shard]
         with table.lock:  # threads reading the dataset share its index
             # Held: its index stays until the hold is let go of. Pinned first, so that
             # adding it to a table full of pinned shards does not let it go at once.
             table.pin(shard)
             try:
                 if index is None and table.resident(shard) is None:  # let go of meanwhile
-                    index = _core.index_shards([hold.path], [self.remote.shards[r].format], 1)
-                    index = index[0]
+                    index = self._index(shard, hold)
                 if index is not None:
                     if table.resident(shard) is None:
                         self._on_notes(table.add([shard], [index]))
@@ -110,6 +107,11 @@ class ShardHolds:
             except BaseException:
                 table.unpin(shard)
                 raise
+
+    def _index(self, shard: int, hold: Hold) -> dict:
+        """The member index of held `shard`'s cache copy."""
+        fmt = self.remote.shards[self.remote_of[shard]].format
+        return _core.index_shards([hold.path], [fmt], 1)[0]
 
     def warm(self, shard: int, priority: tuple[int, int] = (1, 0)) -> concurrent.futures.Future:
         """Fetch `shard` ahead, unheld, if the cache has room for it now."""

@@ -191,11 +191,6 @@ class MemberTable:
         return int(self.shard_start[-1])
 
     @property
-    def indexed(self) -> np.ndarray:
-        """Whether each shard has been indexed (its members known at least once)."""
-        return self.known
-
-    @property
     def lock(self) -> threading.RLock:
         """Guards changes (this process's: a forked child makes its own)."""
         return self._lock.get()
