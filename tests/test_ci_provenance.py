@@ -1,0 +1,65 @@
+"""scripts/ci_provenance.py, which .ci/run runs before any test: it passes in the test
+environment as .ci/run makes it, and fails, naming the cause, on what .ci/run did not
+install (a Python path into the machine's own site-packages, a Debian package left out of
+the list)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SCRIPT = os.path.join(ROOT, "scripts", "ci_provenance.py")
+APT = "g++ zlib1g-dev libjpeg62-turbo-dev libpng-dev libzstd1 clang libclang-rt-dev zip tar"
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("dpkg") is None or sys.prefix == sys.base_prefix,
+    reason="needs Debian's dpkg and a virtual environment, as .ci/run has",
+)
+
+
+def _run(apt: str, **env: str) -> subprocess.CompletedProcess:
+    clean = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("LD_LIBRARY_PATH", "LD_PRELOAD", "PYTHONPATH", "PYTHONHOME")
+    }
+    return subprocess.run(
+        [sys.executable, SCRIPT, "--apt", apt],
+        capture_output=True,
+        text=True,
+        env={**clean, **env},
+        timeout=120,
+    )
+
+
+def test_a_stray_python_path_and_a_missing_package_are_named():
+    base_site = sysconfig.get_paths(vars={"base": sys.base_prefix})["purelib"]
+    out = _run("g++", PYTHONPATH=base_site)
+    assert out.returncode == 1, out.stdout
+    assert "PYTHONPATH is set" in out.stdout
+    assert f"sys.path holds {base_site}" in out.stdout
+    assert "libjpeg62-turbo, which .ci/run does not install" in out.stdout
+
+
+def test_what_ci_installs_passes():
+    if not all(shutil.which(p) for p in ("weed", "zip", "tar")):
+        pytest.skip("weed, zip or tar is not on PATH (outside .ci/run)")
+    untracked = subprocess.run(
+        ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=all", "tests"],
+        capture_output=True,
+        text=True,
+    ).stdout
+    if any(line.startswith("??") for line in untracked.splitlines()):
+        pytest.skip("files under tests/ that git does not hold (a working checkout)")
+    out = _run(APT)
+    if "is not installed" in out.stdout or "not installed:" in out.stdout:
+        pytest.skip("this machine lacks some of .ci/run's Debian packages")
+    assert out.returncode == 0, out.stdout
+    assert "ci_provenance: ok" in out.stdout
+    assert "libblosc" in out.stdout and "the test environment (pip)" in out.stdout
