@@ -32,7 +32,7 @@ import sysconfig
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: Programs the tests and the later CI steps start, and what provides each.
-PROGRAMS = ("weed", "zip", "tar", "cc", "g++", "clang++")
+PROGRAMS = ("weed", "zip", "tar", "openssl", "cc", "g++", "clang++")
 
 
 def dpkg_owners(paths: list[str]) -> dict[str, str]:
@@ -215,7 +215,7 @@ def main() -> int:
             rows.append((path, "nothing .ci/run installs: left behind?"))
             problems.append(f"{path} is neither in the test environment nor from a Debian package")
     for name, found in programs.items():
-        if found is None and name in ("weed", "zip", "tar"):
+        if found is None and name in ("weed", "zip", "tar", "openssl"):
             problems.append(f"{name} is not on PATH: a test needs it")
     problems += test_data_problems()
 

@@ -15,7 +15,7 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "ci_provenance.py")
-APT = "g++ zlib1g-dev libjpeg62-turbo-dev libpng-dev libzstd1 clang libclang-rt-dev zip tar"
+APT = "g++ zlib1g-dev libjpeg62-turbo-dev libpng-dev libzstd1 clang libclang-rt-dev zip tar openssl"
 
 pytestmark = pytest.mark.skipif(
     shutil.which("dpkg") is None or sys.prefix == sys.base_prefix,
@@ -48,8 +48,8 @@ def test_a_stray_python_path_and_a_missing_package_are_named():
 
 
 def test_what_ci_installs_passes():
-    if not all(shutil.which(p) for p in ("weed", "zip", "tar")):
-        pytest.skip("weed, zip or tar is not on PATH (outside .ci/run)")
+    if not all(shutil.which(p) for p in ("weed", "zip", "tar", "openssl")):
+        pytest.skip("weed, zip, tar or openssl is not on PATH (outside .ci/run)")
     untracked = subprocess.run(
         ["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=all", "tests"],
         capture_output=True,

@@ -80,9 +80,11 @@ def _torchrun(script, args, *, nodes: int, per_node: int, timeout: float = 300) 
         assert agent.returncode == 0, err[-3000:]
 
 
-@pytest.fixture(scope="module")
-def served(tmp_path_factory):
-    """SHARDS tar shards (tarfile), a manifest (`stoker index`), behind an HTTP server."""
+@pytest.fixture(scope="module", params=["manifest", "bare"])
+def served(tmp_path_factory, request):
+    """SHARDS tar shards (tarfile) behind an HTTP server, and the source to open: their
+    manifest (`stoker index`), or (bare) the shards alone, named by a brace pattern: no
+    manifest and no member index beside them, so that opening must look into them."""
     folder = tmp_path_factory.mktemp("served")
     keys = []
     for s in range(SHARDS):
@@ -92,10 +94,14 @@ def served(tmp_path_factory):
         ]
         keys += [k for k, _ in samples]
         write_tar(folder / f"shard-{s:02d}.tar", samples)
-    assert cli(["index", str(folder)]) == 0
+    if request.param == "manifest":
+        assert cli(["index", str(folder)]) == 0
     shard_bytes = sum(os.path.getsize(folder / f"shard-{s:02d}.tar") for s in range(SHARDS))
     with ShardServer(str(folder)) as server:
-        yield server, keys, shard_bytes
+        source = server.url_for("stoker.json")
+        if request.param == "bare":
+            source = f"{server.url}/shard-{{00..{SHARDS - 1:02d}}}.tar"
+        yield server, source, keys, shard_bytes
 
 
 def _results(out, mode: str, world: int) -> list[dict]:
@@ -103,12 +109,11 @@ def _results(out, mode: str, world: int) -> list[dict]:
 
 
 def test_two_nodes_read_every_sample_once_and_resume(served, tmp_path):
-    server, keys, shard_bytes = served
+    server, source, keys, shard_bytes = served
     script = tmp_path / "node.py"
     script.write_text(NODE_SCRIPT)
     out = tmp_path / "out"
     out.mkdir()
-    source = server.url_for("stoker.json")
     server.reset_counters()
     _torchrun(script, [source, str(tmp_path / "cache"), str(out), "run"], nodes=2, per_node=2)
     run = _results(out, "run", 4)
@@ -117,7 +122,8 @@ def test_two_nodes_read_every_sample_once_and_resume(served, tmp_path):
     read = [k for r in run for batch in r["keys"] for k in batch]
     assert sorted(read) == sorted(keys)  # 640 = 4 ranks x 20 batches of 8: nothing dropped
     # Each node fetched the shards its own ranks read, once: about the dataset in all
-    # (a shard two nodes' stretches share is fetched by both).
+    # (a shard two nodes' stretches share is fetched by both). Without a manifest too: a
+    # node downloads, to count their samples, only the shards its ranks will read.
     tar_bytes = sum(
         size for method, path, size in _sent(server) if method == "GET" and path.endswith(".tar")
     )
@@ -150,6 +156,8 @@ def _sent(server) -> list[tuple[str, str, int]]:
     file's size."""
     found = []
     for record in server.requests:
+        if record.status >= 400:  # (the look for a manifest beside bare shards)
+            continue
         size = os.path.getsize(os.path.join(server.root, record.path))
         if record.range:
             lo, _, hi = record.range.split("=", 1)[1].partition("-")

@@ -6,6 +6,7 @@ import hashlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -310,3 +311,73 @@ def test_nothing_is_written_outside_the_cache(tmp_path):
         written += [os.path.join(folder, f) for f in files]
     assert written and all(p.startswith(str(cache) + os.sep) for p in written)
     assert np.all([os.stat(p).st_mode & 0o077 == 0 for p in written])
+
+
+def test_bytes_that_are_no_http_response_are_retried_on_a_fresh_connection(tmp_path):
+    make_shards(tmp_path / "data", 1, 10)
+    with ShardServer(tmp_path / "data") as server:
+        server.fault("shard-0000.tar", "garbage")  # once: as a broken proxy would answer
+        fetch = stoker.FetchOptions(retries=2, **FAST)
+        url = server.url_for("shard-0000.tar")
+        ds = stoker.Dataset(url, cache_dir=tmp_path / "c1", fetch=fetch)
+        assert len(ds.get_batch(range(10))) == 10
+        assert server.count("shard-0000.tar") >= 2  # the garbage, then a good answer
+        server.fault("shard-0000.tar", "garbage", times=None)  # every time: a clear error
+        ds = stoker.Dataset(url, cache_dir=tmp_path / "c2", fetch=fetch)  # (its manifest)
+        with pytest.raises(stoker.FetchError, match=r"shard-0000.tar.*not an HTTP response"):
+            ds.get_batch(range(10))
+
+
+_HTTPS_TO_HTTP = """
+import sys, stoker
+url, cache, allow = sys.argv[1], sys.argv[2], sys.argv[3] == "allow"
+fetch = stoker.FetchOptions(retries=0, allow_insecure_redirects=allow)
+try:
+    ds = stoker.Dataset(url, cache_dir=cache, fetch=fetch)
+    print("read", len(ds.get_batch(range(len(ds)))))
+except stoker.FetchError as e:
+    print("refused:", e)
+"""
+
+
+def _self_signed(folder) -> tuple[str, str]:
+    """A certificate for 127.0.0.1 and its key, made by openssl."""
+    if shutil.which("openssl") is None:
+        pytest.skip("openssl is not on PATH (.ci/run installs it)")
+    cert, key = str(folder / "cert.pem"), str(folder / "key.pem")
+    subprocess.run(
+        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "1"]
+        + ["-subj", "/CN=127.0.0.1", "-addext", "subjectAltName=IP:127.0.0.1"]
+        + ["-keyout", key, "-out", cert],
+        check=True,
+        capture_output=True,
+    )
+    return cert, key
+
+
+def test_a_redirect_from_https_to_http_is_refused_unless_allowed(tmp_path):
+    import ssl
+
+    make_shards(tmp_path / "data", 1, 10)
+    cert, key = _self_signed(tmp_path)
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(cert, key)
+    env = {**os.environ, "SSL_CERT_FILE": cert}  # the client trusts this certificate
+    with ShardServer(tmp_path / "data") as plain, ShardServer(tmp_path / "data", tls=tls) as safe:
+        target = plain.url_for("shard-0000.tar")
+        safe.fault("moved.tar", "302", times=None, location=target)
+        url = safe.url_for("moved.tar")
+        assert url.startswith("https://")
+        runs = {}
+        for allow in ("refuse", "allow"):
+            runs[allow] = subprocess.run(
+                [sys.executable, "-c", _HTTPS_TO_HTTP, url, str(tmp_path / allow), allow],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            ).stdout
+        assert "refused:" in runs["refuse"] and url in runs["refuse"]
+        assert "redirected from https to http://" in runs["refuse"]
+        assert not any(p.endswith(".tar") for p in cache_files(tmp_path / "refuse"))
+        assert "read 10" in runs["allow"]

@@ -168,3 +168,87 @@ def test_tensors_become_npy(tmp_path):
         sink.write({"__key__": "t", "npy": torch.arange(6, dtype=torch.int16).reshape(2, 3)})
     got = np.load(io.BytesIO(bytes(stoker.Dataset(str(tmp_path / "out"))[0]["npy"])))
     assert got.dtype == np.int16 and got.tolist() == [[0, 1, 2], [3, 4, 5]]
+
+
+_WRITE_THEN_HANG = """
+import sys, time, stoker
+with stoker.ShardWriter(sys.argv[1], max_samples=100) as w:
+    for i in range(450):
+        w.write({"__key__": f"k{i:04d}", "bin": bytes(64)})
+        if i == 330:
+            print("written", flush=True)
+            time.sleep(600)  # killed here, before close()
+"""
+
+
+def _killed_when(command: list[str], ready) -> None:
+    """Run `command` and SIGKILL it once `ready()` is true."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    proc = subprocess.Popen([sys.executable, *command], stdout=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 120
+        while not ready(proc) and time.monotonic() < deadline:
+            assert proc.poll() is None, "the writer finished before it could be killed"
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGKILL)
+    finally:
+        proc.wait(30)
+
+
+def _work_folders(folder) -> list[str]:
+    return sorted(n for n in os.listdir(folder) if n.startswith(".stoker-"))
+
+
+def test_a_killed_shard_writer_leaves_nothing_read_as_data(tmp_path, caplog):
+    out = tmp_path / "out"
+    _killed_when(["-c", _WRITE_THEN_HANG, str(out)], lambda p: p.stdout.readline() == "written\n")
+    assert len(_work_folders(out)) == 1  # its unfinished shards, hidden
+    with caplog.at_level("WARNING", "stoker"), pytest.raises(stoker.StokerError, match="no shards"):
+        stoker.Dataset(str(out))
+    assert "skipped 1 hidden entry (.stoker-writer-" in caplog.text
+    # The next writer into the same place removes what the dead one left, and finishes.
+    with stoker.ShardWriter(out, max_samples=100) as w:
+        for i in range(150):
+            w.write({"__key__": f"n{i:04d}", "bin": bytes(8)})
+    assert _work_folders(out) == []
+    assert len(stoker.Dataset(str(out))) == 150
+
+
+def test_a_killed_pack_leaves_nothing_read_as_data(tmp_path, caplog):
+    from shards import make_samples, write_tar
+
+    from stoker.tools.cli import main as cli
+    from stoker.tools.serve import ShardServer
+
+    source = tmp_path / "source"
+    source.mkdir()
+    for s in range(8):
+        samples = [(f"s{s}-{k}", fields) for k, fields in make_samples(100, seed=s, size=4000)]
+        write_tar(source / f"in-{s}.tar", samples)
+    parent = tmp_path / "packed"
+    parent.mkdir()
+    out = parent / "train"
+
+    def packing(proc) -> bool:  # a pack's work folder with a shard in it
+        return any(
+            name.endswith(".tar")
+            for work in _work_folders(parent)
+            for name in os.listdir(parent / work)
+        )
+
+    # A slow link, so that the pack is still at work when it is killed.
+    with ShardServer(source, bandwidth=400_000) as server:
+        urls = server.url + "/in-{0..7}.tar"
+        command = ["-m", "stoker", "pack", urls, str(out), "--samples-per-shard", "100", "--quiet"]
+        _killed_when(command, packing)
+    assert not out.exists() and len(_work_folders(parent)) == 1
+    with caplog.at_level("WARNING", "stoker"), pytest.raises(stoker.StokerError, match="no shards"):
+        stoker.Dataset(str(parent))
+    assert "skipped 1 hidden entry (.stoker-pack-" in caplog.text
+    # The next pack there removes the dead one's folder.
+    assert cli(["pack", str(source), str(out), "--samples-per-shard", "100", "--quiet"]) == 0
+    assert _work_folders(parent) == [] and len(stoker.Dataset(str(out))) == 800

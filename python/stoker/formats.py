@@ -3,6 +3,7 @@ folder. (What is inside each format is read by the C++ parsers: ``csrc/stoker/fo
 
 from __future__ import annotations
 
+import logging
 import os
 import urllib.parse
 
@@ -25,6 +26,12 @@ def join_url(base: str, relative: str) -> str:
     if is_url(relative):
         return relative
     if not base.startswith(("s3://", "gs://")):
+        if _plain(base) and _plain(relative) and ":" not in relative and base.count("/") > 2:
+            # A manifest's usual entry, a name under the manifest's folder: what urljoin
+            # makes of it, without its parsing (a hundred thousand entries).
+            segments = relative.split("/")
+            if "" not in segments and "." not in segments and ".." not in segments:
+                return base[: base.rfind("/") + 1] + relative
         return urllib.parse.urljoin(base, relative)
     # An object's key is a name, not a path: joined as written (no `//` collapsed, no
     # `:` taken for a scheme); only `.` and `..` segments are resolved.
@@ -40,10 +47,16 @@ def join_url(base: str, relative: str) -> str:
     return f"{scheme}://{bucket}/" + "/".join(parts)
 
 
+def _plain(text: str) -> bool:
+    """No query, fragment, control character or space at either end (which URL parsing
+    drops): a URL's path is its text after the host."""
+    return "?" not in text and "#" not in text and text.isprintable() and text == text.strip()
+
+
 def format_of(path: str) -> str:
     """The shard format of `path` (or URL), from its name; a clear error for anything else."""
     dot = path.rfind(".")
-    if dot > path.rfind("/") and not is_url(path):  # the common case, cheaply
+    if dot > path.rfind("/") and (not is_url(path) or (_plain(path) and path.count("/") > 2)):
         found = SHARD_FORMATS.get(path[dot:].lower())
         if found is not None:
             return found
@@ -81,15 +94,37 @@ def format_of(path: str) -> str:
 
 
 def shards_in_folder(folder: str) -> list[str]:
-    """Every shard file under `folder`, sorted (folders walked in order)."""
-    found = []
+    """Every shard file under `folder`, sorted (folders walked in order). Hidden folders
+    and files are not read: a writer keeps its unfinished work in one (see stoker._work),
+    and tools keep theirs (``.git``, ``.cache``); a skipped writer's folder or hidden shard
+    is said once."""
+    found, skipped = [], []
+    from stoker._work import WORK_FOLDER
     from stoker.arrays import is_zarr_store
 
     for root, dirs, files in os.walk(folder):
-        dirs[:] = sorted(d for d in dirs if not is_zarr_store(os.path.join(root, d)))
+        hidden = [d for d in dirs if d.startswith(".")]
+        skipped += [os.path.join(root, d) for d in hidden if WORK_FOLDER.match(d)]
+        dirs[:] = sorted(
+            d for d in dirs if d not in hidden and not is_zarr_store(os.path.join(root, d))
+        )
         for name in sorted(files):
             if os.path.splitext(name.lower())[1] in SHARD_FORMATS:
-                found.append(os.path.join(root, name))
+                if name.startswith("."):
+                    skipped.append(os.path.join(root, name))
+                else:
+                    found.append(os.path.join(root, name))
+    if skipped:
+        logging.getLogger("stoker.dataset").warning(
+            "%s: skipped %d hidden entr%s (%s): a hidden folder or file is never read as "
+            "data (a writer keeps its unfinished work in one, .stoker-writer-... or "
+            ".stoker-pack-...)",
+            folder,
+            len(skipped),
+            "y" if len(skipped) == 1 else "ies",
+            ", ".join(os.path.relpath(p, folder) for p in skipped[:3])
+            + (", ..." if len(skipped) > 3 else ""),
+        )
     return found
 
 

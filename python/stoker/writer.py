@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from stoker import _core
+from stoker._work import make_work_folder, remove_dead_work
 from stoker.dataset import Dataset
 from stoker.errors import StokerError, UsageError, quoted
 from stoker.manifest import MANIFEST_NAME, write_manifest
@@ -302,6 +303,7 @@ class ShardWriter:
         if max_samples is None and max_bytes is None:
             max_bytes = _DEFAULT_MAX_BYTES
         self.out_dir = os.path.abspath(os.fspath(out_dir))
+        remove_dead_work(self.out_dir)  # (what a killed writer left does not count)
         if os.path.exists(self.out_dir) and (
             not os.path.isdir(self.out_dir) or os.listdir(self.out_dir)
         ):
@@ -310,8 +312,7 @@ class ShardWriter:
         self.max_samples, self.max_bytes = max_samples, max_bytes
         self.stratify_by = stratify_by
         self.prefix = prefix
-        self._work = os.path.join(self.out_dir, f".stoker-writer-{os.getpid()}-{id(self):x}")
-        os.makedirs(self._work)
+        self._work = make_work_folder(self.out_dir, "writer")
         self._names: list[str] = []
         self._shard: TarShard | None = None
         self._spill: TarShard | None = None

@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, overload
 
 import numpy as np
@@ -25,6 +26,7 @@ from stoker.dataset.files import files_index, read_labels_csv
 from stoker.dataset.holds import ShardHolds
 from stoker.dataset.members import DEFAULT_RESIDENT, Gathered, MemberTable, Note
 from stoker.dataset.reads import samples_from, shared_reader, submit_members
+from stoker.dataset.shared import SharedDescribe, shared_describe
 from stoker.errors import (
     ReadError,
     ShardFormatError,
@@ -51,6 +53,12 @@ class Dataset:
     ``ds[i]`` is a dict: ``"__key__"`` (str) and one entry per field: a 1-D uint8 numpy
     array viewing the bytes (zero-copy), or for ``.npy`` shards a typed numpy array.
     """
+
+    # Until opening is finished (see describe_shared), and for the other constructors.
+    _pending: _Pending | None = None
+    _sharing: SharedDescribe | None = None
+    _members: MemberTable | None = None
+    _holds: ShardHolds | None = None
 
     def __init__(
         self,
@@ -141,21 +149,105 @@ class Dataset:
         for i, index in zip(scan, found):
             indexes[i] = index
             identities[i] = index["identity"]
-        remote = None
+        pending = _Pending(names, paths, identities, formats, indexes, shards, remote_ids)
+        self._pending = pending
         if remote_ids:
             remote = _open_remote(shards, remote_ids, formats, cache_dir, cache_limit, options)
-            for r, i in enumerate(remote_ids):
+            pending.remote = remote
+            # With torch.distributed, shards no rank knows yet are described by the ranks
+            # that will read them, when the Loader is made (see .shared); opening stops here.
+            if len(remote_ids) == len(paths) and remote.undescribed():
+                urls, sizes = [s.url for s in remote.shards], [s.size or 0 for s in remote.shards]
+                self._sharing = shared_describe(urls, sizes)
+                if self._sharing is not None:
+                    return
+        self._finish_open()
+
+    def _finish_open(self) -> None:
+        """Open what `_open_source` left: the member table, once every shard's samples are
+        known."""
+        p = self._pending
+        if p is None:
+            return
+        self._pending = None
+        names, paths, indexes = p.names, list(p.paths), list(p.indexes)
+        remote = p.remote
+        if remote is not None:
+            remote.describe()  # every shard a swap (if any) left undescribed
+            for r, i in enumerate(p.remote_ids):
                 shard = remote.shards[r]
                 indexes[i] = {"samples": shard.samples, "fields": shard.fields}
                 paths[i] = remote.path_of(r)
-        self._open(names, paths, identities, formats, indexes)
+        self._open(names, paths, p.identities, p.formats, indexes)
         if remote is not None:
-            self.holds = ShardHolds(remote, {i: r for r, i in enumerate(remote_ids)}, self.members)
-            self.holds.on_notes(self._say)
-        for shard, (_, entry) in enumerate(shards):
+            remote_of = {i: r for r, i in enumerate(p.remote_ids)}
+            self._holds = ShardHolds(remote, remote_of, self.members)
+            self._holds.on_notes(self._say)
+        for shard, (_, entry) in enumerate(p.shards):
             runs = (entry or {}).get("key_runs")
             if isinstance(runs, int) and runs > entry.get("samples", runs):
                 self._say([("regrouped", shard, entry["samples"], runs)])
+
+    # -- describing remote shards across ranks (see .shared) ---------------------------
+
+    def shard_weights(self) -> np.ndarray | None:
+        """Each shard's bytes, where this dataset's shards are to be described by a swap
+        across ranks that has not happened yet (the Loader estimates with them which
+        shards each rank reads first); else None."""
+        if self._sharing is None:
+            return None
+        return np.array([s.size or 0 for s in self._remote_shards().shards], np.int64)
+
+    def _remote_shards(self) -> RemoteShards:
+        p = self._pending
+        remote = p.remote if p is not None else self.remote
+        assert remote is not None
+        return remote
+
+    def describe_shared(self, mine: np.ndarray) -> None:
+        """Describe shards `mine` (of shard_weights'), swap descriptions with every other
+        rank, and finish opening with the counts all ranks found. Every rank of the job
+        calls it once (the Loader does); a rank that finished opening on its own (it was
+        used before its Loader was made) publishes all it knows."""
+        sharing, self._sharing = self._sharing, None
+        if sharing is None:
+            return
+        remote = self._remote_shards()
+        if self._pending is not None:
+            try:
+                remote.describe(only=[int(i) for i in mine])
+            except BaseException as e:
+                sharing.fail(e)
+                raise
+        found = {
+            i: (s.samples, s.fields) for i, s in enumerate(remote.shards) if s.samples is not None
+        }
+        for i, (samples, fields) in sharing.swap(found).items():
+            shard = remote.shards[i]
+            if shard.samples is None:
+                shard.samples, shard.fields = samples, fields
+        self._finish_open()
+
+    def __getstate__(self) -> dict[str, Any]:
+        # A copy in another process (a spawned DataLoader worker) is a whole dataset: it
+        # takes no part in the ranks' swap (torch.distributed's store stays here).
+        self._finish_open()
+        state = self.__dict__.copy()
+        state.pop("_sharing", None)
+        return state
+
+    @property
+    def members(self) -> MemberTable:
+        if self._members is None:
+            self._finish_open()  # a dataset used before (or without) a Loader's swap
+        assert self._members is not None
+        return self._members
+
+    @property
+    def holds(self) -> ShardHolds | None:
+        if self._pending is not None:
+            self._finish_open()
+        return self._holds
 
     @classmethod
     def from_csv(
@@ -231,10 +323,11 @@ class Dataset:
             else:
                 counts.append(len(index["keys"]))
         shard_names = names if member_files is None else [self.source] * len(indexes)
-        self.members = MemberTable(
+        self._pending = None
+        self._members = MemberTable(
             counts, shard_names, paths, identities, formats, field_names, fields_known
         )
-        self.holds: ShardHolds | None = None
+        self._holds = None
         self._said: set[str] = set()
         self._group_starts: np.ndarray | None = None
         ready = [s for s, index in enumerate(indexes) if "samples" not in index]
@@ -532,6 +625,21 @@ class Dataset:
         return f"Dataset({len(self)} samples in {files} files, fields {self.fields})"
 
 
+@dataclass
+class _Pending:
+    """What opening found, kept until every remote shard's samples are known (see
+    Dataset.describe_shared)."""
+
+    names: list[str]
+    paths: list[str]
+    identities: np.ndarray
+    formats: list[str]
+    indexes: list[dict]
+    shards: list[tuple[str, dict | None]]
+    remote_ids: list[int]
+    remote: RemoteShards | None = None
+
+
 def _open_remote(
     shards: list[tuple[str, dict | None]],
     remote_ids: list[int],
@@ -540,7 +648,7 @@ def _open_remote(
     cache_limit: int | None,
     options: FetchOptions,
 ) -> RemoteShards:
-    """The remote shards of a source, described (sizes, samples) and their cache checked."""
+    """The remote shards of a source, their sizes known and their cache checked."""
     described = []
     for i in remote_ids:
         shard = RemoteShard(url=shards[i][0], format=formats[i])
@@ -548,7 +656,7 @@ def _open_remote(
             apply_entry(shard, shards[i][1])
         described.append(shard)
     remote = RemoteShards(described, cache_dir, cache_limit, options)
-    remote.describe()
+    remote.describe(only=())  # sizes: the samples of shards no manifest gave come later
     largest = max(s.size or 0 for s in remote.shards)
     if remote.limit < 2 * largest:
         raise StokerError(

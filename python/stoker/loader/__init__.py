@@ -31,7 +31,12 @@ from stoker.loader.collate import MapRunner, default_collate
 from stoker.loader.epochs import EpochCursor, Order
 from stoker.loader.plan import FieldsPlan, check_fields_argument
 from stoker.loader.prefetch import ShardPrefetch, shard_spans
-from stoker.loader.sampler import DEFAULT_SHUFFLE_WINDOW, MixSpec, augment_seed
+from stoker.loader.sampler import (
+    DEFAULT_SHUFFLE_WINDOW,
+    MixSpec,
+    augment_seed,
+    group_readers,
+)
 
 log = logging.getLogger("stoker.loader")
 
@@ -124,6 +129,19 @@ class Loader:
         self._reader_threads = num_threads  # None: the process's default reader
         self.num_threads = shared_reader(num_threads).num_threads
         self.pinned_bytes = pinned_bytes or _DEFAULT_PINNED_BYTES
+        weights = dataset.shard_weights()
+        if weights is not None:
+            # Remote shards no rank has described yet: each rank describes those it will
+            # likely read first, and the ranks swap counts (see stoker.dataset.shared).
+            readers = group_readers(
+                weights,
+                shuffle=shuffle,
+                seed=seed,
+                epoch=0,
+                world_size=self.world_size,
+                drop_last=drop_last,
+            )
+            dataset.describe_shared(np.flatnonzero(readers == self.rank))
         mix = None
         if isinstance(dataset, Mix):
             mix = MixSpec(dataset.group_counts(), tuple(dataset.weights), dataset.epoch_samples)

@@ -682,6 +682,31 @@ class EpochPlan:
         return read, first[read] // self.batch_size, last[read] // self.batch_size
 
 
+def group_readers(
+    weights: np.ndarray,
+    *,
+    shuffle: bool,
+    seed: int,
+    epoch: int,
+    world_size: int,
+    drop_last: bool,
+) -> np.ndarray:
+    """For each group, the rank whose stretch of `epoch`'s line holds the middle of it, were
+    the groups `weights` samples each: the rank most likely to read it, from estimates
+    (shard bytes) of their sizes. One pass over the groups, for every rank at once."""
+    sizes = np.maximum(np.asarray(weights, np.int64).reshape(-1), 0)
+    line = _Epoch(sizes, shuffle=shuffle, seed=seed, epoch=epoch, window=1).line
+    assert isinstance(line, _GroupLine)
+    order = np.arange(len(sizes)) if line.order is None else line.order
+    bounds = np.zeros(len(sizes) + 1, np.int64)
+    np.cumsum(sizes[order], out=bounds[1:])
+    _, per_rank = rank_stretch(line.length, 0, world_size, drop_last)
+    middles = (bounds[:-1] + bounds[1:]) // 2
+    readers = np.empty(len(sizes), np.int64)
+    readers[order] = np.minimum(middles // max(per_rank, 1), world_size - 1)
+    return readers
+
+
 def plan_epoch(
     group_sizes: np.ndarray,
     *,

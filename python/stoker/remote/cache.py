@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import functools
 import hashlib
 import json
 import logging
@@ -79,12 +80,40 @@ def cache_name(url: str, sha256: str | None = None) -> str:
     so no URL can point outside the cache. Where making it safe changed the path (or the
     URL has a query) a hash of the exact URL keeps two URLs from sharing a file; with a
     known sha256 the name carries it, so a republished shard is a new file."""
+    folder, _, leaf = url.rpartition("/")
+    if "?" in url or "#" in url or leaf in ("", ".", "..") or folder.endswith(":/"):
+        host, pieces, changed = _safe_path(url)
+    else:  # a manifest's shards share a few folders: each made safe once
+        host, folder_pieces, changed = _safe_folder(folder)
+        piece = _safe_piece(leaf)
+        pieces, changed = [*folder_pieces, piece], changed or piece != leaf
+    return _named(url, sha256, host, pieces, changed)
+
+
+@functools.lru_cache(maxsize=256)
+def _safe_folder(folder: str) -> tuple[str, tuple[str, ...], bool]:
+    """_safe_path of a folder URL (no query), for the names of the files in it."""
+    parts = urllib.parse.urlsplit(folder)
+    host = _UNSAFE.sub("_", parts.hostname or "host") + (f"_{parts.port}" if parts.port else "")
+    pieces = tuple(_safe_piece(p) for p in parts.path.split("/") if p not in ("", ".", ".."))
+    return host, pieces, "/".join(pieces) != parts.path.lstrip("/")
+
+
+def _safe_piece(piece: str) -> str:
+    piece = _UNSAFE.sub("_", piece)
+    return "_" + piece[1:] if piece.startswith(".") else piece
+
+
+def _safe_path(url: str) -> tuple[str, list[str], bool]:
     parts = urllib.parse.urlsplit(url)
     host = _UNSAFE.sub("_", parts.hostname or "host") + (f"_{parts.port}" if parts.port else "")
-    raw = [p for p in parts.path.split("/")]
-    pieces = [_UNSAFE.sub("_", p) for p in raw if p not in ("", ".", "..")]
-    pieces = [("_" + p[1:]) if p.startswith(".") else p for p in pieces] or ["index"]
+    pieces = [_safe_piece(p) for p in parts.path.split("/") if p not in ("", ".", "..")]
+    pieces = pieces or ["index"]
     changed = "/".join(pieces) != parts.path.strip("/") or bool(parts.query)
+    return host, pieces, changed
+
+
+def _named(url: str, sha256: str | None, host: str, pieces: list[str], changed: bool) -> str:
     tags = []
     if changed:
         tags.append(hashlib.sha1(url.encode()).hexdigest()[:12])
@@ -594,8 +623,13 @@ def _preallocate(fd: int, size: int) -> None:
 def cache_for(root: str) -> ShardCache:
     """The process's ShardCache for `root`: one per folder, so holds are counted once (a
     forked child has its own, holding nothing: its parent's holds are its parent's)."""
-    root = os.path.abspath(root)
+    root = _absolute(root)
     return per_process(("shard-cache", root), lambda: ShardCache(root))
+
+
+@functools.lru_cache(maxsize=64)
+def _absolute(root: str) -> str:
+    return os.path.abspath(root)  # (asked once a shard: a hundred thousand times)
 
 
 def _private_dirs(path: str) -> None:

@@ -65,6 +65,9 @@ class FetchOptions:
     stall_timeout: float = 30.0  # no byte for this long: the transfer is retried
     connect_timeout: float = 10.0
     max_redirects: int = 5
+    # A redirect from https to plain http is refused unless this is set: what the http
+    # answer says (sizes, bytes) could come from anyone on the path.
+    allow_insecure_redirects: bool = False
     cache_wait: float = 600.0  # how long to wait for room in a full cache before failing
     # Object stores. s3://: the endpoint (else AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL,
     # S3_ENDPOINT_URL, else AWS itself), the region (else AWS_REGION, AWS_DEFAULT_REGION,
@@ -310,6 +313,12 @@ class Fetcher:
                 raise failed(f"too many redirects: {clip(str(e))}") from e
             except aiohttp.RedirectClientError as e:
                 raise failed(f"refused redirect (only http(s) is followed): {clip(str(e))}") from e
+            except aiohttp.ClientResponseError as e:
+                # Raised before there is a response (stoker reads statuses itself): what
+                # came back is not HTTP, a fault of the connection (a broken proxy, a
+                # kept-alive connection the server half closed), not the server's answer.
+                # aiohttp drops that connection; the retry takes a fresh one.
+                last = f"not an HTTP response ({clip(e.message)})"
             except aiohttp.ClientError as e:
                 raise failed(f"{type(e).__name__}: {clip(str(e))}") from e
             if n < o.retries:
@@ -398,6 +407,17 @@ class Fetcher:
             allow_redirects=redirects,
             max_redirects=self.options.max_redirects,
         ) as response:
+            if (
+                sent.scheme == "https"
+                and response.url.scheme != "https"
+                and not self.options.allow_insecure_redirects
+            ):
+                what = (
+                    f"redirected from https to {response.url.scheme}:// "
+                    f"({clip(str(response.url))}): refused, since anyone on the path could "
+                    "answer it; FetchOptions(allow_insecure_redirects=True) follows it"
+                )
+                raise located(FetchError, url, 0, what)
             yield response
 
     async def stat(self, url: str) -> RemoteObject:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -113,17 +113,19 @@ class RemoteShards:
     def path_of(self, i: int) -> str:
         return self.cache.path_of(self.shards[i].name)
 
-    def describe(self) -> None:
+    def describe(self, only: Sequence[int] | None = None) -> None:
         """Learn each shard's size and samples that no manifest gave: from a manifest beside
         the shards if there is one, else from what this node remembers of them (in the
-        cache), else by looking into them once per node (see _describe_one)."""
+        cache), else by looking into them once per node (see _describe_one). With `only`,
+        every size but the samples of those shards only (the rest: see `undescribed`)."""
         missing = [s for s in self.shards if s.size is None or s.samples is None]
         if missing:
             self._adopt_manifests(missing)
             missing = [s for s in missing if s.size is None or s.samples is None]
         fetcher = self.fetcher
         for shard in self.shards:
-            shard.name = cache_name(fetcher.cache_url(shard.url), shard.sha256)
+            if not shard.name:  # (a second call, after a swap: named already)
+                shard.name = cache_name(fetcher.cache_url(shard.url), shard.sha256)
             if is_object_url(shard.url) and shard.ranges is None:
                 shard.ranges = True  # every store takes ranges
         if not missing:
@@ -142,9 +144,15 @@ class RemoteShards:
             cache.write_record(_RANGELESS + host, {"ranges": False})
         fits = sum(s.size or 0 for s in self.shards) <= self.limit
         todo = [i for i, s in enumerate(self.shards) if s.samples is None]
+        if only is not None:
+            todo = sorted(set(todo) & {int(i) for i in only})
         futures = [pool.submit(lambda i=i: self._describe_one(i, fits)) for i in todo]
         for future in futures:
             wait_result(future)
+
+    def undescribed(self) -> list[int]:
+        """The shards whose samples are not known yet."""
+        return [i for i, s in enumerate(self.shards) if s.samples is None]
 
     def _look(self, shard: RemoteShard) -> None:
         fetcher = self.fetcher

@@ -354,6 +354,8 @@ def without_signature(url: str) -> str:
     """`url` less the query parameters that sign it, where it is recognisably signed (a
     presigned S3 or GCS URL, an Azure SAS, a CloudFront signed URL): what names the object,
     for the cache. A query that is not a signature is kept whole."""
+    if "?" not in url:
+        return url
     parts = urllib.parse.urlsplit(url)
     if not parts.query:
         return url

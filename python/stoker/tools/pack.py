@@ -22,6 +22,7 @@ import numpy as np
 
 from stoker import _core
 from stoker._process import usable_cores
+from stoker._work import make_work_folder, remove_dead_work
 from stoker.dataset import Dataset
 from stoker.errors import StokerError, quoted
 from stoker.fields import require_image_support
@@ -216,6 +217,8 @@ def pack(
                 "--stratify needs labels: a CSV's label column, class folders or a .cls field"
             )
     out = os.path.abspath(out)
+    for folder in (out, os.path.dirname(out)):
+        remove_dead_work(folder)  # (what a killed pack left does not count)
     made = not os.path.exists(out)
     if not made and (not os.path.isdir(out) or os.listdir(out)):
         raise StokerError(f"{out}: the output folder exists and is not empty")
@@ -233,8 +236,7 @@ def pack(
     # A new folder is written beside its place and renamed into it whole; an empty one
     # gets a hidden work folder whose files are moved in at the end, manifest last.
     parent = os.path.dirname(out)
-    work = os.path.join(out if not made else parent, f".stoker-pack-{os.getpid()}")
-    os.makedirs(work)
+    work = make_work_folder(out if not made else parent, "pack")
     moved: list[str] = []
     writers = max(1, num_threads or os.cpu_count() or 1)
     transform = None

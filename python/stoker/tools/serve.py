@@ -28,6 +28,7 @@ import re
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import tempfile
@@ -52,6 +53,7 @@ _FAULT_PARAMS: dict[str, frozenset[str]] = {
     "corrupt": frozenset({"at", "count"}),
     "stall": frozenset({"after", "seconds"}),
     "slow": frozenset({"bandwidth"}),
+    "garbage": frozenset(),
 }
 
 
@@ -95,8 +97,10 @@ class ShardServer:
         latency: float = 0.0,
         bandwidth: float | None = None,
         ranges: bool = True,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
         self.root = os.path.realpath(os.fspath(root))
+        self.tls = tls  # serve https with this server-side context
         self.host = host
         self.port = port
         self.latency = latency
@@ -181,8 +185,8 @@ class ShardServer:
 
     @property
     def url(self) -> str:
-        """Base URL, ``http://HOST:PORT``, with no trailing slash."""
-        return f"http://{self.host}:{self.port}"
+        """Base URL, ``http://HOST:PORT`` (https with tls=), with no trailing slash."""
+        return f"{'https' if self.tls else 'http'}://{self.host}:{self.port}"
 
     def url_for(self, relpath: str | os.PathLike[str]) -> str:
         """URL of a file given by its path relative to the root."""
@@ -207,7 +211,8 @@ class ShardServer:
           body offset ``at`` (default the middle);
         - ``"stall"``: send ``after`` bytes (default half), then nothing for ``seconds``
           (default 3600), then the rest;
-        - ``"slow"``: pace this response at ``bandwidth`` bytes/s.
+        - ``"slow"``: pace this response at ``bandwidth`` bytes/s;
+        - ``"garbage"``: answer bytes that are not HTTP at all, then close the connection.
 
         Faults are used in the order added; a request gets at most one. Returns the
         fault, whose ``remaining`` counts down.
@@ -340,7 +345,9 @@ class ShardServer:
         )
         await runner.setup()
         try:
-            site = web.TCPSite(runner, self.host, self._requested_port, reuse_address=True)
+            site = web.TCPSite(
+                runner, self.host, self._requested_port, reuse_address=True, ssl_context=self.tls
+            )
             await site.start()
         except BaseException:
             await runner.cleanup()

@@ -90,6 +90,15 @@ class FileResponses:
             if fault.params.get("location") is not None:  # a redirect
                 headers["Location"] = str(fault.params["location"])
             return self._empty(request, relpath, int(fault.params["status"]), headers)
+        if fault is not None and fault.kind == "garbage":
+            # Bytes that are no HTTP response, as a broken proxy or a connection the
+            # server half closed sends; then the connection is dropped.
+            self.server.record(request, relpath, 0)
+            transport = request.transport
+            if transport is not None:
+                transport.write(b"\x16\x03\x01 this is not an HTTP response\r\n\r\n")
+                transport.close()
+            raise ConnectionResetError("garbage fault")
 
         path = self._resolve(relpath)
         if path is None:
