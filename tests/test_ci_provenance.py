@@ -6,6 +6,7 @@ the list)."""
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -15,7 +16,10 @@ import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "scripts", "ci_provenance.py")
-APT = "g++ zlib1g-dev libjpeg62-turbo-dev libpng-dev libzstd1 clang libclang-rt-dev zip tar openssl"
+# The Debian packages .ci/run installs, as it names them.
+CI_RUN = os.path.join(ROOT, ".ci", "run")
+with open(CI_RUN) as _f:
+    APT = re.search(r'^packages="([^"]*)"', _f.read(), re.M)[1]
 
 pytestmark = pytest.mark.skipif(
     shutil.which("dpkg") is None or sys.prefix == sys.base_prefix,

@@ -1,4 +1,8 @@
-"""Type stubs for stoker's C++ extension."""
+"""Type stubs for stoker's C++ extension.
+
+The docstrings of the public names here (the reader, its buffers, the errors) are what the
+documentation site shows for them: the extension itself is not imported to build it.
+"""
 
 import enum
 from collections.abc import Callable, Sequence
@@ -10,16 +14,47 @@ import numpy.typing as npt
 __version__: str
 
 class StokerError(Exception):
+    """The base of every error stoker raises.
+
+    An error about data names the file (or URL) and the byte offset, in its one-line
+    message and as attributes, and, where the Loader knows them, the field and the
+    sample's key. Anything quoted from outside (a member's name, a server's bytes) is cut
+    to about 200 characters, saying how long the whole was.
+
+    Attributes:
+        path: The file or URL the error is about, or None.
+        offset: The byte offset in it.
+        detail: The message without its file and offset.
+    """
+
     path: str | None
     offset: int
     detail: str  # the message without its file and offset
 
-class ShardFormatError(StokerError, ValueError): ...
-class ReadError(StokerError, OSError): ...
-class FetchError(StokerError, OSError): ...
-class ChecksumError(FetchError): ...
-class CudaError(StokerError, RuntimeError): ...
-class CuFileError(CudaError): ...
+class ShardFormatError(StokerError, ValueError):
+    """A shard's bytes are corrupt, truncated or in a form stoker does not read; also a
+    shard replaced or rewritten after the dataset indexed it ("the file changed after it
+    was indexed"), and a bad image with ``Image(on_error="raise")``."""
+
+class ReadError(StokerError, OSError):
+    """The operating system refused a read: a missing file, a directory, EIO, permissions.
+    ``.errno`` is set."""
+
+class FetchError(StokerError, OSError):
+    """A remote shard could not be fetched after the retries, answered 4xx, or changed
+    ("the shard changed", "the object changed"). Names the URL, the offset reached and
+    the last cause."""
+
+class ChecksumError(FetchError):
+    """A remote shard's bytes keep differing from the sha256 its manifest gives."""
+
+class CudaError(StokerError, RuntimeError):
+    """CUDA is not usable here (no driver, no device, a CPU-only torch, a forked child of
+    a CUDA process), or a driver call failed."""
+
+class CuFileError(CudaError):
+    """A cuFile (GPUDirect Storage) call failed. stoker falls back to its bounce path
+    unless ``STOKER_GDS=on``."""
 
 class ChunkFilter(enum.IntEnum):
     ZLIB = 0
@@ -88,29 +123,95 @@ class GzipFile:
     def path(self) -> str: ...
 
 class FileTable:
+    """The files a reader's requests refer to by index: ``FileTable(["a.tar", "b.tar"])``.
+    A table pickles.
+
+    Args:
+        paths: The files, in the order requests' ``file_ids`` count them.
+        identities: An optional ``(len(paths), 3)`` int64 array of (inode, size,
+            mtime_ns) as the files were when indexed: a read of a file that no longer
+            matches fails instead of reading other bytes.
+        arrays: The array layouts that array-row requests name by index (for HDF5 and
+            Zarr sources).
+
+    Raises:
+        ValueError: `identities` does not have shape ``(len(paths), 3)``.
+    """
+
     def __init__(
         self,
         paths: Sequence[str],
         identities: npt.ArrayLike | None = None,
         arrays: Sequence[ArrayLayout] = ...,
     ) -> None: ...
-    def __len__(self) -> int: ...
-    def __getitem__(self, i: int) -> str: ...
+    def __len__(self) -> int:
+        """How many files."""
+    def __getitem__(self, i: int) -> str:
+        """The path of file `i`."""
     @property
-    def paths(self) -> list[str]: ...
+    def paths(self) -> list[str]:
+        """The files, in order."""
     @property
-    def identities(self) -> np.ndarray: ...
+    def identities(self) -> np.ndarray:
+        """The ``(n, 3)`` identities given, empty when none were."""
     @property
-    def arrays(self) -> list[ArrayLayout]: ...
+    def arrays(self) -> list[ArrayLayout]:
+        """The array layouts given."""
 
 class PendingRead:
-    def wait(self, timeout: float | None = None) -> Any: ...
-    def done(self) -> bool: ...
-    def cancel(self) -> None: ...
-    def busy_seconds(self) -> float: ...
-    def blanked(self) -> np.ndarray: ...
+    """A batch being read, as `ShardReader.read` and `ShardReader.read_into` return it.
+
+    A batch does not need its reader to stay alive: whoever waits on it finishes it.
+    Dropping a handle before it is done cancels what has not started and waits for what
+    has.
+    """
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the batch is read, with the GIL released and Ctrl-C honoured; the
+        waiting thread reads pieces of the batch too.
+
+        Args:
+            timeout: Seconds to wait at most; None waits as long as it takes.
+
+        Returns:
+            The buffer: for `ShardReader.read`, a new page-aligned uint8 array; for
+            `ShardReader.read_into`, the buffer given.
+
+        Raises:
+            StokerError: The batch's error (a ShardFormatError, ReadError, ...), or
+                StokerError after `cancel`.
+            TimeoutError: `timeout` passed first.
+        """
+    def done(self) -> bool:
+        """Whether the batch has finished, read or failed."""
+    def cancel(self) -> None:
+        """Skip the pieces not yet started; `wait` then raises StokerError."""
+    def busy_seconds(self) -> float:
+        """Thread time spent reading and decoding this batch, summed over threads."""
+    def blanked(self) -> np.ndarray:
+        """The requests whose image did not decode and were filled with zeros (with
+        ``Image(on_error="blank")``)."""
 
 class PinnedRing:
+    """Reusable page-aligned host slots: ``ring.acquire(nbytes)`` hands out a uint8 array.
+
+    A slot goes back to the ring only when that array and every view of it (tensors
+    included) are gone, so a slot in use is never handed out twice, and batches kept are
+    never overwritten. The reader's batch buffers come from such a ring, so reading costs
+    no fresh memory per batch.
+
+    With `device`, every slot is page-locked once, when it is made, for asynchronous
+    copies to that device; the bounds then hold for every slot, live or idle (`acquire`
+    waits for one to come back), and a slot a copy still reads is reused only once that
+    copy has completed.
+
+    Args:
+        max_idle_slots: The most slots kept for reuse (with `device`: the most slots).
+        max_idle_bytes: The most bytes of slots kept for reuse (with `device`: of all
+            slots).
+        device: A CUDA device index: page-lock the slots for copies to it.
+    """
+
     def __init__(
         self,
         max_idle_slots: int = 16,
@@ -118,14 +219,31 @@ class PinnedRing:
         *,
         device: int | None = None,
     ) -> None: ...
-    def acquire(self, size: int, timeout: float | None = None) -> np.ndarray: ...
-    def idle_slots(self) -> int: ...
+    def acquire(self, size: int, timeout: float | None = None) -> np.ndarray:
+        """A slot of `size` bytes: a recycled one when one fits.
+
+        Args:
+            size: Bytes wanted.
+            timeout: For a pinned ring, seconds to wait for a slot to come back (with the
+                GIL released); None waits as long as it takes.
+
+        Returns:
+            A page-aligned uint8 array of `size` bytes.
+
+        Raises:
+            TimeoutError: Every slot was still held when `timeout` passed.
+        """
+    def idle_slots(self) -> int:
+        """Slots waiting to be reused."""
     @property
-    def pinned(self) -> bool: ...
+    def pinned(self) -> bool:
+        """Whether the slots are page-locked for device copies."""
     @property
-    def slots(self) -> int: ...
+    def slots(self) -> int:
+        """Slots in existence (a ring without `device` counts its idle ones)."""
     @property
-    def pinned_bytes(self) -> int: ...
+    def pinned_bytes(self) -> int:
+        """Bytes of host memory this ring has page-locked now."""
 
 class Event:
     def query(self) -> bool: ...
@@ -161,14 +279,42 @@ def cuda_driver_status() -> dict[str, Any]: ...
 def cufile_status(candidates: Sequence[str] = ...) -> dict[str, Any]: ...
 
 class ShardReader:
+    """Reads whole batches of (file, offset, length) ranges into one buffer on a pool of
+    C++ threads, with the GIL released.
+
+    A batch is sorted by file and offset, and neighbouring ranges (gaps under 8 KiB) are
+    merged into one ``preadv`` that scatters each piece straight into place; the work is
+    cut into chunks that the pool's threads claim, as does the thread that waits.
+    Descriptors stay open in a bounded LRU. After a ``fork()`` the child builds its own
+    pool on first use.
+
+    Args:
+        num_threads: Pool threads; 0 means one fewer than the cores this process may run
+            on (its cpuset), at least one, since the waiting thread reads too. Raise it
+            for network file systems, where each read waits on the network.
+        max_open_files: Descriptors kept open at most.
+
+    Attributes:
+        chunk_cache_bytes: Bytes of decoded array chunks (HDF5, Zarr) kept across batches,
+            per process; 0 keeps none.
+    """
+
     def __init__(self, num_threads: int = 0, max_open_files: int = 256) -> None: ...
     chunk_cache_bytes: int
     @property
-    def num_threads(self) -> int: ...
+    def num_threads(self) -> int:
+        """Pool threads."""
     @property
-    def max_open_files(self) -> int: ...
-    def open_files(self) -> int: ...
-    def forget(self, path: str) -> None: ...
+    def max_open_files(self) -> int:
+        """Descriptors kept open at most."""
+    def open_files(self) -> int:
+        """Descriptors open now."""
+    def forget(self, path: str) -> None:
+        """Close the cached descriptor of `path`, if any (reads in flight keep theirs).
+
+        Args:
+            path: A file this reader may have open.
+        """
     def read(
         self,
         files: FileTable,
@@ -182,7 +328,33 @@ class ShardReader:
         crcs: npt.ArrayLike | None = None,
         check_crc: npt.ArrayLike | None = None,
         arrays: npt.ArrayLike | None = None,
-    ) -> PendingRead: ...
+    ) -> PendingRead:
+        """Start reading the pieces into a new page-aligned buffer of `size` bytes; piece i
+        lands at ``dest_offsets[i]``. Every per-piece argument has one entry per piece.
+
+        Args:
+            files: The files `file_ids` index.
+            file_ids: Each piece's file, an index into `files`.
+            offsets: Each piece's byte offset in its file.
+            lengths: Each piece's bytes in the file.
+            dest_offsets: Where each piece lands in the buffer.
+            size: The buffer's size in bytes.
+            out_lengths: Each piece's bytes in the buffer once decoded (an inflated
+                member's size); default: its length.
+            codecs: How each piece is stored, as ``stoker._core.Codec`` values (stored,
+                deflated, an ASCII integer, an image, an array row...); default: stored.
+            crcs: Each piece's expected CRC-32, of its decoded bytes.
+            check_crc: Which pieces' CRCs to check; default: the decoded ones (stored
+                pieces are served as they are on disk). Needs `crcs`.
+            arrays: For array-row pieces, the index of their layout in ``files.arrays``.
+
+        Returns:
+            The batch being read; ``wait()`` returns the buffer.
+
+        Raises:
+            ValueError: The per-piece arguments differ in length, or `check_crc` was
+                given without `crcs`.
+        """
     def read_into(
         self,
         dest: Any,
@@ -196,7 +368,33 @@ class ShardReader:
         crcs: npt.ArrayLike | None = None,
         check_crc: npt.ArrayLike | None = None,
         arrays: npt.ArrayLike | None = None,
-    ) -> PendingRead: ...
+    ) -> PendingRead:
+        """Start reading the pieces into `dest`, as `read` reads into a new buffer.
+
+        `dest` stays exported until the batch is read (a ``bytearray`` cannot be resized
+        meanwhile). If the read fails, `dest` may hold some of the pieces.
+
+        Args:
+            dest: A writable C-contiguous buffer (a bytearray, a numpy array, a tensor's
+                memory) large enough for every piece.
+            files: As for `read`.
+            file_ids: As for `read`.
+            offsets: As for `read`.
+            lengths: As for `read`.
+            dest_offsets: Where each piece lands in `dest`.
+            out_lengths: As for `read`.
+            codecs: As for `read`.
+            crcs: As for `read`.
+            check_crc: As for `read`.
+            arrays: As for `read`.
+
+        Returns:
+            The batch being read; ``wait()`` returns `dest`.
+
+        Raises:
+            ValueError: `dest` is not C-contiguous, or the per-piece arguments differ in
+                length.
+        """
 
 def index_shards(
     paths: Sequence[str], formats: Sequence[str], num_threads: int = 0

@@ -70,6 +70,19 @@ def cuda_status() -> dict[str, Any]:
     ``compat`` (cuFile's own POSIX compatibility mode, only with STOKER_GDS=on), ``bounce``
     (stoker's pinned ring: parallel preads overlapped with asynchronous copies) or ``cpu``
     (no usable CUDA). The first call loads the driver; nothing else does.
+
+    ``STOKER_GDS=auto|on|off`` (default ``auto``) decides whether cuFile is used: ``on``
+    insists on it (its failures are raised), ``off`` never loads it.
+
+    Returns:
+        ``cuda`` (whether the driver and a device are usable), ``cufile`` (whether cuFile
+        loaded), ``mode``, ``reason`` (why that mode, in words), ``libcuda`` and
+        ``libcufile`` (the files loaded), ``driver_version``, ``cufile_version``,
+        ``devices`` (how many), and in ``gds`` mode ``filesystems`` (those cuFile's driver
+        supports).
+
+    Raises:
+        StokerError: ``STOKER_GDS`` is set to something other than auto, on or off.
     """
     setting = gds_setting()
     driver = _core.cuda_driver_status()

@@ -15,7 +15,19 @@ from stoker.errors import StokerError, UsageError
 @dataclass(frozen=True)
 class Raw:
     """Member bytes are one fixed-shape array: ``Raw((3, 64, 64), "uint8")``.
-    The batch gets a ``(batch, *shape)`` tensor viewing the buffer."""
+    The batch gets a ``(batch, *shape)`` tensor viewing the buffer.
+
+    Each member's size is checked against the shape: a member of another size is an
+    error.
+
+    Args:
+        shape: One sample's shape; ``()`` for a scalar.
+        dtype: A numpy dtype name for the stored values (as stored: little-endian
+            ``int64`` for an MDS ``int`` column, for instance).
+
+    Raises:
+        TypeError: `dtype` is not a numpy dtype.
+    """
 
     shape: tuple[int, ...]
     dtype: str = "uint8"
@@ -26,6 +38,7 @@ class Raw:
 
     @property
     def nbytes(self) -> int:
+        """Bytes of one sample's value."""
         return int(np.prod(self.shape, dtype=np.int64)) * np.dtype(self.dtype).itemsize
 
 
@@ -33,27 +46,40 @@ class Raw:
 class Int:
     """Member bytes are an ASCII integer, as WebDataset's ``.cls`` (or an integer column such
     as ``from_csv``'s label): an optional sign and 1 to 18 digits, whitespace around them
-    allowed. The batch gets an int64 tensor of shape ``(batch,)``."""
+    allowed. The batch gets an int64 tensor of shape ``(batch,)``.
+
+    The integers are parsed by the reader's threads. Takes no arguments.
+    """
 
 
 @dataclass(frozen=True)
 class Npy:
     """The row of a ``.npy`` shard (field ``npy``), or a ``.npy`` file stored (not compressed)
     as a member of a tar or zip. The batch gets a ``(batch, *shape)`` tensor viewing the
-    buffer; every sample of a batch must share dtype and shape."""
+    buffer; every sample of a batch must share dtype and shape.
+
+    The members' ``.npy`` headers are read into a side region of the batch and checked
+    against the batch's first; their data lands as one array. Takes no arguments.
+    """
 
 
 @dataclass(frozen=True)
 class Row(Npy):
     """A row of an array source (an HDF5 dataset, a Zarr array; also a ``.npy`` shard's
     row): its dtype and shape are the array's. The batch gets a ``(batch, *row shape)``
-    tensor, the rows read (and decoded, from compressed chunks) straight into it."""
+    tensor, the rows read (and decoded, from compressed chunks) straight into it.
+
+    Takes no arguments: the dtype and shape come from the array.
+    """
 
 
 @dataclass(frozen=True)
 class Bytes:
     """Variable-length bytes (a JPEG, a JSON text). The batch gets a list of uint8 arrays
-    viewing the buffer, for ``map=`` or a decoder downstream."""
+    viewing the buffer, for ``map=`` or a decoder downstream.
+
+    Takes no arguments. ``bytes(v)`` of a value gives ``bytes``.
+    """
 
 
 def require_image_support(what: str) -> None:
@@ -86,7 +112,24 @@ class Image:
     ``crop="none"``: the whole image resized to ``size``.
     ``on_error="blank"``: a member that does not decode becomes zeros, is counted in
     ``loader.stats()["images_blanked"]`` and its key is logged once; ``"raise"`` stops with a
-    ShardFormatError naming the member."""
+    ShardFormatError naming the member.
+
+    Args:
+        size: The output's ``(height, width)``, or one int for a square.
+        crop: ``"random"``, ``"center"`` or ``"none"``, as above.
+        scale: For ``crop="random"``: the range of the crop's area, as a fraction of the
+            image's.
+        ratio: For ``crop="random"``: the range of the crop's aspect ratio, width over
+            height.
+        flip: Flip horizontally half the time (drawn from the seed, like the crop).
+        layout: ``"NCHW"`` (the batch is ``(batch, 3, H, W)``) or ``"NHWC"``.
+        on_error: ``"raise"`` or ``"blank"``, as above.
+
+    Raises:
+        UsageError: An argument is not one of the values above.
+        StokerError: This build of stoker was made without libjpeg-turbo and libpng; the
+            message says what to install.
+    """
 
     size: tuple[int, int] = (224, 224)
     crop: str = "random"

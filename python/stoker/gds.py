@@ -82,7 +82,26 @@ def _torch_dtype(dtype: np.dtype, path: str) -> Any:
 
 
 def load_npy(path: str | os.PathLike[str], device: Any = "cuda") -> Any:
-    """The whole .npy at `path` as a tensor on `device` ("cpu", "cuda", "cuda:N")."""
+    """The whole .npy at `path` as a tensor on `device` ("cpu", "cuda", "cuda:N").
+
+    On a GPU the array goes straight into device memory with cuFile (GPUDirect Storage)
+    where the file and the machine allow, else through the pinned bounce ring; on the
+    CPU the reader's threads read it. The bytes are exact on every path; a fallback is
+    announced once per reason with a FallbackWarning.
+
+    Args:
+        path: A ``.npy`` file, format version 1, 2 or 3.
+        device: Where the tensor is made.
+
+    Returns:
+        A tensor of the array's dtype and shape.
+
+    Raises:
+        ShardFormatError: A Fortran-ordered, object or byte-swapped array, or a file
+            shorter than its header says.
+        ReadError: The file cannot be read.
+        CudaError: `device` names a GPU that cannot be used in this process.
+    """
     path = os.fspath(path)
     dtype, shape, offset, nbytes, _ = _array_layout(path)
     return _load(path, dtype, shape, offset, nbytes, device)
@@ -111,7 +130,22 @@ def load_array(path: str | os.PathLike[str], device: Any = "cuda", *, scale: boo
     has none: scale=True gives its values as float32.
 
     ``stoker.nifti_header(path)`` tells a volume's type, shape and offsets without reading
-    it."""
+    it.
+
+    Args:
+        path: A ``.npy``, ``.nii`` or ``.nii.gz`` file (not a ``.hdr``/``.img`` pair).
+        device: Where the tensor is made.
+        scale: Apply the NIfTI scaling factors and return float32, as above.
+
+    Returns:
+        A tensor on `device`.
+
+    Raises:
+        ShardFormatError: A header that cannot be right, the voxel file of a pair, or a
+            truncated or corrupt file, naming the file and the offset.
+        UsageError: The file is none of ``.npy``, ``.nii`` and ``.nii.gz``.
+        CudaError: `device` names a GPU that cannot be used in this process.
+    """
     path = os.fspath(path)
     name = path.lower()
     if name.endswith(".npy"):
@@ -190,7 +224,25 @@ def _inflate(stream: Any, header: nifti.NiftiHeader, device: Any) -> Any:
 
 def read_into(tensor: Any, path: str | os.PathLike[str], offset: int = 0) -> Any:
     """Fill `tensor` (contiguous, on the CPU or a CUDA device) with its size in bytes read
-    from `path` at `offset`; returns it."""
+    from `path` at `offset`; returns it.
+
+    On a GPU the copies wait, on the device, for work already queued on the caller's
+    current stream; the paths are those of `load_npy`.
+
+    Args:
+        tensor: A contiguous tensor; its bytes are overwritten.
+        path: The file to read.
+        offset: Where in the file the bytes start, non-negative.
+
+    Returns:
+        `tensor`.
+
+    Raises:
+        ReadError: The file cannot be read, or ends before ``offset`` plus the tensor's
+            size.
+        StokerError: A negative offset, or a tensor that is not contiguous or neither on
+            the CPU nor on a CUDA device.
+    """
     path = os.fspath(path)
     if offset < 0:
         raise StokerError(f"read_into: offset {offset} is negative")
@@ -504,13 +556,30 @@ class GDSCache:
     that ``get`` reads them with GPUDirect where it can (``numpy.load`` reads them too).
     For preprocessed volumes (CT, MRI) that are costly to make and large to move, and for
     gzipped NIfTI volumes, inflated once by ``put(key, "scan.nii.gz")`` and then read by
-    every epoch's ``get`` straight into device memory."""
+    every epoch's ``get`` straight into device memory.
+
+    Each entry is ``<key>.npy`` in `cache_dir`, written atomically (a temporary file,
+    fsync, rename) with its header padded so that the data starts at 4096. Keys are
+    plain names: letters, digits, ``_ . = + -`` (and inner spaces); ``key in cache``
+    tells whether one is there.
+
+    Args:
+        cache_dir: The folder the entries live in; made if missing.
+    """
 
     def __init__(self, cache_dir: str | os.PathLike[str]) -> None:
         self.cache_dir = os.fspath(cache_dir)
         os.makedirs(self.cache_dir, exist_ok=True)
 
     def path(self, key: str) -> str:
+        """The file that holds (or would hold) `key`.
+
+        Args:
+            key: An entry's name.
+
+        Raises:
+            StokerError: `key` is not a plain name.
+        """
         if not isinstance(key, str) or not _KEY.fullmatch(key) or key in (".", ".."):
             raise StokerError(
                 f"GDSCache key {key!r}: use letters, digits and _ . = + - (and inner spaces); "
@@ -519,6 +588,7 @@ class GDSCache:
         return os.path.join(self.cache_dir, key + ".npy")
 
     def __contains__(self, key: str) -> bool:
+        """Whether an entry `key` is stored."""
         return os.path.exists(self.path(key))
 
     def put(self, key: str, source: Any) -> str:
@@ -537,7 +607,21 @@ class GDSCache:
         as load_array does, a view with reversed axes over contiguous memory: indexed
         [x, y, z, ...] as nibabel (and MONAI's readers, which use it) index volumes, at no
         cost in the read. RGB24/RGBA32 volumes, whose components cannot be kept in that
-        order, are read whole and stored C-contiguous, (x, y, z, 3)."""
+        order, are read whole and stored C-contiguous, (x, y, z, 3).
+
+        Args:
+            key: The entry's name.
+            source: A tensor, a numpy array, or the path of a ``.npy``, ``.nii`` or
+                ``.nii.gz`` file.
+
+        Returns:
+            The cache file's path.
+
+        Raises:
+            StokerError: `key` is not a plain name, or the source cannot be read (naming
+                it).
+            ReadError: The cache file cannot be written.
+        """
         path = self.path(key)
         if isinstance(source, (str, os.PathLike)):
             parts = _file_parts(os.fspath(source))
@@ -554,7 +638,18 @@ class GDSCache:
     def get(self, key: str, device: Any = "cuda") -> Any:
         """The tensor stored under `key`, on `device`; KeyError when there is none. What
         ``put`` stored from a NIfTI volume comes back as load_array gives it: the (x, y,
-        z, ...) view over the stored bytes (``.contiguous()`` for a contiguous copy)."""
+        z, ...) view over the stored bytes (``.contiguous()`` for a contiguous copy).
+
+        Args:
+            key: The entry's name.
+            device: Where the tensor is made, read as `load_npy` reads.
+
+        Returns:
+            The stored array as a tensor.
+
+        Raises:
+            KeyError: No entry `key` is stored.
+        """
         path = self.path(key)
         if not os.path.exists(path):
             raise KeyError(key)

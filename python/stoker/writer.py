@@ -285,6 +285,23 @@ class ShardWriter:
     when the writer closes, the manifest (with each shard's member index and sha256)
     last: a writer that fails, or a process that dies, leaves no dataset that looks
     whole. Leaving the ``with`` block by an exception discards what was written.
+
+    Args:
+        out_dir: The folder to write into: new or empty.
+        max_samples: Start a new shard once the current one holds this many samples.
+        max_bytes: Start a new shard before the current one would pass this many bytes
+            (tar's padding counted). Default, when neither limit is given: 256 MiB.
+        stratify_by: A field whose values are labels: each label is spread evenly over
+            the shards.
+        prefix: Shard names are ``PREFIX-000000.tar``, ``PREFIX-000001.tar``, ...
+
+    Attributes:
+        samples: Samples written so far.
+        shards: The shards' paths, once the writer has closed.
+
+    Raises:
+        StokerError: `out_dir` exists and is not an empty folder.
+        UsageError: A limit is less than 1.
     """
 
     def __init__(
@@ -325,7 +342,22 @@ class ShardWriter:
     # -- writing ---------------------------------------------------------------------
 
     def write(self, sample: Mapping[str, Any]) -> None:
-        """Add one sample: ``"__key__"`` (unique in the dataset) and its fields."""
+        """Add one sample: ``"__key__"`` (unique in the dataset) and its fields.
+
+        Args:
+            sample: ``"__key__"``, a relative key with no dot in its last part, and one
+                entry per field, the field name being the member's extension. Values are
+                encoded the conventional way: bytes as they are, ``str`` as UTF-8,
+                integers and booleans as ASCII digits, floats as their ``repr``, numpy
+                arrays and tensors as ``.npy`` files, dicts and lists as JSON.
+
+        Raises:
+            UsageError: The key was written already, is not a usable key, or the sample
+                has no fields (or lacks the `stratify_by` field).
+            TypeError: A value has no conventional encoding (encode images yourself and
+                pass their bytes).
+            StokerError: The writer is closed.
+        """
         if self._closed:
             raise StokerError(f"{self.out_dir}: this ShardWriter is closed")
         key = check_key(sample.get("__key__"), self.out_dir)
@@ -381,7 +413,12 @@ class ShardWriter:
     # -- finishing -------------------------------------------------------------------
 
     def close(self) -> None:
-        """Finish the last shard, write the manifest and move everything into place."""
+        """Finish the last shard, write the manifest and move everything into place.
+        Leaving the ``with`` block calls it; calling it again does nothing.
+
+        Raises:
+            StokerError: No samples were written.
+        """
         if self._closed:
             return
         try:

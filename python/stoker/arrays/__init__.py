@@ -189,7 +189,15 @@ def codec_library_dirs(packages: Sequence[str] = ("blosc",)) -> list[str]:
 
 def codec_status() -> dict[str, dict[str, Any]]:
     """Each codec library stoker opens at run time (``zstd``, ``blosc``): whether it can be
-    used, the file it was loaded from, and else why not and what to install."""
+    used, the file it was loaded from, and else why not and what to install.
+
+    libblosc is looked for first beside the ``blosc`` package Python imports, then on the
+    system's loader path.
+
+    Returns:
+        For each codec's name, a dict of ``available`` (bool), ``library`` (the file it was
+        loaded from) and ``reason`` (why it cannot be used, or ``""``).
+    """
     status = {}
     for name, codec in RUNTIME_CODECS.items():
         reason = _core.codec_unavailable(codec)

@@ -165,21 +165,32 @@ class NiftiHeader:
 
 
 def nifti_header(path: str | os.PathLike[str]) -> dict[str, Any]:
-    """The facts of a NIfTI-1 or NIfTI-2 file (.nii or .nii.gz) that ``load_array`` uses:
+    """The facts of a NIfTI-1 or NIfTI-2 file (.nii or .nii.gz) that ``load_array`` uses,
+    read from its header alone (a ``.nii.gz`` is inflated only as far as its header).
 
-    - ``version``: 1 or 2; ``compressed``: whether it is gzipped;
-    - ``dtype``: the numpy dtype of the tensor load_array returns (native byte order;
-      uint8 for RGB24/RGBA32); ``big_endian``: whether the file stores big-endian values;
-      ``datatype``: the header's code;
-    - ``shape``: the shape load_array returns, ``(x, y, z, ...)`` as nibabel's ``img.shape``,
-      with a last axis of 3 or 4 components for RGB24/RGBA32;
-    - ``offset``: where the voxels start (in the inflated bytes of a .nii.gz); ``nbytes``:
-      how many bytes they take;
-    - ``slope``, ``inter``: scl_slope and scl_inter as stored (a slope of 0 or NaN: no
-      scaling).
+    Args:
+        path: A ``.nii`` or ``.nii.gz`` file; whether it is gzipped is told by its first
+            bytes, not by its name.
 
-    A header that is not NIfTI, or is inconsistent, raises ShardFormatError naming the file
-    and the offset of the field at fault."""
+    Returns:
+        A dict of:
+
+        - ``version``: 1 or 2; ``compressed``: whether it is gzipped;
+        - ``dtype``: the numpy dtype of the tensor load_array returns (native byte order;
+            uint8 for RGB24/RGBA32); ``big_endian``: whether the file stores big-endian values;
+            ``datatype``: the header's code;
+        - ``shape``: the shape load_array returns, ``(x, y, z, ...)`` as nibabel's ``img.shape``,
+            with a last axis of 3 or 4 components for RGB24/RGBA32;
+        - ``offset``: where the voxels start (in the inflated bytes of a .nii.gz); ``nbytes``:
+            how many bytes they take;
+        - ``slope``, ``inter``: scl_slope and scl_inter as stored (a slope of 0 or NaN: no
+            scaling).
+
+    Raises:
+        ShardFormatError: The header is not NIfTI, or is inconsistent; the message names
+            the file and the offset of the field at fault.
+        ReadError: The file cannot be read.
+    """
     return read_header(path).as_dict()
 
 

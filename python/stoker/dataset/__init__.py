@@ -52,6 +52,35 @@ class Dataset:
 
     ``ds[i]`` is a dict: ``"__key__"`` (str) and one entry per field: a 1-D uint8 numpy
     array viewing the bytes (zero-copy), or for ``.npy`` shards a typed numpy array.
+    Opening reads headers only (a manifest's shards, and remote ones, are indexed when a
+    batch first reads them). A Dataset pickles (its index travels, not its data) and works
+    as a map-style dataset under ``torch.utils.data.DataLoader``, which reads each batch
+    with one ``__getitems__`` call.
+
+    Args:
+        source: A folder (its ``stoker.json``, else every ``.tar``, ``.zip`` and ``.npy``
+            under it), a glob, a brace range (``"shard-{000000..000099}.tar"``), a
+            ``stoker.json`` manifest, an ``http(s)://``, ``s3://`` or ``gs://`` URL or
+            prefix, an HDF5 file or Zarr store, the ``index.json`` of a MosaicML MDS or
+            LitData dataset, or a list of any of these.
+        cache_dir: The node-local cache folder for remote shards (and for peers' shards
+            compressed as a whole). Default: ``$STOKER_CACHE``, else
+            ``~/.cache/stoker``.
+        cache_limit: The most bytes the cache folder may hold, downloads in flight
+            included. Default: the disk's free space less a tenth of the disk.
+        num_threads: Reader threads for indexing at open and for reads (None: one fewer
+            than the cores this process may run on, at least one).
+        fetch: How remote shards are fetched: connections, retries, timeouts, object store
+            settings. Default: ``FetchOptions()``.
+        arrays: For HDF5 and Zarr sources, the arrays (paths inside the file) to read as
+            fields; they must share a length. Default: every array whose first axis has
+            the source's length.
+
+    Raises:
+        ShardFormatError: A shard is corrupt, truncated or in a form stoker does not read.
+        ReadError: A file is missing or cannot be read.
+        FetchError: A remote manifest or shard could not be fetched.
+        UsageError: `arrays` was given for a source with no HDF5 file or Zarr store.
     """
 
     # Until opening is finished (see describe_shared), and for the other constructors.
@@ -261,6 +290,19 @@ class Dataset:
 
         Each sample holds the file's bytes under its extension (``"png"``, ...) and the
         integer label under ``"label"``. A header row is detected and skipped.
+
+        Args:
+            csv: The CSV file: two columns, file name and integer label.
+            root: The folder the file names are relative to.
+            num_threads: Reader threads, as for `Dataset`.
+
+        Returns:
+            A dataset of one sample per row, keyed by the file name up to its extension.
+
+        Raises:
+            ShardFormatError: The CSV is not two columns, or has labels that are not
+                integers (the first few and the count are named).
+            ReadError: Files the CSV names are missing (the first few and the count).
         """
         names, labels = read_labels_csv(csv)
         return cls.from_files(root, names, labels, source=os.fspath(csv), num_threads=num_threads)
@@ -277,7 +319,23 @@ class Dataset:
     ) -> Dataset:
         """One sample per file: ``root/name`` for each of `names` (key: the name up to its
         extension, field: the extension), with an integer ``"label"`` if `labels` is given.
-        Files that cannot be read are reported together (the first few and the count)."""
+        Files that cannot be read are reported together (the first few and the count).
+
+        Args:
+            root: The folder the names are relative to.
+            names: The files, one sample each, in this order.
+            labels: One integer per name, served as the ``"label"`` field.
+            source: What the dataset's ``source`` says it was opened from (default:
+                `root`).
+            num_threads: Reader threads, as for `Dataset`.
+
+        Returns:
+            The dataset.
+
+        Raises:
+            ReadError: Some files cannot be read.
+            UsageError: `labels` does not have one label per name.
+        """
         root = os.fspath(root)
         paths, identities, index = files_index(root, list(names), source or root)
         self = cls.__new__(cls)
@@ -370,6 +428,7 @@ class Dataset:
     # -- the public surface --------------------------------------------------------
 
     def __len__(self) -> int:
+        """Every sample of every shard."""
         return len(self.members)
 
     @property
@@ -390,10 +449,19 @@ class Dataset:
         return self.holds.remote if self.holds is not None else None
 
     def key(self, i: int) -> str:
+        """The key of sample `i`.
+
+        Args:
+            i: A sample index; negative counts from the end.
+        """
         return self.keys([self._check_index(i)])[0]
 
     def keys(self, indices: Sequence[int] | np.ndarray) -> list[str]:
-        """Keys of samples `indices` (non-negative)."""
+        """Keys of samples `indices`.
+
+        Args:
+            indices: Sample indices, non-negative.
+        """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         table = self.members
         with table.lock:  # (indexes are let go of under it)
@@ -409,7 +477,17 @@ class Dataset:
     def __getitem__(self, i: slice) -> list[dict[str, Any]]: ...
 
     def __getitem__(self, i: int | slice) -> dict[str, Any] | list[dict[str, Any]]:
-        """Sample `i`, or the samples of a slice (read as one batch)."""
+        """Sample `i`, or the samples of a slice (read as one batch).
+
+        Args:
+            i: An index (negative counts from the end) or a slice.
+
+        Returns:
+            A sample dict, or a list of them for a slice.
+
+        Raises:
+            UsageError: `i` is neither an int nor a slice (``ds.get_batch`` takes a list).
+        """
         if isinstance(i, slice):
             return self.get_batch(np.arange(len(self))[i])
         if not isinstance(i, (int, np.integer)) or isinstance(i, bool):
@@ -428,6 +506,16 @@ class Dataset:
         """Samples `indices`, read with one call to the C++ reader.
 
         All values view one buffer for the batch: no copy per sample.
+
+        Args:
+            indices: Sample indices, in the order wanted; negative ones count from the
+                end.
+
+        Returns:
+            One sample dict per index, as ``ds[i]`` gives it.
+
+        Raises:
+            IndexError: An index is out of range.
         """
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         n = len(self)

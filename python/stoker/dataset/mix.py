@@ -31,6 +31,26 @@ class Mix(Dataset):
 
     The sources must have been opened with ``stoker.Dataset(source, ...)``, with the same
     cache and fetch options: a Mix opens their sources again as one dataset.
+
+    Args:
+        datasets: One or more datasets opened with ``stoker.Dataset(source, ...)`` (not
+            ``from_csv`` or ``from_files``, and not a Mix), sharing their cache, fetch,
+            thread and ``arrays`` options.
+        weights: Each source's share of an epoch: non-negative, not all 0, in any unit
+            (they are normalised). Default: the sources' sizes, so that an epoch reads
+            every sample once.
+        epoch_samples: Samples in an epoch, at least 1. Default: the sources' sizes added
+            up.
+
+    Attributes:
+        weights: The weights, as floats.
+        epoch_samples: Samples in an epoch.
+        offsets: Where each source's samples start among the Mix's indices, and where the
+            last ends (``len(datasets) + 1`` numbers).
+        sources: Each dataset's source, as it was opened.
+
+    Raises:
+        UsageError: The datasets or weights cannot be mixed; the message says why.
     """
 
     def __init__(
@@ -92,7 +112,14 @@ class Mix(Dataset):
                         for d in datasets]  # fmt: skip
 
     def source_of(self, indices: np.ndarray) -> np.ndarray:
-        """The source of each sample of `indices`."""
+        """The source of each sample of `indices`.
+
+        Args:
+            indices: Indices into the Mix.
+
+        Returns:
+            For each index, the position of its dataset in `datasets`.
+        """
         return np.searchsorted(self.offsets, indices, side="right") - 1
 
     def group_counts(self) -> tuple[int, ...]:

@@ -75,7 +75,67 @@ class _EpochSetter:
 
 
 class Loader:
-    """Batches of `dataset` for this rank, in the sampler's order. See the README."""
+    """Batches of `dataset` for this rank, in an order that depends only on the seed, the
+    epoch and the ranks: ``for batch in stoker.Loader(ds, 64, fields=...): ...``.
+
+    Each batch is a dict of field name to value, plus ``"__key__"`` (the samples' keys).
+    With `fields`, each named field of a whole batch is read with one call into one
+    buffer, and the batch's tensors view that buffer; without it, each sample dict goes
+    through `map` on a thread pool and then `collate`. The epoch is shuffled at two
+    levels (the shards' order, then samples within a window of `shuffle_window`
+    shards), and each rank reads its own contiguous stretch of it. ``len(loader)`` is
+    the batches of a whole epoch on this rank. Once every batch of an epoch has been
+    handed out, the next ``iter(loader)`` begins the next epoch; ``state_dict()`` and
+    ``load_state_dict()`` resume exactly, also under another world size.
+
+    Args:
+        dataset: A `stoker.Dataset` (or `stoker.Mix`); any other dataset is a
+            UsageError (torch's DataLoader takes those).
+        batch_size: Samples per batch, at least 1.
+        shuffle: Shuffle each epoch. False reads the samples in their natural order.
+        seed: The shuffle's seed, and that of `Image` crops and flips, with the epoch.
+        drop_last: Drop the last partial batch, and make the ranks' samples disjoint (at
+            most ``world_size - 1`` samples are dropped). Without it every sample is read
+            and the last ranks wrap around to the start of the epoch.
+        rank: This process's rank. None takes torch.distributed's when it is initialised,
+            else the ``RANK`` environment variable, else 0.
+        world_size: How many ranks share the epoch. None takes torch.distributed's when
+            it is initialised, else ``WORLD_SIZE``, else 1.
+        map: Without `fields`: called on each sample dict (as ``ds[i]`` gives it), on a
+            thread pool of `num_threads` threads. Cannot be given with `fields`.
+        collate: Without `fields`: makes a batch of the list of mapped samples. The
+            default stacks equal-shape arrays and numbers into tensors and keeps raw
+            bytes (1-D uint8 arrays), keys and anything else as lists; a key some samples
+            lack is an error. Cannot be given with `fields`.
+        device: ``"cpu"``, ``"cuda"`` (the current device) or ``"cuda:N"``: where the
+            batches' tensors are handed out. On a device each batch is read into a
+            page-locked slot and copied in one asynchronous copy; keys and `Bytes` lists
+            stay on the host.
+        fields: The fast path: a mapping of field name to field decoder (`Raw`, `Int`,
+            `Npy`, `Row`, `Bytes`, `Image`). A name may list alternatives, ``"jpg;png"``:
+            each sample's first that it has is read, and the batch entry is named by the
+            first. Fields not named are not read.
+        num_threads: Reader threads, shared by every Loader and Dataset of the process
+            that asks for the same number, and the threads `map` runs on. None: one fewer
+            than the cores this process may run on, at least one.
+        prefetch: Batches read ahead of the one handed out, at least 1. A GPU loader
+            keeps ``prefetch + 2`` page-locked slots at most.
+        shuffle_window: How many consecutive shards (or, for an array source, groups of
+            chunks) a rank's samples are drawn from at a time, 8 by default. Wider mixes better;
+            narrower keeps fewer shards open, or cached for remote data.
+        log_every: Log `stats` every this many batches, at INFO on the ``stoker.loader``
+            logger. None: never.
+        pinned_bytes: For a device loader, the most page-locked host memory its slots
+            may take (default 1 GiB).
+
+    Raises:
+        UsageError: `dataset` is not a stoker Dataset, or `fields` is not a mapping of
+            names to field decoders.
+        StokerError: `fields` was given with `map` or `collate`; a rank outside
+            ``[0, world_size)``; for a remote dataset, a cache too small for the shards
+            this Loader holds at once.
+        CudaError: `device` names a GPU that cannot be used in this process.
+    """
 
     def __init__(
         self,
@@ -206,13 +266,22 @@ class Loader:
     # -- order, epochs, resume --------------------------------------------------------
 
     def __len__(self) -> int:
-        """Batches in a whole epoch on this rank (also while resuming mid-epoch)."""
+        """Batches in a whole epoch on this rank (also while resuming mid-epoch).
+
+        Returns:
+            The same number on every rank.
+        """
         return len(self._cursor)
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch `epoch` (its own shuffle) from the next iteration on. Setting the epoch
         a loaded state is in keeps that state's position, so the usual ``set_epoch`` at the
-        top of a resumed training loop does not start the epoch over."""
+        top of a resumed training loop does not start the epoch over.
+
+        Args:
+            epoch: The epoch number, from 0. Without calls to it the loader moves to the
+                next epoch by itself once an epoch's batches have all been handed out.
+        """
         self._cursor.set_epoch(epoch)
 
     @property
@@ -225,15 +294,45 @@ class Loader:
 
     def state_dict(self) -> dict[str, Any]:
         """Where this rank is: small and JSON-serialisable. A Loader loaded with it yields
-        exactly the batches this one would have yielded next."""
+        exactly the batches this one would have yielded next.
+
+        Returns:
+            The epoch, the batches done in it and what the order depends on (seed,
+            shuffle, batch size, ranks, dataset size, shuffle window). Ranks move in
+            lockstep, so any rank's state serves every rank.
+
+        Raises:
+            StokerError: In the middle of an epoch that was itself resumed under another
+                world size: save again once it ends.
+        """
         return self._cursor.state_dict(len(self.dataset))
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Go on from `state`: the next iteration yields the batches the loader that saved
+        it would have yielded next.
+
+        Args:
+            state: What `state_dict` returned, here or in an earlier run. A state saved
+                under another `world_size` or `drop_last` is shared out over this
+                loader's ranks (elastic resume); one saved under another `batch_size`,
+                seed, `shuffle`, `shuffle_window` or dataset size is refused.
+
+        Raises:
+            StokerError: The state cannot be resumed by this loader; the message says why.
+        """
         self._cursor.load_state_dict(state, len(self.dataset))
 
     def stats(self) -> dict[str, Any]:
-        """Counters since the loader was made; cheap enough to leave on. For a Mix,
-        ``per_source``: the samples handed out from each source."""
+        """Counters since the loader was made; cheap enough to leave on.
+
+        Returns:
+            ``samples``, ``batches``, ``bytes``, ``elapsed_s``, ``wait_s`` (time the
+            consumer waited for a batch), ``read_busy_s`` (reader thread time),
+            ``images_blanked`` (images served as zeros by ``on_error="blank"``),
+            ``input_bound_fraction`` (``wait_s`` over ``elapsed_s``) and
+            ``samples_per_s``; for a Mix also ``per_source``, the samples handed out
+            from each source.
+        """
         s = self._stats
         elapsed = time.perf_counter() - s.started if s.started is not None else 0.0
         return {
@@ -284,6 +383,15 @@ class Loader:
     # -- iteration --------------------------------------------------------------------
 
     def __iter__(self) -> Iterator[dict[str, Any]]:
+        """The batches of this rank, from where the loader stands: the start of a new
+        epoch, or a loaded state's position. Leaving the loop early cancels the reads in
+        flight, and the next ``iter()`` starts that epoch over (unless a state was loaded
+        meanwhile).
+
+        Yields:
+            One dict per batch. A batch whose data is bad raises its StokerError here, at
+            its turn.
+        """
         cursor, stats, batches = self._cursor, self._stats, self._batches
         generation, plan, next_batch = cursor.begin()
         batches_in_plan = len(plan)

@@ -376,7 +376,7 @@ def _as_list(value: str | Sequence[int], minimum: int) -> list[int]:
 
 def run(args: argparse.Namespace) -> int:
     """Runs the bench, prints the table and the suggestion to stdout, returns 0."""
-    from tqdm import tqdm
+    from stoker.tools.progress import progress_bar
 
     threads = _as_list(args.threads, 1)
     batch_sizes = _as_list(args.batch_sizes, 1)
@@ -442,7 +442,7 @@ def run(args: argparse.Namespace) -> int:
     quiet = args.quiet or not sys.stderr.isatty()
     rows: list[Row] = []
     warmed = False
-    with tqdm(plan, desc="bench", unit="config", disable=quiet, leave=False) as bar:
+    with progress_bar(plan, desc="bench", unit="config", disable=quiet, leave=False) as bar:
         for kind, knob, b in bar:
             if kind == "sequential":
                 bar.set_postfix_str("sequential read")

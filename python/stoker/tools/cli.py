@@ -133,7 +133,7 @@ def _inspect(args: argparse.Namespace) -> int:
 
 
 def _fetch(args: argparse.Namespace) -> int:
-    from tqdm import tqdm
+    from stoker.tools.progress import progress_bar
 
     options = _fetch_options(args, connections=args.connections)
     ds = stoker.Dataset(
@@ -153,7 +153,7 @@ def _fetch(args: argparse.Namespace) -> int:
             f"{len(sizes)} shards ({human(sum(sizes))}); fetching those",
             file=sys.stderr,
         )
-    with tqdm(
+    with progress_bar(
         total=sum(sizes[:count]), unit="B", unit_scale=True, disable=_quiet(args), desc="fetch"
     ) as bar:
         lock = threading.Lock()

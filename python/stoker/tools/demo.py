@@ -260,7 +260,24 @@ def _row(name: str, result: tuple[int, float, float], versus: str) -> str:
     return f"     {name:<50} {n / seconds:>9,.0f}/s {first:>8.2f} s   {versus}"
 
 
+def require_demo_packages() -> None:
+    """torch (the Loader's batches, the DataLoader baseline) and Pillow (the demo's JPEGs,
+    the baseline's decoder): said in one line where either is missing."""
+    import importlib.util
+
+    from stoker.errors import UsageError
+
+    wanted = {"torch": "torch", "Pillow": "PIL"}
+    missing = [name for name, module in wanted.items() if importlib.util.find_spec(module) is None]
+    if missing:
+        raise UsageError(
+            f"stoker demo needs {' and '.join(missing)}: pip install 'stoker[demo]' (torch's "
+            "CPU build: pip install torch --index-url https://download.pytorch.org/whl/cpu)"
+        )
+
+
 def run(samples: int = 10_000, quiet: bool = False, keep: str | None = None) -> int:
+    require_demo_packages()
     import torch
 
     import stoker

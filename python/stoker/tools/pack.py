@@ -17,6 +17,7 @@ import sys
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -71,10 +72,11 @@ def shrink_images(batch: list[dict], resize: ImageResize, source: str) -> None:
             batch[s][field] = np.frombuffer(data, np.uint8)
 
 
-def _progress(total: int, quiet: bool, unit: str, desc: str):  # noqa: ANN202 - tqdm's type
-    from tqdm import tqdm
+def _progress(total: int, quiet: bool, unit: str, desc: str) -> Any:
+    from stoker.tools.progress import progress_bar
 
-    return tqdm(total=total, unit=unit, desc=desc, disable=quiet or not sys.stderr.isatty())
+    quiet = quiet or not sys.stderr.isatty()
+    return progress_bar(total=total, unit=unit, desc=desc, disable=quiet)
 
 
 # -- what to pack ----------------------------------------------------------------------
