@@ -290,7 +290,7 @@ def zarr_rows(path: str):
 def build_loader(name: str, path: str, args: argparse.Namespace):
     if name == STOKER:
         import stoker
-        from stoker.dataset.reads import shared_reader
+        from stoker._process import shared_reader
 
         options = {} if args.shuffle_window is None else {"shuffle_window": args.shuffle_window}
         # Decoded chunks kept across batches: less than the data, as it is at scale (the

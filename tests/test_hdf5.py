@@ -389,7 +389,7 @@ def test_resume_refuses_another_grouping(tmp_path):
 
 
 def test_decoded_chunk_cache_off(tmp_path):
-    from stoker.dataset.reads import shared_reader
+    from stoker._process import shared_reader
 
     data = _data()
     ds = stoker.Dataset(_write(tmp_path / "z.h5", data, **LAYOUTS["shuffle gzip"]))

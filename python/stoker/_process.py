@@ -138,3 +138,15 @@ def usable_cores() -> int:
 def daemon_pool(workers: int, name: str) -> DaemonPool:
     """This process's pool of `workers` daemon threads called `name`."""
     return per_process(("daemon-pool", name, workers), lambda: DaemonPool(workers, name))
+
+
+def shared_reader(num_threads: int | None = None) -> Any:
+    """The process's ShardReader for `num_threads` (0 or None: one per core).
+
+    One pool of threads serves every dataset; the reader rebuilds it by itself in a forked
+    child (a DataLoader worker), so this is safe across fork.
+    """
+    from stoker import _core  # (the extension, not imported before a reader is wanted)
+
+    key = (num_threads or 0, 256)
+    return per_process(("shard-reader", key), lambda: _core.ShardReader(*key))

@@ -53,6 +53,22 @@ def _plain(text: str) -> bool:
     return "?" not in text and "#" not in text and text.isprintable() and text == text.strip()
 
 
+ARRAY_FORMATS = {".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".zarr": "zarr"}
+_ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
+
+
+def is_zarr_store(path: str) -> bool:
+    """Whether `path` is a local Zarr v2 or v3 group or array (a folder with its JSON)."""
+    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, m)) for m in _ZARR_MARKERS)
+
+
+def array_format(path: str) -> str | None:
+    """ "hdf5" or "zarr" for an array source, else None."""
+    if is_zarr_store(path):
+        return "zarr"
+    return ARRAY_FORMATS.get(os.path.splitext(path.rstrip("/" + os.sep).lower())[1])
+
+
 def format_of(path: str) -> str:
     """The shard format of `path` (or URL), from its name; a clear error for anything else."""
     dot = path.rfind(".")
@@ -71,8 +87,6 @@ def format_of(path: str) -> str:
         )
     fmt = SHARD_FORMATS.get(os.path.splitext(lower)[1])
     if fmt is None:
-        from stoker.arrays import ARRAY_FORMATS, array_format
-
         if is_url(path) and os.path.splitext(lower.rstrip("/"))[1] in ARRAY_FORMATS:
             raise located(
                 ShardFormatError,
@@ -100,7 +114,6 @@ def shards_in_folder(folder: str) -> list[str]:
     is said once."""
     found, skipped = [], []
     from stoker._work import WORK_FOLDER
-    from stoker.arrays import is_zarr_store
 
     for root, dirs, files in os.walk(folder):
         hidden = [d for d in dirs if d.startswith(".")]
@@ -126,17 +139,6 @@ def shards_in_folder(folder: str) -> list[str]:
             + (", ..." if len(skipped) > 3 else ""),
         )
     return found
-
-
-def load_json(path: str, what: str) -> object:
-    """The JSON document at `path` (`what` it should be, for the error otherwise)."""
-    import json
-
-    try:
-        with open(path, "rb") as f:
-            return json.loads(f.read())
-    except (OSError, ValueError) as e:
-        raise located(ShardFormatError, path, 0, f"not readable {what} ({e})") from e
 
 
 def samples_and_fields(index: dict, fmt: str) -> tuple[int, list[str]]:

@@ -22,9 +22,9 @@ from typing import Any
 import numpy as np
 
 from stoker import _core, cuda
-from stoker._process import per_process
+from stoker._files import write_atomically
+from stoker._process import per_process, shared_reader
 from stoker.arrays import nifti
-from stoker.dataset.reads import shared_reader
 from stoker.errors import (
     CuFileError,
     ReadError,
@@ -33,7 +33,6 @@ from stoker.errors import (
     UsageError,
     located,
 )
-from stoker.manifest import write_atomically
 
 PAGE = 4096  # GPUDirect reads whole 4 KiB pages at page-aligned device addresses
 _BOUNCE_CHUNK = 16 << 20  # bytes per pinned slot on the bounce path

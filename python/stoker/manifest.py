@@ -10,12 +10,12 @@ import json
 import logging
 import os
 import re
-import tempfile
 import zipfile
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
 from stoker import _core
+from stoker._files import write_atomically
 from stoker._process import collector_paused
 from stoker.errors import ShardFormatError, located, plural
 from stoker.formats import SHARD_FORMATS, format_of, is_url, join_url, samples_and_fields
@@ -222,24 +222,3 @@ def write_entries(out: str, entries: list[dict], extra: dict | None = None) -> s
     text = json.dumps({"version": MANIFEST_VERSION, **(extra or {}), "shards": entries}, indent=1)
     write_atomically(out, [(text + "\n").encode("utf-8")])
     return out
-
-
-def write_atomically(out: str, parts: Iterable[bytes | memoryview]) -> None:
-    """Write `parts` to `out` through a temporary file beside it, synced, then renamed: a
-    reader sees the old file or the whole new one, and a crash leaves no short file under
-    the name. The file is readable as others are (the umask's mode, not mkstemp's 0600)."""
-    fd, tmp = tempfile.mkstemp(prefix=".stoker-", suffix=".tmp", dir=os.path.dirname(out) or ".")
-    umask = os.umask(0)
-    os.umask(umask)
-    try:
-        os.fchmod(fd, 0o666 & ~umask)
-        with os.fdopen(fd, "wb") as f:
-            for part in parts:
-                f.write(part)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

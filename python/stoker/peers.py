@@ -22,8 +22,9 @@ from typing import Any
 import numpy as np
 
 from stoker import _core
+from stoker._files import default_cache_root, load_json, write_atomically
 from stoker.errors import ShardFormatError, located
-from stoker.formats import is_url, load_json
+from stoker.formats import is_url
 
 INDEX_NAME = "index.json"
 
@@ -286,7 +287,6 @@ def _cache_path(source: str, cache_dir: str | None) -> str:
     """Where the decompressed copy of `source` goes: a folder of the cache named for the
     source as it is now (path, size, modification time), so a changed file is not served
     from an old copy."""
-    from stoker.remote.cache import default_cache_root
 
     st = os.stat(source)
     tag = f"{os.path.abspath(source)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
@@ -313,7 +313,6 @@ def unpacked(
     """A decompressed copy of the whole-file-compressed shard `source` (`size` bytes once
     decompressed) in the cache, made once: written beside its place and renamed. `hashes`
     (algorithm: hex digest of `source`) are checked first, those hashlib knows."""
-    from stoker.manifest import write_atomically
 
     try:
         out = _cache_path(source, cache_dir)
@@ -397,7 +396,6 @@ def unframe(data: bytes | memoryview, source: str) -> list[bytes | memoryview]:
 
 def unframed(source: str, cache_dir: str | None) -> tuple[str, int]:
     """A local framed LitData chunk as a plain chunk in the cache: its path and size."""
-    from stoker.manifest import write_atomically
 
     out = _cache_path(source, cache_dir)
     with open(source, "rb") as f:

@@ -11,9 +11,15 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Union
 
-from stoker.arrays import ARRAY_FORMATS, is_zarr_store
 from stoker.errors import StokerError, plural
-from stoker.formats import SHARD_FORMATS, is_url, join_url, shards_in_folder
+from stoker.formats import (
+    ARRAY_FORMATS,
+    SHARD_FORMATS,
+    is_url,
+    is_zarr_store,
+    join_url,
+    shards_in_folder,
+)
 from stoker.manifest import MANIFEST_NAME, parse_manifest, read_local_manifest
 from stoker.peers import INDEX_NAME, is_peer_index, peer_shards, read_peer_index
 from stoker.remote.stores import is_object_url

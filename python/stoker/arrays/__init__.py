@@ -22,23 +22,8 @@ import numpy as np
 from stoker import _core
 from stoker.errors import ShardFormatError, StokerError, UsageError, located
 
+
 #: File name endings of array sources, and their format.
-ARRAY_FORMATS = {".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".zarr": "zarr"}
-_ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
-
-
-def is_zarr_store(path: str) -> bool:
-    """Whether `path` is a local Zarr v2 or v3 group or array (a folder with its JSON)."""
-    return os.path.isdir(path) and any(os.path.isfile(os.path.join(path, m)) for m in _ZARR_MARKERS)
-
-
-def array_format(path: str) -> str | None:
-    """ "hdf5" or "zarr" for an array source, else None."""
-    if is_zarr_store(path):
-        return "zarr"
-    return ARRAY_FORMATS.get(os.path.splitext(path.rstrip("/" + os.sep).lower())[1])
-
-
 @dataclass
 class ArrayField:
     """One array of a source as a field: its rows are the samples' values.

@@ -18,9 +18,9 @@ from collections.abc import Sequence
 import numpy as np
 
 from stoker import _core
+from stoker._files import load_json
 from stoker.arrays import ArrayField, field_names_of, has_tensor_type, pick_arrays
 from stoker.errors import ShardFormatError, located
-from stoker.formats import load_json
 
 _MISSING = np.uint64(2**64 - 1)
 _F = _core.ChunkFilter

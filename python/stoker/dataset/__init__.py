@@ -20,12 +20,12 @@ from typing import Any, overload
 import numpy as np
 
 from stoker import _core
-from stoker._process import collector_paused
+from stoker._process import collector_paused, shared_reader
 from stoker.arrays import index_array_source
 from stoker.dataset.files import files_index, read_labels_csv
 from stoker.dataset.holds import ShardHolds
 from stoker.dataset.members import DEFAULT_RESIDENT, Gathered, MemberTable, Note
-from stoker.dataset.reads import samples_from, shared_reader, submit_members
+from stoker.dataset.reads import samples_from, submit_members
 from stoker.dataset.shared import SharedDescribe, shared_describe
 from stoker.errors import (
     ReadError,

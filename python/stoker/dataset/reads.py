@@ -8,22 +8,12 @@ from typing import Any
 import numpy as np
 
 from stoker import _core
-from stoker._process import per_process, values
+from stoker._process import values
 from stoker.dataset.members import Gathered, MemberTable
 
 #: Where each piece starts in a batch buffer: aligned so that any dtype can be viewed in
 #: place (the C++ plan's alignment).
 ALIGN = _core.ALIGN
-
-
-def shared_reader(num_threads: int | None = None) -> _core.ShardReader:
-    """The process's ShardReader for `num_threads` (0 or None: one per core).
-
-    One pool of threads serves every dataset; the reader rebuilds it by itself in a forked
-    child (a DataLoader worker), so this is safe across fork.
-    """
-    key = (num_threads or 0, 256)
-    return per_process(("shard-reader", key), lambda: _core.ShardReader(*key))
 
 
 def forget_everywhere(path: str) -> None:

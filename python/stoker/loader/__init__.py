@@ -21,9 +21,9 @@ from typing import Any
 import numpy as np
 
 from stoker import cuda
+from stoker._process import shared_reader
 from stoker.dataset import Dataset
 from stoker.dataset.mix import Mix
-from stoker.dataset.reads import shared_reader
 from stoker.errors import StokerError, UsageError
 from stoker.fields import FieldSpec
 from stoker.loader.batches import BatchReader, FailedRead, InFlight, RingFull, Stats

@@ -64,14 +64,6 @@ class Unpack:
 # -- the cache ---------------------------------------------------------------------
 
 
-def default_cache_root() -> str:
-    root = os.environ.get("STOKER_CACHE")
-    if not root:
-        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-        root = os.path.join(base, "stoker")
-    return os.path.abspath(root)
-
-
 _UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
 
 

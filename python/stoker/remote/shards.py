@@ -10,6 +10,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from stoker._files import default_cache_root
 from stoker._process import daemon_pool, wait_result
 from stoker.errors import FetchError, ShardFormatError, located
 from stoker.formats import samples_and_fields
@@ -20,7 +21,6 @@ from stoker.remote.cache import (
     Unpack,
     cache_for,
     cache_name,
-    default_cache_root,
 )
 from stoker.remote.http import Fetcher, FetchOptions, fetcher_for, host_of
 from stoker.remote.stores import AUTH_CODES, is_object_url
