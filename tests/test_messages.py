@@ -16,7 +16,7 @@ import threading
 import zipfile
 
 import pytest
-from shards import write_tar
+from shards import make_samples, write_tar
 
 import stoker
 from stoker.tools.cli import main, parse_size
@@ -320,3 +320,27 @@ def test_a_decoder_class_instead_of_a_decoder(shard):
         stoker.Loader(stoker.Dataset(shard), 4, fields={"cls": stoker.Int})
     with pytest.raises(ValueError, match="empty name"):  # a value problem: a ValueError too
         stoker.Loader(stoker.Dataset(shard), 4, fields={"cls;": stoker.Int()})
+
+
+def test_arguments_stoker_cannot_use_are_usage_errors(tmp_path):
+    """A wrong argument is a stoker.UsageError, which the built-in TypeError and
+    ValueError handlers catch too, as they would the built-in error for it."""
+    from stoker.loader.sampler import plan_epoch, rank_stretch
+
+    write_tar(tmp_path / "a.tar", make_samples(8))
+    ds = stoker.Dataset(str(tmp_path / "a.tar"))
+    wrong = [
+        lambda: stoker.Loader(ds, 0),
+        lambda: stoker.Loader(ds, 4, prefetch=0),
+        lambda: stoker.Loader(ds, 4, pinned_bytes=0),
+        lambda: stoker.Loader(ds, 4, rank=2, world_size=2),
+        lambda: stoker.Dataset(3.5),
+        lambda: rank_stretch(10, 3, 2, True),
+        lambda: plan_epoch(
+            [4], batch_size=0, shuffle=False, seed=0, epoch=0, rank=0, world_size=1, drop_last=False
+        ),
+    ]
+    for call in wrong:
+        with pytest.raises(stoker.UsageError) as e:
+            call()
+        assert isinstance(e.value, ValueError) and isinstance(e.value, TypeError)

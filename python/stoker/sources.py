@@ -11,7 +11,7 @@ import urllib.parse
 from collections.abc import Callable, Sequence
 from typing import Union
 
-from stoker.errors import StokerError, plural
+from stoker.errors import StokerError, UsageError, plural
 from stoker.formats import (
     ARRAY_FORMATS,
     SHARD_FORMATS,
@@ -80,7 +80,7 @@ def resolve(
             out.extend(resolve(item, read_url, note_drift, list_url, cache_dir, read_range))
         return out
     if not isinstance(source, (str, os.PathLike)):
-        raise TypeError(f"a source is a path, pattern or list of them, not {type(source)!r}")
+        raise UsageError(f"a source is a path, pattern or list of them, not {type(source)!r}")
     text = os.fspath(source)
     names = expand_braces(text)
     if len(names) > 1:

@@ -94,7 +94,7 @@ def encode_value(value: Any) -> bytes | memoryview:
         return buffer.getvalue()
     if isinstance(value, (dict, list, tuple)):
         return json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
-    raise TypeError(
+    raise UsageError(
         f"no conventional encoding for a {type(value).__name__}: give bytes, str, int, float, "
         "a numpy array or tensor, or a dict or list (JSON); encode images yourself "
         "(e.g. PIL's save to BytesIO) and give their bytes"
@@ -370,7 +370,7 @@ class ShardWriter:
             try:
                 members.append((f"{key}.{field}", encode_value(sample[field])))
             except TypeError as e:
-                raise TypeError(f"{self.out_dir}: {quoted(key)}.{field}: {e}") from None
+                raise UsageError(f"{self.out_dir}: {quoted(key)}.{field}: {e}") from None
         if not members:
             raise UsageError(f"{self.out_dir}: sample {quoted(key)} has no fields")
         if self.stratify_by is not None:

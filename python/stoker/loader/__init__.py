@@ -63,7 +63,7 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
             found = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         found = (found[0] if rank is None else rank, found[1] if world_size is None else world_size)
     if not 0 <= found[0] < found[1]:
-        raise StokerError(f"rank {found[0]} is not in [0, world_size={found[1]})")
+        raise UsageError(f"rank {found[0]} is not in [0, world_size={found[1]})")
     return found
 
 
@@ -158,12 +158,12 @@ class Loader:
         pinned_bytes: int | None = None,
     ) -> None:
         if batch_size < 1:
-            raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+            raise UsageError(f"batch_size must be at least 1, not {batch_size}")
         if prefetch < 1:
-            raise ValueError(f"prefetch must be at least 1, not {prefetch}")
+            raise UsageError(f"prefetch must be at least 1, not {prefetch}")
         self._device = cuda.device_index(device)
         if pinned_bytes is not None and pinned_bytes < 1:
-            raise ValueError(f"pinned_bytes must be positive, not {pinned_bytes}")
+            raise UsageError(f"pinned_bytes must be positive, not {pinned_bytes}")
         if fields is not None and (map is not None or collate is not None):
             raise StokerError("fields= is the declarative fast path; it takes no map= or collate=")
         if not isinstance(dataset, Dataset):

@@ -109,7 +109,7 @@ def rank_stretch(total: int, rank: int, world_size: int, drop_last: bool) -> tup
     """[begin, end) of this rank's stretch of an epoch of `total` samples; `end` may pass
     `total` (without drop_last the last ranks wrap around to the start)."""
     if not 0 <= rank < world_size:
-        raise ValueError(f"rank {rank} is not in [0, {world_size})")
+        raise UsageError(f"rank {rank} is not in [0, {world_size})")
     per_rank = total // world_size if drop_last else -(-total // world_size)
     return rank * per_rank, (rank + 1) * per_rank
 
@@ -629,7 +629,7 @@ class EpochPlan:
         order, cut short at its end."""
         start, count = int(start), int(count)
         if start < 0 or count < 0:
-            raise ValueError(f"no positions [{start}, {start} + {count}) in an epoch plan")
+            raise UsageError(f"no positions [{start}, {start} + {count}) in an epoch plan")
         count = max(0, min(count, self.samples - start))
         if count == 0:
             return _EMPTY.copy()
@@ -735,7 +735,7 @@ def plan_epoch(
     With `mix`, the epoch is a Mix's.
     """
     if batch_size < 1:
-        raise ValueError(f"batch_size must be at least 1, not {batch_size}")
+        raise UsageError(f"batch_size must be at least 1, not {batch_size}")
     sizes = np.asarray(group_sizes, dtype=np.int64).reshape(-1)
     whole = _Epoch(
         sizes, shuffle=shuffle, seed=seed, epoch=epoch, window=max(1, int(shuffle_window)), mix=mix
