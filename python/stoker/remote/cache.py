@@ -86,9 +86,13 @@ def cache_name(url: str, sha256: str | None = None) -> str:
 def _safe_folder(folder: str) -> tuple[str, tuple[str, ...], bool]:
     """_safe_path of a folder URL (no query), for the names of the files in it."""
     parts = urllib.parse.urlsplit(folder)
-    host = _UNSAFE.sub("_", parts.hostname or "host") + (f"_{parts.port}" if parts.port else "")
+    host = _safe_host(parts)
     pieces = tuple(_safe_piece(p) for p in parts.path.split("/") if p not in ("", ".", ".."))
     return host, pieces, "/".join(pieces) != parts.path.lstrip("/")
+
+
+def _safe_host(parts: urllib.parse.SplitResult) -> str:
+    return _UNSAFE.sub("_", parts.hostname or "host") + (f"_{parts.port}" if parts.port else "")
 
 
 def _safe_piece(piece: str) -> str:
@@ -98,7 +102,7 @@ def _safe_piece(piece: str) -> str:
 
 def _safe_path(url: str) -> tuple[str, list[str], bool]:
     parts = urllib.parse.urlsplit(url)
-    host = _UNSAFE.sub("_", parts.hostname or "host") + (f"_{parts.port}" if parts.port else "")
+    host = _safe_host(parts)
     pieces = [_safe_piece(p) for p in parts.path.split("/") if p not in ("", ".", "..")]
     pieces = pieces or ["index"]
     changed = "/".join(pieces) != parts.path.strip("/") or bool(parts.query)
