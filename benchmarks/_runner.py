@@ -1,7 +1,7 @@
-"""What the GPU benchmarks (h2d.py, gds.py) share: each measurement in a child process that
-is killed with its whole process group when it runs past --timeout, when the whole run's
---budget ends, or on SIGTERM or Ctrl-C; and a run that is cut short still prints, at once,
-everything that finished.
+"""What the benchmarks with --timeout and --budget (arrays.py, h2d.py, gds.py) share: each
+measurement in a child process (``stoker.tools.measure``) that is killed with its whole
+process group when it runs past --timeout, when the whole run's --budget ends, or on SIGTERM
+or Ctrl-C; and a run that is cut short still prints, at once, everything that finished.
 
 The benchmarks run as scripts (``python benchmarks/h2d.py``), so this folder is on
 ``sys.path`` and they ``import _runner``; so do the child processes they start, which run
@@ -14,17 +14,12 @@ import argparse
 import json
 import math
 import os
-import selectors
 import signal
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from stoker.tools.serve import kill_process_group
-
-STDERR_TAIL = 3000  # bytes of a failed child's stderr kept for the report
+from stoker.tools import measure
 
 
 def say(*parts: object) -> None:
@@ -135,63 +130,15 @@ class Limits:
         return Slot(min(self.timeout, left), left < self.timeout)
 
 
-@dataclass(frozen=True)
-class ChildExit:
-    failed: str | None  # why it did not end well ("timed out after 45 s", "exit status 1")
-    stderr: str  # the end of its stderr
-
-
-def run_child(command: list[str], slot: Slot, on_line: Callable[[str], None]) -> ChildExit:
-    """Run `command` in a new session (its own process group, so DataLoader workers and other
-    children it starts die with it), calling `on_line` with each line of its stdout the moment
-    it arrives, so a child killed part-way leaves what it finished. Killed when `slot` runs
-    out; Stop and Ctrl-C while it runs kill it too and go on up."""
-    with tempfile.TemporaryFile() as err:  # a file, not a pipe: it cannot fill up and block
-        proc = None
-        deadline = time.monotonic() + slot.seconds
-        failed = None
-        try:
-            proc = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=err, start_new_session=True
-            )
-            if not _read_lines(proc, deadline, on_line):
-                failed = slot.timed_out()
-            else:
-                try:  # its stdout is closed; a moment to exit even when the slot is spent
-                    proc.wait(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    failed = slot.timed_out()
-        finally:
-            kill_process_group(proc)
-            if proc is not None:
-                proc.stdout.close()
-        if failed is None and proc.returncode != 0:
-            failed = f"exit status {proc.returncode}"
-        err.seek(max(0, err.seek(0, os.SEEK_END) - STDERR_TAIL))
-        return ChildExit(failed, err.read().decode(errors="replace"))
-
-
-def _read_lines(proc: subprocess.Popen, deadline: float, on_line: Callable[[str], None]) -> bool:
-    """Hand `proc`'s stdout to `on_line` line by line until it closes (True) or the deadline
-    passes (False). Select with a timeout rather than block in a read: the deadline must hold
-    however quiet the child is."""
-    pending = b""
-    with selectors.DefaultSelector() as selector:
-        selector.register(proc.stdout, selectors.EVENT_READ)
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                return False
-            if not selector.select(timeout=min(left, 1.0)):
-                continue
-            chunk = os.read(proc.stdout.fileno(), 1 << 16)
-            if not chunk:
-                if pending:  # a last line without its newline
-                    on_line(pending.decode(errors="replace"))
-                return True
-            *lines, pending = (pending + chunk).split(b"\n")
-            for line in lines:
-                on_line(line.decode(errors="replace"))
+def run_child(
+    command: list[str], slot: Slot, on_line: Callable[[str], None] | None = None
+) -> measure.ChildRun:
+    """``stoker.tools.measure.run_child`` within `slot`: a child killed when it runs out is
+    reported as ``slot.timed_out()``, which says whether the budget cut it."""
+    run = measure.run_child(command, timeout=slot.seconds, on_line=on_line)
+    if run.killed is not None:
+        run.killed = slot.timed_out()
+    return run
 
 
 def stamp_if_current(path: str, want: dict) -> dict | None:

@@ -84,7 +84,10 @@ from typing import Any
 
 import _runner
 import numpy as np
+import peers
 from _runner import say
+
+from stoker.tools.measure import STDERR_TAIL, read_through
 
 SHAPE = (3, 64, 64)
 CHUNK = 64  # rows per chunk in the chunked layouts
@@ -221,70 +224,7 @@ def size_on_disk(path: str) -> int:
     )
 
 
-def warm_page_cache(path: str) -> None:
-    buffer = bytearray(16 << 20)
-    paths = [path]
-    if os.path.isdir(path):
-        paths = [os.path.join(top, f) for top, _, files in os.walk(path) for f in files]
-    for p in paths:
-        with open(p, "rb", buffering=0) as f:
-            while f.readinto(buffer):
-                pass
-
-
 # -- the loaders, in a child process --------------------------------------------
-
-
-def h5py_rows(path: str):
-    """The h5py recipe: a map-style dataset that opens the file on first use in each
-    process (never in the parent before the workers fork)."""
-    import h5py
-    import torch
-    from torch.utils.data import Dataset
-
-    class H5Rows(Dataset):
-        def __init__(self, path: str) -> None:
-            self.path = path
-            self.file = None
-            with h5py.File(path, "r") as f:
-                self.length = len(f["labels"])
-
-        def __len__(self) -> int:
-            return self.length
-
-        def __getitem__(self, i: int):
-            if self.file is None:
-                self.file = h5py.File(self.path, "r")
-                self.images = self.file["images"]
-                self.labels = self.file["labels"]
-            return torch.from_numpy(self.images[i]), int(self.labels[i])
-
-    return H5Rows(path)
-
-
-def zarr_rows(path: str):
-    """The same with zarr-python: the group opened on first use in each process."""
-    import torch
-    import zarr
-    from torch.utils.data import Dataset
-
-    class ZarrRows(Dataset):
-        def __init__(self, path: str) -> None:
-            self.path = path
-            self.group = None
-            self.length = zarr.open_group(path, mode="r")["labels"].shape[0]
-
-        def __len__(self) -> int:
-            return self.length
-
-        def __getitem__(self, i: int):
-            if self.group is None:
-                self.group = zarr.open_group(self.path, mode="r")
-                self.images = self.group["images"]
-                self.labels = self.group["labels"]
-            return torch.from_numpy(self.images[i]), int(self.labels[i])
-
-    return ZarrRows(path)
 
 
 def build_loader(name: str, path: str, args: argparse.Namespace):
@@ -308,7 +248,7 @@ def build_loader(name: str, path: str, args: argparse.Namespace):
     import torch
     from torch.utils.data import DataLoader
 
-    rows = h5py_rows(path) if library_of(name) == "h5py" else zarr_rows(path)
+    rows = peers.h5py_rows(path) if library_of(name) == "h5py" else peers.zarr_rows(path)
     workers = workers_of(name)
     return DataLoader(
         rows,
@@ -510,16 +450,13 @@ def measure(layout: str, name: str, args: argparse.Namespace, slot: _runner.Slot
     command += ["--chunk-cache", str(args.chunk_cache)]
     if args.check:
         command.append("--check")
-    stdout: list[str] = []
-    done = _runner.run_child(command, slot, stdout.append)
-    printed = [line for line in stdout if line.strip()]
+    done = _runner.run_child(command, slot)
     if done.failed is not None:
         return {"failed": done.failed, "error": brief(done.stderr), "stderr": done.stderr}
-    try:  # the child's last line is its result
-        return json.loads(printed[-1])
-    except (IndexError, ValueError):
-        tail = ("\n".join(stdout) + done.stderr)[-_runner.STDERR_TAIL :]
+    if done.result is None:  # the child's last line is its result
+        tail = ("\n".join(done.lines) + done.stderr)[-STDERR_TAIL:]
         return {"failed": "no result", "error": brief(tail), "stderr": tail}
+    return done.result
 
 
 def failure(r: dict) -> str:
@@ -743,7 +680,7 @@ def main() -> None:
     with _runner.Interruptible("arrays") as measuring:
         sizes = prepare(folder, args.samples, needed, limits)
         for layout in needed:
-            warm_page_cache(os.path.join(folder, LAYOUTS[layout].path))
+            read_through([os.path.join(folder, LAYOUTS[layout].path)])
         say(f"data ready in {folder}")
         for run in range(1 if args.check else args.runs):
             for layout, name in pairs:

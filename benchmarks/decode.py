@@ -30,6 +30,7 @@ import math
 import os
 import random
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,13 +38,16 @@ import tarfile
 import time
 
 import numpy as np
+import peers
 
 from stoker._process import usable_cores
+from stoker.tools import measure
 from stoker.tools.demo import pillow_decode, seed_worker  # the Pillow baseline's decode
 
 BATCH = 64
 SIZE = 224
 SIZES = [(500, 375), (375, 500), (500, 333), (400, 300)]  # (width, height)
+TIMEOUT = 1800  # seconds per measurement, far over any at the default size: a hang fails its row
 
 
 # -- data ---------------------------------------------------------------------
@@ -117,29 +121,16 @@ def prepare(folder: str, n: int, shards: int = 10) -> None:
 
 def run_dataloader(folder: str, workers: int):
     import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader
 
-    class JpegFolder(Dataset):  # a file per sample, decoded per item
-        def __init__(self) -> None:
-            with open(os.path.join(folder, "labels.csv")) as f:
-                self.rows = [line.strip().split(",") for line in f.readlines()[1:]]
-            self.rng = random.Random(0)
+    def decode(data: bytes, rng: random.Random) -> torch.Tensor:
+        return torch.from_numpy(pillow_decode(data, rng, SIZE).copy())
 
-        def __len__(self) -> int:
-            return len(self.rows)
-
-        def __getitem__(self, i: int):
-            name, label = self.rows[i]
-            with open(os.path.join(folder, "files", name), "rb") as f:
-                image = pillow_decode(f.read(), self.rng, SIZE)
-            return torch.from_numpy(image.copy()), int(label)
-
+    jpegs = peers.files_with_labels_dataset(
+        os.path.join(folder, "labels.csv"), os.path.join(folder, "files"), decode
+    )
     return DataLoader(
-        JpegFolder(),
-        batch_size=BATCH,
-        shuffle=True,
-        num_workers=workers,
-        worker_init_fn=seed_worker,
+        jpegs, batch_size=BATCH, shuffle=True, num_workers=workers, worker_init_fn=seed_worker
     )
 
 
@@ -168,15 +159,14 @@ def run_spdl(folder: str):
     image instead of retried, then a bilinear scale to 224 and RGB."""
     import spdl.io
     import torch
-    from spdl.pipeline import PipelineBuilder
 
-    with open(os.path.join(folder, "labels.csv")) as f:
-        rows = [line.strip().split(",") for line in f.readlines()[1:]]
-    order = np.random.default_rng(0).permutation(len(rows))
+    paths, labels = peers.files_and_labels(
+        os.path.join(folder, "labels.csv"), os.path.join(folder, "files")
+    )
+    order = np.random.default_rng(0).permutation(len(paths))
     rng = random.Random(0)
 
     def load(i):
-        name, label = rows[i]
         area = rng.uniform(0.08, 1.0)
         aspect = math.exp(rng.uniform(math.log(3 / 4), math.log(4 / 3)))
         x, y = rng.random(), rng.random()
@@ -184,26 +174,19 @@ def run_spdl(folder: str):
             f"crop=w=min(iw\\,sqrt(iw*ih*{area}*{aspect})):h=min(ih\\,sqrt(iw*ih*{area}/{aspect}))"
             f":x=(iw-ow)*{x}:y=(ih-oh)*{y}"
         )
-        packets = spdl.io.demux_image(os.path.join(folder, "files", name))
+        packets = spdl.io.demux_image(paths[i])
         frames = spdl.io.decode_packets(
             packets, filter_desc=f"{crop},scale={SIZE}:{SIZE}:flags=bilinear,format=rgb24"
         )
-        return np.asarray(spdl.io.convert_frames(frames)).transpose(2, 0, 1), int(label)
+        return np.asarray(spdl.io.convert_frames(frames)).transpose(2, 0, 1), int(labels[i])
 
     def collate(items):
         return torch.from_numpy(np.stack([x[0] for x in items])), [x[1] for x in items]
 
     threads = usable_cores()
-    builder = PipelineBuilder().add_source(order.tolist()).pipe(load, concurrency=threads)
-    builder = builder.aggregate(BATCH).pipe(collate).add_sink(4)
-
-    class Run:
-        def __iter__(self):
-            pipeline = builder.build(num_threads=threads)
-            with pipeline.auto_stop():
-                yield from pipeline
-
-    return Run()
+    return peers.spdl_loader(
+        order.tolist(), load, concurrency=threads, threads=threads, batch=BATCH, collate=collate
+    )
 
 
 LOADERS = {
@@ -243,13 +226,17 @@ def child(name: str, folder: str, images: int) -> dict:
     loader = LOADERS[name](folder)
     done, start = 0, None
     while True:
+        batches = 0
         for batch in loader:
+            batches += 1
             if start is None:  # after the first batch: workers and threads are up
                 start = time.perf_counter()
                 continue
             done += _count(batch)
             if done >= images:
                 return {"rate": done / (time.perf_counter() - start)}
+        if not batches:  # SPDL drops the items whose load fails: do not loop for ever
+            raise RuntimeError("an epoch gave no batch: did every load fail?")
 
 
 def main() -> None:
@@ -265,6 +252,8 @@ def main() -> None:
     if args.child:
         print(json.dumps(child(args.child, folder, args.images)))
         return
+    # SIGTERM ends the run as Ctrl-C does, so the running child's group is killed too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     prepare(folder, args.samples)
     names = [CEILING, *LOADERS]
     names = [n for n in names if not args.only or any(o in n for o in args.only)]
@@ -276,11 +265,12 @@ def main() -> None:
                 continue
             command = [sys.executable, __file__, "--child", name, "--data", args.data]
             command += ["--samples", str(args.samples), "--images", str(args.images)]
-            out = subprocess.run(command, capture_output=True, text=True)
-            if out.returncode != 0:
-                failed[name] = (out.stderr.strip().splitlines() or ["?"])[-1][:150]
+            done = measure.run_child(command, timeout=TIMEOUT)
+            if done.failed is not None or done.result is None:
+                said = done.stderr.strip().splitlines() or [done.failed or "no result"]
+                failed[name] = (done.killed or said[-1])[:150]
                 continue
-            results[name].append(json.loads(out.stdout.strip().splitlines()[-1])["rate"])
+            results[name].append(done.result["rate"])
     cores = usable_cores()
     print(
         f"{args.samples} JPEGs (500x375 and similar, quality 90), RandomResizedCrop(224) "

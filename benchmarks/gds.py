@@ -100,6 +100,8 @@ import _runner
 import numpy as np
 from _runner import say
 
+from stoker.tools.measure import evict_from_page_cache, read_through
+
 SLICE = (512, 512)  # one slice: 1 MiB of int32
 NPY_FILES = ("np.save", "GDSCache")
 MAIN_FILES = (*NPY_FILES, ".nii")  # the --gib volume's files; ".nii.gz" holds the smaller one
@@ -360,23 +362,6 @@ def data_range(path: str) -> tuple[int, int, np.dtype, tuple[int, ...]]:
 # -- the page cache -------------------------------------------------------------
 
 
-def evict(path: str) -> None:
-    """Best effort: write back, then ask the kernel to drop the file's cached pages."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def warm(path: str) -> None:
-    buffer = bytearray(64 << 20)
-    with open(path, "rb", buffering=0) as f:
-        while f.readinto(buffer):
-            pass
-
-
 def resident(path: str) -> float | None:
     """The share of the file's pages in the page cache (mincore), or None if unknown."""
     size = os.path.getsize(path)
@@ -598,9 +583,9 @@ def child(name: str, args, stamp: dict) -> None:
                     continue
                 path = spec["path"]
                 if temperature == "cold":
-                    evict(path)
+                    evict_from_page_cache(path)
                 else:
-                    warm(path)
+                    read_through([path])
                 before = resident(path)
                 m = {"file": label, "temperature": temperature, "resident": before}
                 try:

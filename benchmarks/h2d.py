@@ -58,7 +58,10 @@ import time
 
 import _runner
 import numpy as np
+import peers
 from _runner import say
+
+from stoker.tools.measure import read_through
 
 CONFIGS = {"large": (3, 224, 224), "small": (3, 64, 64)}  # the headline (large) first
 SHARDS = 16
@@ -123,73 +126,6 @@ def prepare(folder: str, shape: tuple[int, ...], dtype: str, n: int) -> dict:
     return stamp
 
 
-def warm_page_cache(paths: list[str]) -> None:
-    buffer = bytearray(16 << 20)
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.readinto(buffer):
-                pass
-
-
-class TarNpySamples:
-    """The DataLoader's dataset: every ``.npy`` member's data range and every label, found
-    once with tarfile and numpy's header reader; ``__getitem__`` reads one image with one
-    ``preadv`` into a fresh array (files opened per process, so forked workers are fine)."""
-
-    def __init__(self, paths: list[str]) -> None:
-        self.paths = paths
-        files, offsets, labels = [], [], []
-        self.shape: tuple[int, ...] = ()
-        self.dtype = np.dtype(np.uint8)
-        for s, path in enumerate(paths):
-            header = None
-            with tarfile.open(path) as tar:
-                for member in tar:
-                    if member.name.endswith(".npy"):
-                        if header is None:  # every member of a shard has the same header
-                            header = self._header(tar, member)
-                        files.append(s)
-                        offsets.append(member.offset_data + header)
-                    elif member.name.endswith(".cls"):
-                        labels.append(int(tar.extractfile(member).read()))
-        self.files = np.array(files)
-        self.offsets = np.array(offsets, np.int64)
-        self.labels = labels
-        self.nbytes = int(np.prod(self.shape)) * self.dtype.itemsize
-        self._fds: dict[int, int] = {}
-        self._pid = os.getpid()
-
-    def _header(self, tar: tarfile.TarFile, member: tarfile.TarInfo) -> int:
-        f = tar.fileobj
-        f.seek(member.offset_data)
-        version = np.lib.format.read_magic(f)
-        read = (
-            np.lib.format.read_array_header_1_0
-            if version == (1, 0)
-            else np.lib.format.read_array_header_2_0
-        )
-        shape, _, self.dtype = read(f)
-        self.shape = tuple(shape)
-        return f.tell() - member.offset_data
-
-    def __len__(self) -> int:
-        return len(self.offsets)
-
-    def __getitem__(self, i: int):
-        import torch
-
-        if self._pid != os.getpid():  # a forked worker: its own descriptors
-            self._fds, self._pid = {}, os.getpid()
-        s = int(self.files[i])
-        if s not in self._fds:
-            self._fds[s] = os.open(self.paths[s], os.O_RDONLY)
-        image = np.empty(self.shape, self.dtype)
-        got = os.preadv(self._fds[s], [memoryview(image).cast("B")], int(self.offsets[i]))
-        if got != self.nbytes:
-            raise OSError(f"{self.paths[s]}: short read at {int(self.offsets[i])}")
-        return torch.from_numpy(image), self.labels[i]
-
-
 # -- one measurement, in a child process ----------------------------------------
 
 
@@ -211,7 +147,7 @@ def build(name: str, stamp: dict, batch: int):
         return loader, lambda b: (b["npy"], b["cls"])
     pinned = name == PINNED
     loader = torch.utils.data.DataLoader(
-        TarNpySamples(stamp["shards"]),
+        peers.TarNpySamples(stamp["shards"]),
         batch_size=batch,
         shuffle=True,
         num_workers=workers(),
@@ -355,16 +291,13 @@ def measure(name: str, config: str, args, slot: _runner.Slot, sink: list[dict]) 
     command += ["--large-dtype", args.large_dtype]
     result = {"failed": "stopped while running"}
     sink.append(result)
-    stdout: list[str] = []
-    done = _runner.run_child(command, slot, stdout.append)
-    printed = [line for line in stdout if line.strip()]
+    done = _runner.run_child(command, slot)
     if done.failed is not None:
         got = {"failed": done.failed, "stderr": done.stderr}
+    elif done.result is None:  # the child's last line is its result
+        got = {"failed": "no result", "stderr": ("\n".join(done.lines) + done.stderr)[-3000:]}
     else:
-        try:  # the child's last line is its result
-            got = json.loads(printed[-1])
-        except (IndexError, ValueError):
-            got = {"failed": "no result", "stderr": ("\n".join(stdout) + done.stderr)[-3000:]}
+        got = done.result
     result.clear()
     result.update(got)
     return result
@@ -534,7 +467,7 @@ def main() -> None:
                     stamps[config] = prepare(
                         folder, CONFIGS[config], dtype, args.samples_of[config]
                     )
-                    warm_page_cache(stamps[config]["shards"])
+                    read_through(stamps[config]["shards"])
                     say(f"[{config}] data ready in {folder} ({time.monotonic() - t0:.0f} s)")
                 for name in names:
                     slot = limits.next_slot()

@@ -23,13 +23,15 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests"))
+import _tests_support  # noqa: F401  (tests.support, below)
+
+from stoker.tools import measure
 
 BUCKET = "bench"
+TIMEOUT = 600  # seconds per measurement, far over any at the default size: a hang stops the run
 
 
 def child(kind: str) -> None:
@@ -53,9 +55,7 @@ def child(kind: str) -> None:
     else:
         found = len(stoker.Dataset(f"s3://{BUCKET}/stoker.json").shards)
     seconds = time.perf_counter() - start
-    with open("/proc/self/status") as f:  # (ru_maxrss would count the parent's, from fork)
-        rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
-    print(json.dumps({"seconds": seconds, "found": found, "rss": rss}))
+    print(json.dumps({"seconds": seconds, "found": found, "rss": measure.peak_rss_bytes()}))
 
 
 def main() -> None:
@@ -68,7 +68,7 @@ def main() -> None:
     if args.child:
         child(args.child)
         return
-    from object_store import SeaweedS3
+    from tests.support.object_store import SeaweedS3
 
     with SeaweedS3() as store:
         env = {
@@ -99,14 +99,12 @@ def main() -> None:
         got: dict[str, list[dict]] = {k: [] for k in kinds}
         for _ in range(args.runs):
             for kind in kinds:
-                out = subprocess.run(
-                    [sys.executable, __file__, "--child", kind],
-                    env=env,
-                    check=True,
-                    capture_output=True,
-                    text=True,
-                ).stdout
-                result = json.loads(out.strip().splitlines()[-1])
+                done = measure.run_child(
+                    [sys.executable, __file__, "--child", kind], timeout=TIMEOUT, env=env
+                )
+                result = done.result
+                if done.failed is not None or result is None:
+                    raise SystemExit(f"{kind}: {done.failed or 'no result'}\n{done.stderr}")
                 assert result["found"] == args.objects, (kind, result)
                 got[kind].append(result)
         base = statistics.median(r["seconds"] for r in got["botocore"])

@@ -28,18 +28,22 @@ import argparse
 import io
 import json
 import os
-import resource
 import shutil
+import signal
 import statistics
-import subprocess
 import sys
 import tarfile
 import time
 
+import _tests_support  # noqa: F401  (tests.support, below)
 import numpy as np
+import peers
+
+from stoker.tools import measure
 
 SHAPE = (3, 64, 64)
 BATCH = 64
+TIMEOUT = 1800  # seconds per measurement, far over any at the default size: a hang fails its row
 
 
 # -- data ---------------------------------------------------------------------
@@ -132,55 +136,31 @@ def write_files_and_tar(folder: str, files: str, images, labels, shards: int) ->
 
 
 def run_dataloader(folder: str, workers: int):
-    import pandas as pd
     import torch
-    from torch.utils.data import DataLoader, Dataset
+    from torch.utils.data import DataLoader
 
-    class CustomImageDataset(Dataset):  # one file per sample, as torch's tutorial has it
-        def __init__(self, annotations_file: str, img_dir: str) -> None:
-            self.img_labels = pd.read_csv(annotations_file)
-            self.img_dir = img_dir
+    def image(data: bytes, rng: object) -> torch.Tensor:  # no random augmentation
+        return torch.frombuffer(bytearray(data), dtype=torch.uint8).reshape(SHAPE)
 
-        def __len__(self) -> int:
-            return len(self.img_labels)
-
-        def __getitem__(self, idx: int):
-            img_path = os.path.join(self.img_dir, self.img_labels.iloc[idx, 0])
-            with open(img_path, "rb") as f:
-                image = torch.frombuffer(bytearray(f.read()), dtype=torch.uint8).reshape(SHAPE)
-            return image, int(self.img_labels.iloc[idx, 1])
-
-    ds = CustomImageDataset(os.path.join(folder, "labels.csv"), os.path.join(folder, "files"))
+    ds = peers.files_with_labels_dataset(
+        os.path.join(folder, "labels.csv"), os.path.join(folder, "files"), image
+    )
     return DataLoader(ds, batch_size=BATCH, shuffle=True, num_workers=workers)
 
 
 def run_webdataset(folder: str, workers: int):
-    import torch
-    import webdataset as wds
-
     urls = os.path.join(folder, "shards", "shard-{000000..000019}.tar")
-
-    def to_tensors(sample):
-        image = torch.frombuffer(bytearray(sample["raw"]), dtype=torch.uint8).reshape(SHAPE)
-        return image, int(sample["cls"])
-
-    pipeline = (
-        wds.WebDataset(urls, shardshuffle=20, empty_check=False)
-        .shuffle(1000)
-        .map(to_tensors)
-        .batched(BATCH)
+    return peers.webdataset_loader(
+        urls, shuffle_shards=20, image_field="raw", shape=SHAPE, batch=BATCH, workers=workers
     )
-    return wds.WebLoader(pipeline, batch_size=None, num_workers=workers)
 
 
 def run_spdl(folder: str, batched: bool):
-    import pandas as pd
     import torch
-    from spdl.pipeline import PipelineBuilder
 
-    table = pd.read_csv(os.path.join(folder, "labels.csv"))
-    paths = [os.path.join(folder, "files", name) for name in table.iloc[:, 0]]
-    labels = table.iloc[:, 1].to_numpy()
+    paths, labels = peers.files_and_labels(
+        os.path.join(folder, "labels.csv"), os.path.join(folder, "files")
+    )
     order = np.random.default_rng(0).permutation(len(paths))
 
     def load(i):
@@ -195,35 +175,22 @@ def run_spdl(folder: str, batched: bool):
         images = np.stack([x[0] for x in items]).reshape(len(items), *SHAPE)
         return torch.from_numpy(images), torch.tensor([x[1] for x in items])
 
-    builder = PipelineBuilder()
     if batched:
         batches = [order[i : i + BATCH] for i in range(0, len(order), BATCH)]
-        builder = builder.add_source(batches).pipe(load_batch, concurrency=4)
-    else:
-        builder = builder.add_source(order.tolist()).pipe(load, concurrency=4).aggregate(BATCH)
-        builder = builder.pipe(collate)
-    builder = builder.add_sink(4)
-
-    class Run:  # a pipeline runs once: one per epoch
-        def __iter__(self):
-            pipeline = builder.build(num_threads=4)
-            with pipeline.auto_stop():
-                yield from pipeline
-
-    return Run()
+        return peers.spdl_loader(batches, load_batch, concurrency=4, threads=4)
+    return peers.spdl_loader(
+        order.tolist(), load, concurrency=4, threads=4, batch=BATCH, collate=collate
+    )
 
 
 def run_litdata(folder: str, workers: int):
-    from litdata import StreamingDataLoader, StreamingDataset
-
-    ds = StreamingDataset(os.path.join(folder, "litdata"), shuffle=True)
-    return StreamingDataLoader(ds, batch_size=BATCH, num_workers=workers)
+    return peers.litdata_loader(os.path.join(folder, "litdata"), batch=BATCH, workers=workers)
 
 
 def _import_streaming():
     """mosaicml-streaming, importable without torchvision or transformers (see the
     docstring)."""
-    from stoker.tools.peer_imports import import_streaming
+    from tests.support.peer_imports import import_streaming
 
     return import_streaming()
 
@@ -290,15 +257,6 @@ LOADERS = {
 BASELINE = "DataLoader, 0 workers (one file per sample)"
 
 
-def _peak_rss_mb() -> tuple[float, float]:
-    """This process's peak RSS (VmHWM: ru_maxrss would carry the parent's across fork)
-    and the largest of its children's (DataLoader workers)."""
-    with open("/proc/self/status") as f:
-        hwm = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
-    children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-    return hwm / 1024, children / 1024
-
-
 def _epoch(loader) -> tuple[int, float]:
     """Samples read in one epoch, and the seconds until the first batch."""
     start, first, samples = time.perf_counter(), None, 0
@@ -329,7 +287,8 @@ def child(name: str, folder: str) -> None:
     start = time.perf_counter()
     samples2, _ = _epoch(loader)
     seconds2 = time.perf_counter() - start
-    main_mb, worker_mb = _peak_rss_mb()
+    main_mb = measure.peak_rss_bytes() / 2**20
+    worker_mb = measure.children_peak_rss_bytes() / 2**20  # the largest DataLoader worker's
     result = {
         "rate1": samples / seconds,
         "rate2": samples2 / seconds2,
@@ -353,33 +312,22 @@ def main() -> None:
     if args.child:
         child(args.child, folder)
         return
+    # SIGTERM ends the run as Ctrl-C does, so the running child's group is killed too
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     prepare(folder, args.samples)
     names = [n for n in LOADERS if not args.only or any(o in n for o in args.only)]
     results: dict[str, list[dict]] = {n: [] for n in names}
     for _ in range(args.runs):
         for name in names:
             if args.cold:
-                subprocess.run(["sync"], check=True)
-                with open("/proc/sys/vm/drop_caches", "w") as f:
-                    f.write("3\n")
-            out = subprocess.run(
-                [
-                    sys.executable,
-                    __file__,
-                    "--child",
-                    name,
-                    "--data",
-                    args.data,
-                    "--samples",
-                    str(args.samples),
-                ],
-                capture_output=True,
-                text=True,
-            )
-            if out.returncode != 0:
-                print(f"{name}: failed\n{out.stderr[-2000:]}", file=sys.stderr)
+                measure.drop_page_cache()
+            command = [sys.executable, __file__, "--child", name, "--data", args.data]
+            done = measure.run_child([*command, "--samples", str(args.samples)], timeout=TIMEOUT)
+            if done.failed is not None or done.result is None:
+                why = done.failed or "no result"
+                print(f"{name}: failed ({why})\n{done.stderr[-2000:]}", file=sys.stderr)
                 continue
-            results[name].append(json.loads(out.stdout.strip().splitlines()[-1]))
+            results[name].append(done.result)
     cache = "cold page cache" if args.cold else "warm page cache"
     print(
         f"{args.samples} samples of {SHAPE} uint8 + label, shuffled, batches of {BATCH}, "

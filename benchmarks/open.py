@@ -4,7 +4,8 @@ multiple of the dataset's size), requests, and seconds.
     python benchmarks/open.py [--members 2000] [--member-bytes 3000] [--json FILE]
 
 Two datasets of small members, written by ``tarfile`` (one tar of ``--members`` samples;
-12 tars of a twelfth as many each), served by ``stoker.tools.serve`` in this process, once
+12 tars of a twelfth as many each), served by the tests' server (``tests/support/server.py``)
+in this process, once
 taking range requests and once ignoring them (as ``python -m http.server`` does). For each,
 with a fresh cache: opening the dataset; then a first epoch (every sample, in one batch);
 then opening it again and reading every sample, as a later run on the node does; and, with
@@ -24,10 +25,11 @@ import tarfile
 import tempfile
 import time
 
+import _tests_support  # noqa: F401  (tests.support, below)
 import numpy as np
 
 import stoker
-from stoker.tools.serve import ShardServer
+from tests.support.server import ShardServer
 
 _CHILD = """
 import sys, numpy as np, stoker

@@ -36,6 +36,7 @@ import numpy as np
 import stoker
 from stoker import _core
 from stoker.manifest import write_manifest
+from stoker.tools.measure import read_through
 
 
 def make_shards(folder: str, records: int, record_bytes: int, shards: int) -> list[str]:
@@ -56,14 +57,6 @@ def make_shards(folder: str, records: int, record_bytes: int, shards: int) -> li
     write_manifest(paths, folder)  # with each shard's member index beside it
     open(stamp, "w").close()
     return paths
-
-
-def sequential_read(paths: list[str]) -> None:
-    buf = bytearray(1 << 20)
-    for path in paths:
-        with open(path, "rb", buffering=0) as f:
-            while f.readinto(buf):
-                pass
 
 
 def interleaved_seconds(
@@ -173,7 +166,7 @@ def main() -> None:
     times = interleaved_seconds(
         {
             bare_name: bare_pread,
-            seq_name: lambda: sequential_read(paths),
+            seq_name: lambda: read_through(paths, chunk=1 << 20).seconds,
             "ShardReader.read, one batch at a time": shard_reader_sync,
             "ShardReader.read, 4 batches in flight": shard_reader_pipelined,
             "ShardReader.read, batches in file order": shard_reader_in_order,

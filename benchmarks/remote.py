@@ -10,7 +10,8 @@ The workload of benchmarks/loaders.py (N samples of a 3x64x64 uint8 image and an
 label, shuffled, batches of 64, each batch an image tensor and a label tensor) is written
 once under --data as zip shards of per-sample files (``KEY.image``,
 ``KEY.cls``, stored) with a ``stoker.json`` beside them, and as tar shards in the
-WebDataset convention with the same samples. ``python -m stoker.tools.serve`` serves both in its
+WebDataset convention with the same samples. The tests' server (``python -m
+tests.support.server``) serves both in its
 own process (no GIL shared with the loaders), with ``--latency`` seconds before every
 response and ``--bandwidth`` bytes/s paced per response, that is per connection. Every
 loader gets ``--connections`` connections, so the link limit is connections x bandwidth.
@@ -99,9 +100,12 @@ import time
 import zipfile
 
 import _runner
+import _tests_support  # noqa: F401  (tests.support, below)
 import numpy as np
+import peers
 
-from stoker.tools.serve import ServerProcess, kill_process_group
+from stoker.tools.measure import kill_process_group, run_child
+from tests.support.server import ShardServerProcess
 
 SHAPE = (3, 64, 64)
 BATCH = 64
@@ -216,7 +220,7 @@ def prepare_litdata(folder: str, stamp: dict) -> dict:
 
 # -- the server ---------------------------------------------------------------
 
-# The http store is ``python -m stoker.tools.serve`` (ServerProcess). The S3 store is
+# The http store is ``python -m tests.support.server`` (ShardServerProcess). The S3 store is
 # SeaweedFS behind the proxy below.
 
 BUCKET = "stoker-bench"
@@ -234,7 +238,7 @@ def run_proxy(upstream: str, latency: float, bandwidth: float) -> None:
     `upstream` with its method, path, query and headers unchanged (Host too: a SigV4
     signature covers the host the client addressed, this proxy); each response's body comes
     back paced at `bandwidth` bytes/s (0: unpaced), in steps of about 10 ms of the link as
-    ``stoker.tools.serve`` paces. ``GET /.throttle`` answers the counters since the last
+    ``tests/support/server.py`` paces. ``GET /.throttle`` answers the counters since the last
     such GET: requests, bytes sent, most responses in flight at once."""
     import asyncio
 
@@ -319,15 +323,13 @@ def cpu_seconds_of(pid: int) -> float:
 
 
 class S3Link:
-    """The S3 store for ``--store s3``: SeaweedFS (``tests/object_store.py``) with the zip
+    """The S3 store for ``--store s3``: SeaweedFS (``tests/support/object_store.py``) with the zip
     shards and LitData's files in one bucket, behind the throttling proxy. Offers what
     ``measure`` asks of a server (``url``, ``cpu_seconds``) and, for the children, ``env``
     (the endpoint and keys) and ``plan`` (a file of presigned URLs of the shards)."""
 
     def __init__(self, folder: str, stamp: dict, args, work: str) -> None:
-        tests = os.path.join(os.path.dirname(os.path.abspath(__file__)), os.pardir, "tests")
-        sys.path.append(os.path.normpath(tests))
-        from object_store import SeaweedS3
+        from tests.support.object_store import SeaweedS3
 
         self.url = f"s3://{BUCKET}"
         self.store = SeaweedS3()
@@ -588,24 +590,18 @@ _COPY_URL = (
 
 
 def run_webdataset(url: str, stamp: dict, scratch: str, args):
-    import torch
-    import webdataset as wds
-
     urls = [f"{url}/tar/{name}.tar" for name in stamp["shards"]]
     if shutil.which("curl") is None:  # webdataset opens http URLs with curl: stand in for it
         urls = [f"pipe:{sys.executable} -c '{_COPY_URL}' {u}" for u in urls]
-
-    def to_tensors(sample):
-        image = torch.frombuffer(bytearray(sample["image"]), dtype=torch.uint8).reshape(SHAPE)
-        return image, int(sample["cls"])
-
-    pipeline = (
-        wds.WebDataset(urls, shardshuffle=len(urls), seed=0, empty_check=False)
-        .shuffle(1000)
-        .map(to_tensors)
-        .batched(BATCH)
+    return peers.webdataset_loader(
+        urls,
+        shuffle_shards=len(urls),
+        image_field="image",
+        shape=SHAPE,
+        batch=BATCH,
+        workers=args.connections,
+        seed=0,
     )
-    return wds.WebLoader(pipeline, batch_size=None, num_workers=args.connections)
 
 
 def run_ceiling(url: str, stamp: dict, scratch: str, args, urls: list | None = None):
@@ -678,9 +674,11 @@ def run_litdata(url: str, stamp: dict, scratch: str, args):
 
     # LitData fetches chunks with obstore, which refuses http:// unless allowed (see above).
     litdata.streaming.downloader._OBSTORE_CLIENT_OPTIONS["allow_http"] = True
-    dataset = litdata.StreamingDataset(
+    workers = args.connections if args.litdata_workers is None else args.litdata_workers
+    loader = peers.litdata_loader(
         f"{url}/litdata",
-        shuffle=True,
+        batch=BATCH,
+        workers=workers,
         seed=0,
         drop_last=False,  # the whole epoch, as the others read it
         cache_dir=os.path.join(scratch, "cache"),
@@ -698,8 +696,6 @@ def run_litdata(url: str, stamp: dict, scratch: str, args):
             ),
         },
     )
-    workers = args.connections if args.litdata_workers is None else args.litdata_workers
-    loader = litdata.StreamingDataLoader(dataset, batch_size=BATCH, num_workers=workers)
     return ((batch["image"], batch["label"]) for batch in loader)
 
 
@@ -775,7 +771,7 @@ def child(name: str, url: str, stamp: dict, scratch: str, args) -> None:
     )
 
 
-def measure(name: str, args, server: ServerProcess, work: str) -> dict:
+def measure(name: str, args, server: ShardServerProcess, work: str) -> dict:
     """One epoch of `name` in a fresh process, with fresh scratch space removed after: its
     result, or ``{"failed": exit status, "stderr": its end}``."""
     scratch = tempfile.mkdtemp(prefix="scratch-", dir=work)
@@ -793,30 +789,15 @@ def measure(name: str, args, server: ServerProcess, work: str) -> dict:
         command += [f"--litdata-workers={args.litdata_workers}"]
     if s3:
         command += ["--plan", server.plan]
-    proc = subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        start_new_session=True,
-        env=server.env if s3 else None,
-    )
-    try:
-        out, err = proc.communicate(timeout=args.timeout)
-    except subprocess.TimeoutExpired:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        out, err = proc.communicate()
-        out, err = "", f"{err}\ntimed out after {args.timeout} s"
-    finally:  # the child's own children too (DataLoader workers, curl)
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+    try:  # the child's group: its own children too (DataLoader workers, curl)
+        done = run_child(command, timeout=args.timeout, env=server.env if s3 else None)
+    finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    if proc.returncode != 0 or not out.strip():
-        print(f"{name}: failed (exit status {proc.returncode})\n{err[-3000:]}", file=sys.stderr)
-        return {"failed": proc.returncode, "stderr": err[-3000:]}
-    result = json.loads(out.strip().splitlines()[-1])
+    result = done.result
+    if done.returncode != 0 or result is None:
+        err = done.stderr + (f"\n{done.killed}" if done.killed else "")
+        print(f"{name}: failed (exit status {done.returncode})\n{err[-3000:]}", file=sys.stderr)
+        return {"failed": done.returncode, "stderr": err[-3000:]}
     result["server_cpu_s"] = server.cpu_seconds() - server_cpu
     if s3:
         link = server.counters()
@@ -897,7 +878,7 @@ def main() -> None:
         if args.store == "s3":
             server = S3Link(folder, stamp, args, work)
         else:
-            server = ServerProcess(
+            server = ShardServerProcess(
                 folder,
                 latency=args.latency,
                 bandwidth=args.bandwidth,

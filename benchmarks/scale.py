@@ -34,7 +34,6 @@ are alive (the RSS limit then holds for their sum).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import errno
 import json
 import os
@@ -52,6 +51,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from io import BytesIO
 from typing import Any
+
+from stoker.tools.measure import SIBLING_FAILED, proc_status_bytes, run_children
 
 SHARD_SAMPLES = 10_000
 SIZES = {"1M": 100, "10M": 1_000, "100M": 10_000, "1B": 100_000}  # label -> shards
@@ -173,14 +174,6 @@ def emit(**values: Any) -> None:
     print(json.dumps(values), flush=True)
 
 
-def proc_bytes(key: str, path: str = "/proc/self/status") -> float:
-    with open(path) as f:
-        for line in f:
-            if line.startswith(key):
-                return int(line.split()[1]) * 1024.0
-    raise LookupError(f"{key} not in {path}")
-
-
 def child(spec: dict) -> None:
     import gc
     import logging
@@ -204,11 +197,11 @@ def child(spec: dict) -> None:
     import torch  # noqa: F401  (the Loader would import it, and a training script has it)
 
     gc.collect()  # else the first step timed pays ~0.1 s for a full pass over torch's objects
-    rss_torch = proc_bytes("VmRSS:")
+    rss_torch = proc_status_bytes("VmRSS:")
     emit(torch_import_s=time.perf_counter() - start, rss_torch=rss_torch)
     start = time.perf_counter()
     ds = stoker.Dataset(spec["manifest"])
-    emit(open_s=time.perf_counter() - start, rss_open=proc_bytes("VmRSS:"))
+    emit(open_s=time.perf_counter() - start, rss_open=proc_status_bytes("VmRSS:"))
     start = time.perf_counter()
     fields = {"bin": stoker.Raw((16,), "uint8"), "cls": stoker.Int()}
     split = {"rank": spec["rank"], "world_size": spec["world"]}
@@ -217,7 +210,7 @@ def child(spec: dict) -> None:
     it = iter(loader)
     next(it)
     first = time.perf_counter() - start
-    rss = proc_bytes("VmRSS:")
+    rss = proc_status_bytes("VmRSS:")
     emit(loader_s=made - start, first_s=first, rss_first=rss, rss_added=rss - rss_torch)
     if spec["kind"] == "single":
         steady_and_boundary(loader, it, spec["steps"])
@@ -256,13 +249,13 @@ def long_read(loader: Any, it: Any) -> None:
     """Memory that grows with the shards read grows without end at scale, however large
     the dataset is."""
     steps = min(LONG_SAMPLES // BATCH, len(loader) - 1)
-    high = base = proc_bytes("VmRSS:")
+    high = base = proc_status_bytes("VmRSS:")
     start = time.perf_counter()
     for i in range(steps):
         next(it)
         if i % 500 == 0:
-            high = max(high, proc_bytes("VmRSS:"))
-    took, end = time.perf_counter() - start, proc_bytes("VmRSS:")
+            high = max(high, proc_status_bytes("VmRSS:"))
+    took, end = time.perf_counter() - start, proc_status_bytes("VmRSS:")
     emit(long_samples=steps * BATCH, long_s=took, long_rss_start=base, long_rss_end=end)
     emit(long_rss_high=max(high, end))
 
@@ -273,8 +266,8 @@ def together(it: Any, barrier: str) -> None:
     # Twice: every rank is alive when any samples (a shared page's PSS is split among the
     # processes that map it), and none exits before all have sampled.
     _wait_all(barrier, "ready")
-    pss = proc_bytes("Pss:", "/proc/self/smaps_rollup")
-    emit(together_rss=proc_bytes("VmRSS:"), together_pss=pss)
+    pss = proc_status_bytes("Pss:", "/proc/self/smaps_rollup")
+    emit(together_rss=proc_status_bytes("VmRSS:"), together_pss=pss)
     _wait_all(barrier, "sampled")
 
 
@@ -291,63 +284,32 @@ def _wait_all(barrier: str, stage: str) -> None:
 class Outcome:
     result: dict = field(default_factory=dict)
     failed: str | None = None  # "> 12 GB (killed)", "timed out after 600 s", "error: ..."
-    max_rss: float = 0.0  # the most the parent saw
+    max_rss: float = 0.0  # its peak RSS as the parent last saw it
 
 
 def run_group(specs: list[dict], timeout: float, rss_limit: float) -> list[Outcome]:
     """One child per spec, all at once; all are killed when their summed RSS passes
     `rss_limit`, when `timeout` passes, or when one fails (the others would wait at the
     barrier for it)."""
-    outcomes = [Outcome() for _ in specs]
-    procs: list[subprocess.Popen] = []
-    reason = None
-    with contextlib.ExitStack() as stack:  # files, not pipes: they cannot fill up and block
-        temp = tempfile.TemporaryFile
-        files = [(stack.enter_context(temp()), stack.enter_context(temp())) for _ in specs]
-        try:
-            for spec, (out, err) in zip(specs, files):
-                command = [sys.executable, os.path.abspath(__file__), "--child", json.dumps(spec)]
-                procs.append(
-                    subprocess.Popen(command, stdout=out, stderr=err, start_new_session=True)
-                )
-            deadline = time.monotonic() + timeout
-            while reason is None and any(p.poll() is None for p in procs):
-                rss = [_rss_of(p.pid) for p in procs]
-                for outcome, now in zip(outcomes, rss):
-                    outcome.max_rss = max(outcome.max_rss, now)
-                if sum(rss) > rss_limit:
-                    reason = f"> {rss_limit / GB:g} GB (killed)"
-                elif time.monotonic() > deadline:
-                    reason = f"timed out after {timeout:g} s"
-                elif any(p.returncode not in (None, 0) for p in procs):
-                    reason = "killed: another rank failed"
-                else:
-                    time.sleep(0.1)
-        finally:
-            for proc in procs:
-                with contextlib.suppress(OSError):  # its group: whatever it started goes too
-                    os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
-        for proc, outcome, (out, err) in zip(procs, outcomes, files):
-            out.seek(0)
-            for line in out.read().decode(errors="replace").splitlines():
-                if line.startswith("{"):
-                    outcome.result.update(json.loads(line))
-            if proc.returncode == 0:
-                continue
-            err.seek(0)
-            lines = [ln.strip() for ln in err.read().decode(errors="replace").splitlines()]
-            lines = [ln for ln in lines if ln] or [f"killed by signal {-proc.returncode}"]
-            own = proc.returncode > 0 or reason is None  # not killed by us
-            outcome.failed = f"error: {lines[-1][:160]}" if own else reason
+    script = os.path.abspath(__file__)
+    commands = [[sys.executable, script, "--child", json.dumps(spec)] for spec in specs]
+    outcomes = []
+    for run in run_children(commands, timeout=timeout, rss_limit=rss_limit):
+        outcome = Outcome(max_rss=run.peak_rss)
+        for line in run.lines:
+            if line.startswith("{"):
+                outcome.result.update(json.loads(line))
+        if run.returncode != 0:
+            lines = [ln.strip() for ln in run.stderr.splitlines()]
+            lines = [ln for ln in lines if ln] or [f"killed by signal {-run.returncode}"]
+            if run.returncode > 0 or run.killed is None:  # not killed by us
+                outcome.failed = f"error: {lines[-1][:160]}"
+            elif run.killed == SIBLING_FAILED:
+                outcome.failed = "killed: another rank failed"
+            else:
+                outcome.failed = run.killed
+        outcomes.append(outcome)
     return outcomes
-
-
-def _rss_of(pid: int) -> float:
-    try:
-        return proc_bytes("VmRSS:", f"/proc/{pid}/status")
-    except (OSError, LookupError):  # exited, or a zombie with no memory left
-        return 0.0
 
 
 # -- the report -----------------------------------------------------------------------------

@@ -32,6 +32,9 @@ from pathlib import Path
 import numpy as np
 
 DOCS = Path(__file__).resolve().parent
+# The repository's root, for tests.support (the peers' placeholder imports): this script
+# runs from any folder.
+sys.path.insert(0, str(DOCS.parent))
 TIMEOUT_S = 120  # a block that needs longer than this is not an example any more
 
 _FENCE_OPEN = re.compile(r"^```python\s*$")
@@ -194,7 +197,7 @@ _LITDATA_WRITER = textwrap.dedent(
 def make_peers(root: Path) -> None:
     """mds_out/ as MosaicML Streaming's MDSWriter writes it, optimized/ as LitData's
     optimize() does: 300 samples of image (3, 64, 64) uint8 and an int label."""
-    from stoker.tools.peer_imports import import_streaming
+    from tests.support.peer_imports import import_streaming
 
     streaming = import_streaming()
     columns = {"image": "ndarray:uint8:3,64,64", "label": "int"}

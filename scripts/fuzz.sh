@@ -13,7 +13,8 @@
 # and tests/data/image-seeds (each file with the
 # format byte the target expects in front). Crashes, leaks, timeouts and
 # out-of-memory inputs land in build-fuzz/artifacts; the script exits non-zero
-# when a run found one and prints how to reproduce it.
+# when a run found one and prints how to reproduce it. Formats are fuzzed side by
+# side, one per core (FUZZ_JOBS sets how many at once).
 set -euo pipefail
 
 seconds=${1:-60}
@@ -85,14 +86,16 @@ EOF
 
 artifacts="$build/artifacts"
 mkdir -p "$artifacts"
-status=0
-found=()
-for format in tar zip npy idx image chunk gzip record; do
+
+# Fuzzes one format for $seconds into its own corpus and log; its artifacts are named
+# "$format-...", so formats fuzzed side by side tell theirs apart.
+fuzz_format() {
+  local format=$1 byte corpus log rc=0
   case $format in
     tar) byte='\x00' ;;
     zip) byte='\x01' ;;
     npy) byte='\x02' ;;
-    idx) byte='\x03' ;;  # member index sidecars (seeds: tests/data/index-seeds)
+    idx) byte='\x03' ;;    # member index sidecars (seeds: tests/data/index-seeds)
     image) byte='\x04' ;;  # JPEG and PNG members for Image() (seeds: tests/data/image-seeds)
     chunk) byte='\x05' ;;  # array sources' chunks (seeds: tests/data/chunk-seeds)
     gzip) byte='\x06' ;;   # gzip streams as .nii.gz volumes are read (seeds: tests/data/gzip-seeds)
@@ -100,32 +103,56 @@ for format in tar zip npy idx image chunk gzip record; do
   esac
   corpus="$build/corpus-$format"
   mkdir -p "$corpus"
-  seeds=(tests/data/seeds/*."$format" tests/data/malformed/*."$format"
+  local seeds=(tests/data/seeds/*."$format" tests/data/malformed/*."$format"
     tests/data/index-seeds/*."$format")
   [[ $format == image ]] && seeds=(tests/data/image-seeds/*)
   [[ $format == chunk ]] && seeds=(tests/data/chunk-seeds/*)
   [[ $format == gzip ]] && seeds=(tests/data/gzip-seeds/*)
   [[ $format == record ]] && seeds=(tests/data/record-seeds/*)
+  local file name
   for file in "${seeds[@]}"; do
     [[ -e $file ]] || continue
     name="seed-$(basename "$(dirname "$file")")-$(basename "$file")"
     { printf "$byte"; cat "$file"; } >"$corpus/$name"
   done
-  before=$(find "$artifacts" -type f | sort)
   log="$build/fuzz-$format.log"
-  echo "== fuzzing $format for ${seconds}s (corpus $corpus, log $log)"
-  rc=0
-  # libFuzzer's own limits: a 2 GiB RSS (and allocation) ceiling, 10 s per input.
+  find "$artifacts" -type f -name "$format-*" | sort >"$build/fuzz-$format.before"
   ASAN_OPTIONS=detect_leaks=1:allocator_may_return_null=0 \
     UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1 \
     "$fuzzer" "$corpus" -dict="$dict" -max_total_time="$seconds" -rss_limit_mb=2048 \
     -timeout=10 -max_len=65536 -artifact_prefix="$artifacts/$format-" -print_final_stats=1 \
     >"$log" 2>&1 || rc=$?
+  echo "$rc" >"$build/fuzz-$format.rc"
+}
+
+# One fuzzer per core at a time (each is single-threaded): every format still gets its
+# full $seconds, in less wall time. FUZZ_JOBS overrides the count.
+jobs=${FUZZ_JOBS:-$(nproc)}
+formats=(tar zip npy idx image chunk gzip record)
+running=0
+for format in "${formats[@]}"; do
+  echo "== fuzzing $format for ${seconds}s (corpus $build/corpus-$format, log $build/fuzz-$format.log)"
+  fuzz_format "$format" &
+  running=$((running + 1))
+  if ((running >= jobs)); then
+    wait -n || true
+    running=$((running - 1))
+  fi
+done
+wait
+
+status=0
+found=()
+for format in "${formats[@]}"; do
+  log="$build/fuzz-$format.log"
+  rc=$(cat "$build/fuzz-$format.rc" 2>/dev/null || echo 1)
+  echo "== $format"
   grep -E '^#[0-9]+[[:space:]]+DONE' "$log" | tail -1 || true
   grep -E '^stat::(number_of_executed_units|average_exec_per_sec|new_units_added|peak_rss_mb)' \
     "$log" || true
-  echo "corpus: $(find "$corpus" -type f | wc -l) inputs"
-  new=$(comm -13 <(echo "$before") <(find "$artifacts" -type f | sort) | grep -v '/[a-z]*-slow-unit-' || true)
+  echo "corpus: $(find "$build/corpus-$format" -type f | wc -l) inputs"
+  new=$(comm -13 "$build/fuzz-$format.before" \
+    <(find "$artifacts" -type f -name "$format-*" ! -name "$format-slow-unit-*" | sort) || true)
   if ((rc != 0)) || [[ -n $new ]]; then
     status=1
     echo "!! the $format run failed (exit $rc); the end of its log:"

@@ -346,7 +346,7 @@ fi
 
 # ---- the stand-in tests: CPU logic that CI runs too, so they come last ------------------------
 standins=()
-for f in tests/test_cuda_standin.py tests/test_gds_cpu.py; do
+for f in tests/cuda/test_cuda_standin.py tests/cuda/test_gds_cpu.py; do
   if [ -e "$f" ]; then standins+=("$f"); else echo "$f: not in this tree, skipped"; fi
 done
 if [ "$build_ok" = 1 ] && [ ${#standins[@]} -gt 0 ]; then

@@ -88,11 +88,13 @@ asan() {
   section "ASan + UBSan: build the extension into $ASAN_DIR"
   mark_build_dir "$ASAN_DIR"
   rm -rf "$ASAN_DIR/wheel"
-  # install.strip=false keeps the debug info, so reports name file:line.
+  # install.strip=false keeps the debug info, so reports name file:line. The stress
+  # program is built in the same CMake folder, from the same objects of the core.
   run env CMAKE_BUILD_PARALLEL_LEVEL=$JOBS flock "$LOCK" "$PYTHON" -m pip wheel \
     --no-build-isolation --no-deps -w "$ASAN_DIR/wheel" "$ROOT" \
     -Cbuild-dir="$ASAN_DIR/cmake" \
     -Ccmake.define.STOKER_SANITIZE=address,undefined \
+    -Ccmake.define.STOKER_STRESS=ON \
     -Ccmake.build-type=RelWithDebInfo \
     -Cinstall.strip=false
   local wheels=("$ASAN_DIR"/wheel/stoker-*.whl)
@@ -182,14 +184,15 @@ if not all(os.path.realpath(p).startswith(want) for p in (stoker.__file__, stoke
 
   section "ASan + UBSan: the tests that drive the C++"
   local -a tests=()
-  local name
+  local name found
   for name in test_tar test_zip test_npy test_reader test_dataset test_loader test_malformed \
     test_member_index test_index_memory test_grouping test_image test_hdf5 test_zarr test_nifti \
     test_cuda_standin test_gds_cpu; do
-    if [[ -f "$ROOT/tests/$name.py" ]]; then
-      tests+=("$ROOT/tests/$name.py")
+    found=$(find "$ROOT/tests" -name "$name.py" -print -quit)
+    if [[ -n $found ]]; then
+      tests+=("$found")
     else
-      echo "sanitize.sh: tests/$name.py is not there, skipped" >&2
+      echo "sanitize.sh: $name.py is not under tests/, skipped" >&2
     fi
   done
   if [[ ${#tests[@]} -eq 0 ]]; then
@@ -199,8 +202,11 @@ if not all(os.path.realpath(p).startswith(want) for p in (stoker.__file__, stoke
   # Nothing is deselected: fork()ed children (run_in_fork, DataLoader "fork" workers)
   # and spawned ones (DataLoader "spawn" workers, subprocess) all run under ASan, the
   # latter through the inherited LD_PRELOAD and *SAN_OPTIONS.
+  # One pytest worker per core where pytest-xdist is installed.
+  local -a parallel=()
+  if "$venv/bin/python" -c 'import xdist' 2>/dev/null; then parallel=(-n "$JOBS"); fi
   local log="$ASAN_DIR/pytest.log" status=0
-  run env "${sanitizer_env[@]}" "$venv/bin/python" -m pytest -p no:cacheprovider \
+  run env "${sanitizer_env[@]}" "$venv/bin/python" -m pytest -p no:cacheprovider "${parallel[@]}" \
     -p stoker_sanitized_check --rootdir "$ROOT" -c "$ROOT/pyproject.toml" "${tests[@]}" \
     2>&1 | tee "$log" || status=$?
   cd "$ROOT"
@@ -210,14 +216,13 @@ if not all(os.path.realpath(p).startswith(want) for p in (stoker.__file__, stoke
   section "ASan + UBSan: the C++ stress program for $seconds s"
   # The same program TSan runs: batches dropped, cancelled and outliving their
   # reader are where a use-after-free would be. No Python here, so leaks count.
-  run flock "$LOCK" cmake -S "$ROOT" -B "$ASAN_DIR/stress" -DSTOKER_PYTHON=OFF \
-    -DSTOKER_STRESS=ON -DSTOKER_SANITIZE=address,undefined -DCMAKE_BUILD_TYPE=RelWithDebInfo
-  run flock "$LOCK" cmake --build "$ASAN_DIR/stress" -j"$JOBS" --target stoker_stress
+  # (Built with the extension above: this only checks that it is up to date.)
+  run flock "$LOCK" cmake --build "$ASAN_DIR/cmake" -j"$JOBS" --target stoker_stress
   log="$ASAN_DIR/stress.log"
   status=0
   run env ASAN_OPTIONS=detect_leaks=1:abort_on_error=1:halt_on_error=1 \
     UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
-    "$ASAN_DIR/stress/tests/cpp/stoker_stress" "$seconds" "$ASAN_DIR/shards" 2>&1 |
+    "$ASAN_DIR/cmake/tests/cpp/stoker_stress" "$seconds" "$ASAN_DIR/shards" 2>&1 |
     tee "$log" || status=$?
   asan_verdict "$log" "$status" "the stress program"
   printf 'sanitize.sh: ASan + UBSan clean (extension build %ds, tests %ds, stress %ds)\n' \

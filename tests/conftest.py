@@ -1,5 +1,16 @@
+import os
+
 import pytest
-from shards import Samples, make_samples
+
+from tests.support.shards import Samples, make_samples
+
+# pytest-xdist runs the tests in several processes at once: each gets node and XDG caches
+# of its own under the ones the environment names, as separate machines would have.
+_worker = os.environ.get("PYTEST_XDIST_WORKER")
+if _worker:
+    for _var in ("STOKER_CACHE", "XDG_CACHE_HOME"):
+        if os.environ.get(_var):
+            os.environ[_var] = os.path.join(os.environ[_var], _worker)
 
 
 @pytest.fixture
@@ -11,9 +22,9 @@ def samples() -> Samples:
 def standin_libs(tmp_path_factory) -> tuple[str, str]:
     """The host-memory stand-in for libcuda and libcufile (tests/standin/), built once per
     session: (libcuda path, libcufile path). For ordering and logic tests only."""
-    from standin_lib import StandinUnavailable, build_standin
+    from tests.support.standin_lib import StandinUnavailable, find_or_build_standin
 
     try:
-        return build_standin(tmp_path_factory.mktemp("standin"))
+        return find_or_build_standin(tmp_path_factory.mktemp("standin"))
     except StandinUnavailable as e:
         pytest.skip(str(e))

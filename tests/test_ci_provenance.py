@@ -14,7 +14,8 @@ import sysconfig
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.support import REPO as ROOT
+
 SCRIPT = os.path.join(ROOT, "scripts", "ci_provenance.py")
 # The Debian packages .ci/run installs, as it names them.
 CI_RUN = os.path.join(ROOT, ".ci", "run")
@@ -69,3 +70,12 @@ def test_what_ci_installs_passes():
     assert out.returncode == 0, out.stdout
     assert "ci_provenance: ok" in out.stdout
     assert "libblosc" in out.stdout and "the test environment (pip)" in out.stdout
+
+
+@pytest.mark.skipif(
+    os.environ.get("STOKER_TEST_NO_COMPILER") != "1",
+    reason="only where .ci/run takes the compilers off PATH, as for a wheel's user",
+)
+def test_the_tests_run_with_no_compiler_on_path():
+    found = {name: shutil.which(name) for name in ("cc", "gcc", "g++", "c++", "clang", "clang++")}
+    assert not any(found.values()), found

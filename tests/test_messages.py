@@ -16,10 +16,10 @@ import threading
 import zipfile
 
 import pytest
-from shards import make_samples, write_tar
 
 import stoker
 from stoker.tools.cli import main, parse_size
+from tests.support.shards import make_samples, write_tar
 
 
 @pytest.fixture
@@ -224,7 +224,7 @@ def test_cache_limit_of_8mb_is_refused_on_the_command_line(tmp_path):
 
 
 def test_fetch_prints_sizes_as_the_other_commands_do(tmp_path, capsys):
-    from stoker.tools.serve import ShardServer
+    from tests.support.server import ShardServer
 
     folder = tmp_path / "served"
     folder.mkdir()
@@ -291,7 +291,7 @@ def test_a_manifest_of_another_name_may_describe_part_of_its_folder(tmp_path, ca
 def test_an_html_page_where_a_manifest_would_be_is_not_one(tmp_path):
     # A server that answers any name with a page (a single-page app's fallback): stoker
     # looks at the shards themselves instead.
-    from stoker.tools.serve import ShardServer
+    from tests.support.server import ShardServer
 
     folder = tmp_path / "served"
     folder.mkdir()

@@ -11,6 +11,7 @@
 #include "numpy_util.hpp"
 #include "pending.hpp"
 #include "stoker/errors.hpp"
+#include "stoker/io/decoder.hpp"
 #include "stoker/plan/batch_plan.hpp"
 
 namespace py = pybind11;
@@ -238,14 +239,11 @@ PyBatchPlan make_plan(const py::list& fields) {
 }  // namespace
 
 void register_plan(py::module_& m) {
-  py::enum_<io::Codec>(m, "Codec", "How a member's bytes are stored (the member table's codec).")
-      .value("STORED", io::Codec::kStored)
-      .value("DEFLATE", io::Codec::kDeflate)
-      .value("ASCII_INT", io::Codec::kAsciiInt)
-      .value("DEFLATE_ASCII_INT", io::Codec::kDeflateAsciiInt)
-      .value("IMAGE", io::Codec::kImage)
-      .value("DEFLATE_IMAGE", io::Codec::kDeflateImage)
-      .value("ARRAY_ROW", io::Codec::kArrayRow);
+  // The reader's own codes and those the decoders registered (module.cpp registers
+  // them first), under the names they registered.
+  py::enum_<io::Codec> codec(m, "Codec",
+                             "How a member's bytes are stored (the member table's codec).");
+  for (const io::CodecEntry* entry : io::registered_codecs()) codec.value(entry->name, entry->code);
   py::enum_<plan::Kind>(m, "FieldKind", "What a fields= decoder reads.")
       .value("RAW", plan::Kind::kRaw)
       .value("INT", plan::Kind::kInt)

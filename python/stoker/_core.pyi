@@ -520,8 +520,9 @@ class ImageTarget:
         height: int,
         width: int,
         crop: Crop,
-        scale: tuple[float, float],
-        ratio: tuple[float, float],
+        # (low, high): any sequence of two, as pybind11 converts a std::pair
+        scale: Sequence[float],
+        ratio: Sequence[float],
         flip: bool,
         channels_last: bool,
         blank_on_error: bool,

@@ -146,7 +146,7 @@ def shared_reader(num_threads: int | None = None) -> Any:
     One pool of threads serves every dataset; the reader rebuilds it by itself in a forked
     child (a DataLoader worker), so this is safe across fork.
     """
-    from stoker import _core  # (the extension, not imported before a reader is wanted)
+    import stoker._core as _core  # (the extension, not imported before a reader is wanted)
 
     key = (num_threads or 0, 256)
     return per_process(("shard-reader", key), lambda: _core.ShardReader(*key))

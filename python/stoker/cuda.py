@@ -16,7 +16,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker._process import per_process
 from stoker.errors import CudaError, StokerError
 
@@ -308,6 +308,7 @@ class DeviceStage:
                 staged.append(t)
         regions = []
         if in_slot:
+            assert slot is not None  # only a tensor inside the slot is in in_slot
             low = min(offset for _, offset in in_slot)
             high = max(offset + _nbytes(t) for t, offset in in_slot)
             regions.append((slot[low:high], [(t, offset - low) for t, offset in in_slot]))
@@ -317,6 +318,7 @@ class DeviceStage:
                 offsets.append(at)
                 at += _aligned(_nbytes(t))
             packed = self.acquire(at)
+            assert packed is not None  # None only for wait=False
             host = torch.from_numpy(packed)
             for t, offset in zip(staged, offsets):
                 n = _nbytes(t)
@@ -354,7 +356,8 @@ def _rebuild(value: Any, torch: Any, placed: dict[int, Any]) -> Any:
     if isinstance(value, Mapping):
         items = {k: _rebuild(v, torch, placed) for k, v in value.items()}
         try:
-            return items if type(value) is dict else type(value)(items)
+            # Mapping declares no constructor; a subclass's that takes no dict is caught.
+            return items if type(value) is dict else type(value)(items)  # type: ignore[call-arg]
         except TypeError:  # a mapping type that cannot be made from a dict
             return items
     if isinstance(value, tuple) and hasattr(value, "_fields"):  # a named tuple

@@ -43,9 +43,9 @@ def located(
     path = os.fspath(path)
     message = f"{path}: offset {offset}: {what}"
     error = cls(message) if errno is None else cls(errno, message)
-    error.path = path  # type: ignore[attr-defined]
-    error.offset = offset  # type: ignore[attr-defined]
-    error.detail = what  # type: ignore[attr-defined]
+    error.path = path
+    error.offset = offset
+    error.detail = what
     return error
 
 
@@ -80,7 +80,7 @@ def clip(text: str, limit: int = 200, size: int | None = None) -> str:
     return text[:limit] + f"... ({size if size is not None else len(text):,} characters in all)"
 
 
-class UsageError(StokerError, TypeError, ValueError):  # type: ignore[misc]
+class UsageError(StokerError, TypeError, ValueError):
     """stoker was called with an argument it cannot use, of the wrong kind or value; the
     message says what to pass instead. Caught by ``except TypeError`` and ``except
     ValueError`` alike, as the built-in error for the same mistake would be."""

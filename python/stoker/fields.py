@@ -8,7 +8,7 @@ from typing import Any, Union
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker.errors import StokerError, UsageError
 
 
@@ -131,7 +131,7 @@ class Image:
             message says what to install.
     """
 
-    size: tuple[int, int] = (224, 224)
+    size: tuple[int, int] | int = (224, 224)  # a (height, width) tuple once made
     crop: str = "random"
     scale: tuple[float, float] = (0.08, 1.0)
     ratio: tuple[float, float] = (3 / 4, 4 / 3)

@@ -7,6 +7,7 @@ import logging
 import os
 import urllib.parse
 
+from stoker._work import WORK_FOLDER
 from stoker.errors import ShardFormatError, located
 
 #: File name endings stoker reads, and the index parser for each.
@@ -54,6 +55,8 @@ def _plain(text: str) -> bool:
 
 
 ARRAY_FORMATS = {".h5": "hdf5", ".hdf5": "hdf5", ".hdf": "hdf5", ".zarr": "zarr"}
+#: The formats of array sources (indexed by ``stoker.arrays``, not by the C++ indexer).
+ARRAY_SOURCES = tuple(dict.fromkeys(ARRAY_FORMATS.values()))
 _ZARR_MARKERS = ("zarr.json", ".zarray", ".zgroup")
 
 
@@ -113,8 +116,6 @@ def shards_in_folder(folder: str) -> list[str]:
     and tools keep theirs (``.git``, ``.cache``); a skipped writer's folder or hidden shard
     is said once."""
     found, skipped = [], []
-    from stoker._work import WORK_FOLDER
-
     for root, dirs, files in os.walk(folder):
         hidden = [d for d in dirs if d.startswith(".")]
         skipped += [os.path.join(root, d) for d in hidden if WORK_FOLDER.match(d)]

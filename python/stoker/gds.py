@@ -15,16 +15,19 @@ from __future__ import annotations
 import os
 import re
 import threading
-from collections import OrderedDict, deque
+from collections import deque
 from collections.abc import Iterable, Iterator
 from typing import Any
 
 import numpy as np
 
-from stoker import _core, cuda
+import stoker._core as _core
+import stoker.cuda as cuda
 from stoker._files import write_atomically
 from stoker._process import per_process, shared_reader
 from stoker.arrays import nifti
+from stoker.cufile import cufile_handle, file_mode, rule_out
+from stoker.cufile import read_mode as read_mode
 from stoker.errors import (
     CuFileError,
     ReadError,
@@ -33,43 +36,11 @@ from stoker.errors import (
     UsageError,
     located,
 )
+from stoker.npy_pages import PAGE, npy_layout, page_aligned_header
 
-PAGE = 4096  # GPUDirect reads whole 4 KiB pages at page-aligned device addresses
 _BOUNCE_CHUNK = 16 << 20  # bytes per pinned slot on the bounce path
 _BOUNCE_DEPTH = 4  # slots in flight: being read, and being copied
 _READ_PIECE = 4 << 20  # one pread's share of a chunk, so threads split it
-
-
-def _array_layout(
-    path: str, *, fortran_ok: bool = False
-) -> tuple[np.dtype, tuple[int, ...], int, int, bool]:
-    """dtype, shape, data offset, data bytes and whether it is Fortran-ordered (with more
-    than one axis longer than 1: only when `fortran_ok`) of the .npy at `path`, checked
-    against its size (by the one .npy header reader, in C++)."""
-    try:
-        header = _core.npy_header(path)
-    except ShardFormatError as e:
-        why = getattr(e, "detail", e)
-        offset = getattr(e, "offset", 0)
-        raise located(ShardFormatError, path, offset, f"not a .npy file: {why}") from e
-    dtype, shape = np.dtype(header["descr"]), tuple(header["shape"])
-    fortran = bool(header["fortran_order"]) and sum(d > 1 for d in shape) > 1
-    if fortran and not fortran_ok:
-        raise located(
-            ShardFormatError,
-            path,
-            0,
-            "a Fortran-ordered .npy cannot be loaded as it is; save np.ascontiguousarray(a)",
-        )
-    if not dtype.isnative and dtype.itemsize > 1:
-        raise located(
-            ShardFormatError,
-            path,
-            0,
-            f"a .npy of byte-swapped {dtype} has no torch "
-            "type; save a.astype(a.dtype.newbyteorder('='))",
-        )
-    return dtype, shape, int(header["data_offset"]), int(header["data_bytes"]), fortran
 
 
 def _torch_dtype(dtype: np.dtype, path: str) -> Any:
@@ -102,7 +73,7 @@ def load_npy(path: str | os.PathLike[str], device: Any = "cuda") -> Any:
         CudaError: `device` names a GPU that cannot be used in this process.
     """
     path = os.fspath(path)
-    dtype, shape, offset, nbytes, _ = _array_layout(path)
+    dtype, shape, offset, nbytes, _ = npy_layout(path)
     return _load(path, dtype, shape, offset, nbytes, device)
 
 
@@ -362,46 +333,11 @@ def _cufile(address: int, nbytes: int, path: str, offset: int, device: int) -> N
     if (address + head) % PAGE:
         head, middle = 0, nbytes  # not lined up: cuFile handles unaligned ranges itself
     tail = nbytes - head - middle
-    _cufile_handle(path, device).read(address + head, middle, offset + head)
+    cufile_handle(path, device).read(address + head, middle, offset + head)
     if head:
         _bounce(address, head, path, offset, device)
     if tail:
         _bounce(address + head + middle, tail, path, offset + head + middle, device)
-
-
-_MAX_HANDLES = 64  # registered files kept open (an O_DIRECT descriptor each)
-
-
-class _Handles:
-    """This process's registered cuFile handles: one per file (again if the file
-    changed), the least recently used closed beyond _MAX_HANDLES."""
-
-    def __init__(self) -> None:
-        self.lock = threading.Lock()
-        self.open: OrderedDict[tuple[str, int], tuple[tuple[int, int, int], Any]] = OrderedDict()
-
-    def get(self, path: str, device: int) -> Any:
-        st = os.stat(path)
-        identity = (st.st_ino, st.st_size, st.st_mtime_ns)
-        key = (os.path.realpath(path), device)
-        with self.lock:
-            found = self.open.get(key)
-            if found is not None and found[0] == identity:
-                self.open.move_to_end(key)
-                return found[1]
-        handle = _core.CuFile(path, device)
-        with self.lock:
-            stale = self.open.pop(key, None)
-            self.open[key] = (identity, handle)
-            while len(self.open) > _MAX_HANDLES:
-                self.open.pop(next(iter(self.open)))[1].close()
-        if stale is not None:
-            stale[1].close()
-        return handle
-
-
-def _cufile_handle(path: str, device: int) -> Any:
-    return per_process("cufile-handles", _Handles).get(path, device)
 
 
 def _read_device(
@@ -414,7 +350,7 @@ def _read_device(
         return
     stream = cuda.copy_stream(device)
     consumer = cuda.memory().consumer_stream(device)
-    mode, why = _file_mode(path)
+    mode, why = file_mode(path)
     if mode in ("gds", "compat"):
         # cuFile writes from the host, outside any stream: what is queued on the streams
         # that may still use this memory is waited for first.
@@ -428,8 +364,7 @@ def _read_device(
             if cuda.gds_setting() == "on":
                 raise
             # Not tried again on this file system: its next reads go straight to the ring.
-            with _verdicts_lock:
-                _cufile_failed[_mount_of(path)[1]] = str(e)
+            rule_out(path, str(e))
             cuda.warn_once(
                 "cufile-failed",
                 f"stoker: cuFile failed ({e}); reading through the pinned bounce ring instead",
@@ -439,110 +374,6 @@ def _read_device(
     if users:  # copies wait, on the device, for the caller's queued work
         stream.wait_for(consumer)
     _bounce(address, nbytes, path, offset, device)
-
-
-# -- which path a file takes -------------------------------------------------
-
-# File systems GPUDirect can read, by the name cuFile's driver properties give them.
-_GDS_FILESYSTEMS = {
-    "ext4": "nvme",
-    "xfs": "nvme",
-    "nfs": "nfs",
-    "nfs4": "nfs",
-    "lustre": "lustre",
-    "gpfs": "gpfs",
-    "beegfs": "beegfs",
-    "wekafs": "wekafs",
-}
-
-
-def _mount_of(path: str) -> tuple[str, str, str]:
-    """(file system type, device "major:minor", mount options) of the mount holding
-    `path`."""
-    st = os.stat(path)
-    device = f"{os.major(st.st_dev)}:{os.minor(st.st_dev)}"
-    try:
-        with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
-            for line in f:
-                fields = line.split()
-                if len(fields) > 2 and fields[2] == device and " - " in line:
-                    tail = line.split(" - ", 1)[1].split()
-                    return tail[0], device, tail[2] if len(tail) > 2 else ""
-    except OSError:
-        pass
-    return "unknown", device, ""
-
-
-def _on_nvme(device: str) -> bool:
-    """Whether block device `device` (major:minor) is an NVMe namespace or partition, or
-    an md array built only of them: its sysfs path, or each member's, runs through an
-    nvme controller. (Device-mapper volumes, LVM, are not read by GPUDirect.) For tests on
-    machines without NVMe, STOKER_GDS_ASSUME_NVME=1 (or 0) decides instead."""
-    if os.environ.get("STOKER_GDS_ASSUME_NVME") in ("0", "1"):
-        return os.environ["STOKER_GDS_ASSUME_NVME"] == "1"  # a test's machine
-    real = os.path.realpath(f"/sys/dev/block/{device}")
-    if "/nvme" in real:
-        return True
-    slaves = os.path.join(real, "slaves")
-    if not os.path.basename(real).startswith("md") or not os.path.isdir(slaves):
-        return False
-    names = os.listdir(slaves)
-    return bool(names) and all(
-        "/nvme" in os.path.realpath(os.path.join(slaves, name)) for name in names
-    )
-
-
-# What is known of file systems holds in every process: kept across forks.
-_verdicts_lock = threading.Lock()
-_cufile_failed: dict[str, str] = {}  # by device: the cuFile failure that ruled it out
-_fs_verdicts: dict[str, str] = {}  # by device: why GPUDirect cannot read it ("" if it can)
-
-
-def read_mode(path: str | os.PathLike[str]) -> str:
-    """The path ``load_npy`` takes for this file now: gds, compat, bounce or cpu (after a
-    cuFile failure on its file system, bounce)."""
-    return _file_mode(os.fspath(path))[0]
-
-
-def _file_mode(path: str) -> tuple[str, str]:
-    """(mode, why it is not GPUDirect: to be said once) for a file, from cuda_status() and
-    the file's mount. With STOKER_GDS=on a file GPUDirect cannot read still goes through
-    cuFile, which then reads it in its compatibility mode."""
-    status = cuda.cuda_status()
-    mode = status["mode"]
-    if mode != "gds":
-        return mode, status["reason"] if mode == "bounce" else ""
-    try:
-        fstype, device, options = _mount_of(path)
-    except OSError as e:
-        raise located(ReadError, path, 0, f"cannot read: {e.strerror or e}") from e
-    forced = cuda.gds_setting() == "on"
-    if device in _cufile_failed and not forced:
-        return "bounce", ""  # said when it failed
-    why = _fs_verdicts.get(device)
-    if why is None:
-        need = _GDS_FILESYSTEMS.get(fstype)
-        supported = status.get("filesystems", [])
-        if need is None:
-            why = f"GPUDirect cannot read files on {fstype} (such as {path})"
-        elif need == "nvme" and not _on_nvme(device):
-            why = f"GPUDirect reads {fstype} on NVMe only; {path} is on block device {device}"
-        elif need == "nfs" and "proto=rdma" not in options.split(","):
-            why = f"GPUDirect reads NFS over RDMA only; {path} is on NFS without proto=rdma"
-        elif need not in supported and not (need == "nvme" and "nvme-p2p" in supported):
-            why = (
-                f"cuFile's driver does not support {need} (it supports "
-                f"{', '.join(supported) or 'nothing'}), where {path} is"
-            )
-        else:
-            why = ""
-        with _verdicts_lock:
-            _fs_verdicts[device] = why
-    if not why:
-        return "gds", ""
-    if forced:
-        return "compat", ""
-    return "bounce", why + "; reads go through the pinned ring"
 
 
 # -- the cache ---------------------------------------------------------------
@@ -652,7 +483,7 @@ class GDSCache:
         path = self.path(key)
         if not os.path.exists(path):
             raise KeyError(key)
-        dtype, shape, offset, nbytes, fortran = _array_layout(path, fortran_ok=True)
+        dtype, shape, offset, nbytes, fortran = npy_layout(path, fortran_ok=True)
         if not fortran:
             return _load(path, dtype, shape, offset, nbytes, device)
         out = _load(path, dtype, shape[::-1], offset, nbytes, device)
@@ -662,8 +493,9 @@ class GDSCache:
 def _array_parts(array: np.ndarray) -> list[Any]:
     """A cache file's parts for a C-contiguous array."""
     return [
-        _aligned_npy_header(array.dtype, array.shape),
-        memoryview(array.reshape(-1).view(np.uint8)),
+        page_aligned_header(array.dtype, array.shape),
+        # numpy types the buffer protocol (__buffer__) for Python 3.12+ only
+        memoryview(array.reshape(-1).view(np.uint8)),  # type: ignore[arg-type]
     ]
 
 
@@ -673,8 +505,8 @@ def _file_parts(source: str) -> Iterable[Any]:
     read in bounded pieces as they are written."""
     name = source.lower()
     if name.endswith(".npy"):
-        dtype, shape, offset, nbytes, _ = _array_layout(source)
-        header = _aligned_npy_header(dtype, shape)
+        dtype, shape, offset, nbytes, _ = npy_layout(source)
+        header = page_aligned_header(dtype, shape)
         return _chain(header, _pieces_of_file(source, offset, nbytes, dtype.itemsize), 0)
     if not name.endswith(nifti.NIFTI_SUFFIXES):
         raise UsageError(
@@ -684,7 +516,7 @@ def _file_parts(source: str) -> Iterable[Any]:
     volume, stream = nifti.open_header(source)
     if volume.components > 1:
         return _array_parts(_host_array(load_array(source, "cpu").contiguous()))
-    header = _aligned_npy_header(volume.dtype, volume.dims, fortran_order=True)
+    header = page_aligned_header(volume.dtype, volume.dims, fortran_order=True)
     size = volume.dtype.itemsize
     if stream is None:
         pieces = _pieces_of_file(source, volume.offset, volume.nbytes, size)
@@ -698,7 +530,8 @@ def _chain(header: bytes, pieces: Iterator[np.ndarray], swap_unit: int) -> Itera
     for piece in pieces:
         if swap_unit:  # a big-endian volume is stored in native order
             piece.view(f"u{swap_unit}").byteswap(inplace=True)
-        yield memoryview(piece)
+        # numpy types the buffer protocol (__buffer__) for Python 3.12+ only
+        yield memoryview(piece)  # type: ignore[arg-type]
 
 
 def _piece_buffer(nbytes: int, itemsize: int) -> np.ndarray:
@@ -738,22 +571,3 @@ def _host_array(tensor: Any) -> np.ndarray:
         return t.numpy()
     except TypeError as e:  # bfloat16 and others numpy has no type for
         raise StokerError(f"GDSCache: numpy has no type for {t.dtype} ({e})") from e
-
-
-def _aligned_npy_header(
-    dtype: np.dtype, shape: tuple[int, ...], *, fortran_order: bool = False
-) -> bytes:
-    """A version 1.0 .npy header padded with spaces so the data starts at a page boundary."""
-    text = repr(
-        {
-            "descr": np.lib.format.dtype_to_descr(dtype),
-            "fortran_order": fortran_order,
-            "shape": tuple(int(d) for d in shape),
-        }
-    )
-    preamble = 10  # magic, version, 2-byte header length
-    length = -(-(preamble + len(text) + 1) // PAGE) * PAGE - preamble
-    if length > 0xFFFF:
-        raise StokerError(f"GDSCache: a {len(shape)}-dimensional shape is too long for a header")
-    body = (text + " " * (length - len(text) - 1) + "\n").encode("latin1")
-    return b"\x93NUMPY\x01\x00" + len(body).to_bytes(2, "little") + body

@@ -14,7 +14,7 @@ import zipfile
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 
-from stoker import _core
+import stoker._core as _core
 from stoker._files import write_atomically
 from stoker._process import collector_paused
 from stoker.errors import ShardFormatError, located, plural

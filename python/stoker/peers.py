@@ -6,25 +6,25 @@ and record prefixes (``csrc/stoker/format/records.cpp``) given the columns this 
 learns from the index. Each record is a sample, keyed ``<shard stem>/<record>``; each
 column a field (MDS: its name; LitData: its path in the sample, dict keys joined by
 dots). A shard compressed as a whole (MDS ``zstd``/``gz``; LitData ``zstd`` chunks, whole
-or in frames) is decompressed once into the cache folder and read there in place.
+or in frames) is decompressed once into the cache folder (:mod:`stoker.unpack`) and
+read there in place.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
-import struct
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from stoker import _core
-from stoker._files import default_cache_root, load_json, write_atomically
+import stoker._core as _core
+from stoker._files import load_json
 from stoker.errors import ShardFormatError, located
 from stoker.formats import is_url
+from stoker.unpack import framed_header_size, framed_plain_size, unframed, unpacked
 
 INDEX_NAME = "index.json"
 
@@ -45,7 +45,6 @@ _MDS_COMPRESSION = {"zstd": _core.ChunkFilter.ZSTD, "gz": _core.ChunkFilter.GZIP
 # LitData leaves: fixed sizes, and leaves whose bytes start with an array header.
 _LIT_FIXED = {"int": 8, "float": 8, "bool": 1}
 _LIT_HEADER = {"numpy": "numpy", "tensor": "tensor"}
-_FRAMED_MAGIC = b"LDFZ01\x00\x00"
 
 
 def is_peer_index(path: str) -> bool:
@@ -94,6 +93,11 @@ def peer_shards(
         with ThreadPoolExecutor(16) as pool:  # a framed chunk's header: one request each
             return list(pool.map(one, chunks))
     return None
+
+
+def _field(name: str) -> str:
+    """A column's field name, in lower case as the indexer makes every field name."""
+    return str(name).lower()
 
 
 # -- MDS ----------------------------------------------------------------------------
@@ -254,8 +258,8 @@ def _litdata_chunk(
                 return path, _entry(samples, nbytes, columns, "litdata", "zstd")
             if read_range is None:
                 raise located(ShardFormatError, path, 0, "a framed chunk's header cannot be read")
-            header = read_range(path, 0, 24 + 4 * (samples + 1))
-            size = _framed_plain_size(header, samples, path)
+            header = read_range(path, 0, framed_header_size(samples))
+            size = framed_plain_size(header, samples, path)
             return path, _entry(samples, size, columns, "litdata", "framed", nbytes)
         if path.endswith(".zstd.bin"):  # the whole chunk is one frame
             plain = path[: -len(".zstd.bin")] + ".bin"
@@ -274,154 +278,3 @@ def _litdata_chunk(
         else:
             path, nbytes = unframed(path, cache_dir)
     return path, _entry(samples, nbytes, columns, "litdata")
-
-
-# -- decompressing once --------------------------------------------------------------
-
-
-def _field(name: str) -> str:
-    return str(name).lower()
-
-
-def _cache_path(source: str, cache_dir: str | None) -> str:
-    """Where the decompressed copy of `source` goes: a folder of the cache named for the
-    source as it is now (path, size, modification time), so a changed file is not served
-    from an old copy."""
-
-    st = os.stat(source)
-    tag = f"{os.path.abspath(source)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
-    folder = os.path.join(
-        os.path.abspath(cache_dir) if cache_dir else default_cache_root(),
-        "unpacked",
-        hashlib.sha256(tag).hexdigest()[:24],
-    )
-    os.makedirs(folder, exist_ok=True)
-    name = os.path.basename(source)
-    for suffix in (".zstd.bin", ".zstd", ".gz"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)] + (".bin" if suffix == ".zstd.bin" else "")
-    return os.path.join(folder, name)
-
-
-def unpacked(
-    source: str,
-    size: int,
-    codec: _core.ChunkFilter,
-    cache_dir: str | None,
-    hashes: dict[str, str] | None = None,
-) -> str:
-    """A decompressed copy of the whole-file-compressed shard `source` (`size` bytes once
-    decompressed) in the cache, made once: written beside its place and renamed. `hashes`
-    (algorithm: hex digest of `source`) are checked first, those hashlib knows."""
-
-    try:
-        out = _cache_path(source, cache_dir)
-    except FileNotFoundError:
-        raise located(
-            ShardFormatError, source, 0, "the index lists this shard but it is not there"
-        ) from None
-    if os.path.exists(out) and os.path.getsize(out) == size:
-        return out
-    with open(source, "rb") as f:
-        data = f.read()
-    _check_hashes(data, hashes or {}, source)
-    write_atomically(out, [memoryview(_core.decompress(data, size, codec, source))])
-    return out
-
-
-def _check_hashes(data: bytes, hashes: dict, where: str) -> None:
-    """The writer's digests of a file (those hashlib knows), checked."""
-    for algorithm, digest in hashes.items():
-        if algorithm in hashlib.algorithms_available:
-            got = hashlib.new(algorithm, data).hexdigest()
-            if got != str(digest).lower():
-                raise located(
-                    ShardFormatError,
-                    where,
-                    0,
-                    f"its {algorithm} is {got}, but the index says {digest}: the file is damaged",
-                )
-
-
-def _framed_plain_size(header: bytes, n: int, where: str) -> int:
-    """The size of the plain chunk a framed chunk of `n` items becomes, from its header."""
-    if header[:8] != _FRAMED_MAGIC or len(header) < 24 + 4 * (n + 1):
-        raise located(
-            ShardFormatError, where, 0, "framed LitData chunk: no LDFZ01 header of its items"
-        )
-    (items,) = struct.unpack_from("<I", header, 12)
-    if items != n:
-        raise located(ShardFormatError, where, 12, f"holds {items} items, the index says {n}")
-    (logical_end,) = struct.unpack_from("<I", header, 24 + 4 * n)
-    return 4 + 4 * (n + 1) + logical_end
-
-
-def unframe(data: bytes | memoryview, source: str) -> list[bytes | memoryview]:
-    """LitData's framed zstd chunk (items compressed in frames of a few hundred) as the
-    parts of the plain chunk it stands for: the offset table, then the items."""
-    data = memoryview(data)
-
-    def bad(at: int, what: str) -> ShardFormatError:
-        return located(ShardFormatError, source, at, f"framed LitData chunk: {what}")
-
-    if bytes(data[:8]) != _FRAMED_MAGIC or len(data) < 24:
-        raise bad(0, "not one (no LDFZ01 magic): a LitData chunk of another compression")
-    version, _, n, _, frames = struct.unpack_from("<HHIII", data, 8)
-    if version != 1:
-        raise bad(8, f"version {version}")
-    table_end = 24 + 4 * (n + 1)
-    if table_end + 24 * frames > len(data):
-        raise bad(12, f"{n} items in {frames} frames do not fit {len(data)} bytes")
-    logical = np.frombuffer(data, "<u4", n + 1, 24).astype(np.int64)
-    head = 4 + 4 * (n + 1)
-    parts: list[bytes | memoryview] = [
-        struct.pack("<I", n),
-        (logical + head).astype("<u4").tobytes(),
-    ]
-    expected = 0
-    for k in range(frames):
-        at = table_end + 24 * k
-        _, _, offset, packed, plain = struct.unpack_from("<IIQII", data, at)
-        if offset + packed > len(data):
-            raise bad(at, f"frame {k} ({packed} bytes at {offset}) runs past the file's end")
-        frame = _core.decompress(
-            data[offset : offset + packed], plain, _core.ChunkFilter.ZSTD, source
-        )
-        parts.append(memoryview(frame))
-        expected += plain
-    if expected != int(logical[-1]):
-        raise bad(table_end, f"frames hold {expected} bytes but the items {int(logical[-1])}")
-    return parts
-
-
-def unframed(source: str, cache_dir: str | None) -> tuple[str, int]:
-    """A local framed LitData chunk as a plain chunk in the cache: its path and size."""
-
-    out = _cache_path(source, cache_dir)
-    with open(source, "rb") as f:
-        head = f.read(24)
-        n = struct.unpack_from("<I", head, 12)[0] if len(head) == 24 else 0
-        size = _framed_plain_size(head + f.read(4 * (n + 1)), n, source)
-        if os.path.exists(out) and os.path.getsize(out) == size:
-            return out, size  # decompressed at an earlier open: not again
-        f.seek(0)
-        data = f.read()
-    write_atomically(out, unframe(data, source))
-    return out, size
-
-
-def unpack_bytes(spec: dict, data: bytes, size: int, where: str) -> list[bytes | memoryview]:
-    """A compressed remote shard's bytes (`data`, as fetched) as the `size` bytes of the
-    shard it stands for, per its entry's ``unpack`` `spec` (zstd, gz, or LitData's
-    framed chunks); the writer's hashes of the compressed file are checked first."""
-    _check_hashes(data, spec.get("hashes") or {}, where)
-    kind = spec["kind"]
-    if kind == "framed":
-        parts = unframe(data, where)
-    else:
-        codec = _core.ChunkFilter.ZSTD if kind == "zstd" else _core.ChunkFilter.GZIP
-        parts = [memoryview(_core.decompress(data, size, codec, where))]
-    got = sum(len(p) for p in parts)
-    if got != size:
-        raise located(ShardFormatError, where, 0, f"decompresses to {got} bytes, not {size}")
-    return parts

@@ -113,8 +113,8 @@ def resolve(
                     index, text, lambda name: join_url(text, name), cache_dir, read_range
                 )
                 if found is not None:
-                    return found
-            return parse_manifest(data, text)
+                    return list(found)  # list(): a list of resolve's type, entries or None
+            return list(parse_manifest(data, text))
         return [(text, None)]
     if _SCHEME.match(text):
         raise StokerError(f"{text}: sources are local paths, http(s) URLs, s3:// and gs://")
@@ -133,7 +133,7 @@ def resolve(
         if os.path.isfile(peer):
             found = read_peer_index(peer, cache_dir)
             if found is not None:
-                return found
+                return list(found)
         shards = shards_in_folder(text)
         if not shards:
             raise StokerError(
@@ -145,7 +145,7 @@ def resolve(
     if is_peer_index(text) and os.path.isfile(text):
         found = read_peer_index(text, cache_dir)
         if found is not None:
-            return found
+            return list(found)
     if text.lower().endswith(".json"):
         return list(read_local_manifest(text, note_drift))
     known = (*SHARD_FORMATS, *ARRAY_FORMATS)
@@ -169,11 +169,11 @@ def _listed(
         raise StokerError(f"{text}: a store listing needs a fetcher")
     objects = list_url(prefix)
     if pattern is None and any(url == prefix + MANIFEST_NAME for url, _, _ in objects):
-        return parse_manifest(read_url(prefix + MANIFEST_NAME), prefix + MANIFEST_NAME)
+        return list(parse_manifest(read_url(prefix + MANIFEST_NAME), prefix + MANIFEST_NAME))
     if pattern is None and any(url == prefix + INDEX_NAME for url, _, _ in objects):
         # An MDS or LitData dataset.
         return resolve(prefix + INDEX_NAME, read_url, list_url=list_url, read_range=read_range)
-    found = [
+    found: list[tuple[str, dict | None]] = [
         (url, {"bytes": size, "listed": True, **({"etag": etag} if etag else {})})
         for url, size, etag in sorted(objects)
         if os.path.splitext(url.lower())[1] in SHARD_FORMATS

@@ -17,13 +17,14 @@ import os
 import shutil
 import tarfile
 import threading
+import types
 from collections.abc import Callable, Hashable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker._work import make_work_folder, remove_dead_work
 from stoker.dataset import Dataset
 from stoker.errors import StokerError, UsageError, quoted
@@ -426,7 +427,7 @@ class ShardWriter:
                 self._shard.close()
             if self._spill is not None:
                 self._spill.close()
-                self._pack_spill()
+                self._pack_spill(self._spill)
             if not self._names:
                 raise StokerError(f"{self.out_dir}: no samples were written")
             paths = [os.path.join(self._work, n) for n in self._names]
@@ -446,9 +447,10 @@ class ShardWriter:
             self._closed = True
             shutil.rmtree(self._work, ignore_errors=True)
 
-    def _pack_spill(self) -> None:
-        """Deal the spilled samples over shards by label (``stoker pack --stratify``)."""
-        spill = Dataset(self._spill.path)
+    def _pack_spill(self, spilled: TarShard) -> None:
+        """Deal the samples spilled to `spilled` (the writer's spill shard, closed) over
+        shards by label (``stoker pack --stratify``)."""
+        spill = Dataset(spilled.path)
         _, codes = np.unique(np.array([str(label) for label in self._labels]), return_inverse=True)
         plan = assign(
             sample_sizes(spill),
@@ -461,7 +463,7 @@ class ShardWriter:
         width = 6
         self._names = [f"{self.prefix}-{i:0{width}d}.tar" for i in range(len(plan))]
         write_shards(spill, plan, [os.path.join(self._work, n) for n in self._names])
-        os.unlink(self._spill.path)
+        os.unlink(spilled.path)
 
     def abort(self) -> None:
         """Discard everything written (nothing in `out_dir` is left from this writer)."""
@@ -475,7 +477,12 @@ class ShardWriter:
     def __enter__(self) -> ShardWriter:
         return self
 
-    def __exit__(self, kind, error, traceback) -> None:
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: types.TracebackType | None,
+    ) -> None:
         if kind is None:
             self.close()
         else:

@@ -76,6 +76,7 @@
 #include "stoker/io/pinned_ring.hpp"
 #include "stoker/io/posix_file.hpp"
 #include "stoker/io/shard_reader.hpp"
+#include "stoker/text/ascii_int.hpp"
 
 namespace {
 
@@ -401,7 +402,7 @@ Batch make_batch(Rng& rng, const World& w, bool big) {
       r.offset = sample.cls_offset;
       r.length = sample.cls_length;
       r.out_length = sizeof(int64_t);
-      r.codec = io::Codec::kAsciiInt;
+      r.codec = text::kAsciiInt;
       p.kind = Kind::kInt;
       p.value = sample.cls_value;
     } else {  // raw deflate, as in a zip
@@ -1482,6 +1483,7 @@ void array_client(int id, World& w, std::shared_ptr<const io::FileTable> table) 
 }
 
 int main(int argc, char** argv) {
+  stoker::text::register_decoders();  // the reader's integer members, as the Python module does
   if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
     std::printf("usage: %s [SECONDS [DIR]]\n", argv[0]);
     return 0;

@@ -4,7 +4,7 @@
 
 seeds/      small valid shards, written by the standard writers (tarfile, zipfile, numpy):
             the starting corpus of scripts/fuzz.sh and of the mutation test in
-            tests/test_malformed.py.
+            tests/formats/test_malformed.py.
 index-seeds/  each tar and zip seed's member index (NAME.idx), the fuzz target's seeds
             for its fourth format; written by stoker itself, so this needs stoker built.
 chunk-seeds/  array sources' chunks as the fuzz target's sixth format reads them (a layout
@@ -15,7 +15,7 @@ record-seeds/  MDS shards and LitData chunks in the layout their writers use (a 
 gzip-seeds/  gzip files as .nii.gz volumes are (one member, several, trailing zeros).
 malformed/  shards that are wrong in one way each, named for what is wrong: every one must
             be refused with stoker.ShardFormatError, when the Dataset opens it or when its
-            samples are read (tests/test_malformed.py). Inputs the fuzzer found are saved
+            samples are read (tests/formats/test_malformed.py). Inputs the fuzzer found are saved
             here by hand, named the same way; this script leaves them alone.
 
 The output is deterministic (fixed times and contents), so running this again rewrites the

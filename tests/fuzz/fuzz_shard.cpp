@@ -42,6 +42,7 @@
 #include "stoker/io/array_layout.hpp"
 #include "stoker/io/inflate.hpp"
 #include "stoker/io/shard_reader.hpp"
+#include "stoker/text/ascii_int.hpp"
 
 namespace {
 
@@ -269,7 +270,7 @@ void read_as_ints(const std::shared_ptr<const stoker::io::FileTable>& files,
     r.offset = index.member_offset[m];
     r.length = index.member_length[m];
     r.out_length = sizeof(int64_t);
-    r.codec = Codec::kAsciiInt;
+    r.codec = stoker::text::kAsciiInt;
     r.dest_offset = requests.size() * sizeof(int64_t);
     requests.push_back(r);
   }
@@ -321,9 +322,9 @@ void fuzz_image(const uint8_t* bytes, uint64_t size) {
   blank->blank_on_error = true;
   ReadRequest r;
   r.length = size;
-  r.codec = Codec::kImage;
+  r.codec = stoker::image::kImage;
   r.out_length = blank->nbytes();
-  r.image = blank;
+  r.decoder = stoker::image::field_decoder(blank);
   r.seed = 1;
   std::vector<uint8_t> dest(r.out_length);
   try {
@@ -476,6 +477,13 @@ void fuzz_gzip(const uint8_t* bytes, uint64_t size) {
   } catch (const std::exception& e) {
     bug(std::string("GzipFile threw ") + typeid(e).name() + ": " + e.what());
   }
+}
+
+// The decoders register their codes with the reader, as the Python module does.
+extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
+  stoker::image::register_decoders();
+  stoker::text::register_decoders();
+  return 0;
 }
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {

@@ -12,9 +12,16 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from nifti_volumes import flip_byte, gzip_copy, reference, volume, with_trailing, write_nifti
 
 import stoker
+from tests.support.nifti_volumes import (
+    flip_byte,
+    gzip_copy,
+    reference,
+    volume,
+    with_trailing,
+    write_nifti,
+)
 
 nib = pytest.importorskip("nibabel")
 

@@ -1,6 +1,5 @@
 #include "stoker/cuda/cufile.hpp"
 
-#include <dlfcn.h>
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -13,8 +12,8 @@
 #include <mutex>
 #include <thread>
 
-#include "stoker/cuda/symbols.hpp"
 #include "stoker/errors.hpp"
+#include "stoker/util/dynamic_library.hpp"
 
 namespace stoker::cuda {
 
@@ -117,35 +116,25 @@ Loaded& load(const std::vector<std::string>& candidates) {
       paths = candidates;
       paths.push_back("libcufile.so.0");
     }
-    void* library = nullptr;
-    std::string errors;
-    for (const auto& path : paths) {
-      library = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-      if (library != nullptr) {
-        l->status.library = path;
-        break;
-      }
-      const char* why = dlerror();
-      errors += (errors.empty() ? "" : "; ") + std::string(why != nullptr ? why : path);
-    }
-    if (library == nullptr) {
-      l->status.reason = "cannot load cuFile (" + errors +
+    auto library = util::DynamicLibrary::open(paths);
+    if (!library.loaded()) {
+      l->status.reason = "cannot load cuFile (" + library.failures() +
                          "); install the nvidia-cufile wheel or set STOKER_LIBCUFILE";
       return l;
     }
+    l->status.library = library.candidate();
     CuFileApi& a = l->api;
-    std::string missing;
-    bind(library, "cuFileDriverOpen", a.DriverOpen, missing);
-    bind(library, "cuFileDriverGetProperties", a.DriverGetProperties, missing);
-    bind(library, "cuFileHandleRegister", a.HandleRegister, missing);
-    bind(library, "cuFileHandleDeregister", a.HandleDeregister, missing);
-    bind(library, "cuFileRead", a.Read, missing);
-    if (!missing.empty()) {
-      l->status.reason = l->status.library + " has no " + missing;
+    library.bind("cuFileDriverOpen", a.DriverOpen);
+    library.bind("cuFileDriverGetProperties", a.DriverGetProperties);
+    library.bind("cuFileHandleRegister", a.HandleRegister);
+    library.bind("cuFileHandleDeregister", a.HandleDeregister);
+    library.bind("cuFileRead", a.Read);
+    if (!library.missing().empty()) {
+      l->status.reason = l->status.library + " has no " + library.missing();
       return l;
     }
-    std::string too_old;  // cuFileGetVersion came with cuFile 1.9: without it, version 0
-    bind(library, "cuFileGetVersion", a.GetVersion, too_old);
+    // cuFileGetVersion came with cuFile 1.9: without it, version 0.
+    library.bind_optional("cuFileGetVersion", a.GetVersion);
     CUfileError opened = a.DriverOpen();
     if (opened.err != 0) {
       l->status.reason = "cuFileDriverOpen failed: " + status_text(opened);

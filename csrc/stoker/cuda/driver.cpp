@@ -1,14 +1,13 @@
 #include "stoker/cuda/driver.hpp"
 
-#include <dlfcn.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <mutex>
 #include <vector>
 
-#include "stoker/cuda/symbols.hpp"
 #include "stoker/errors.hpp"
+#include "stoker/util/dynamic_library.hpp"
 
 namespace stoker::cuda {
 
@@ -39,39 +38,37 @@ Loaded& load() {
     l->owner = getpid();
     const char* env = std::getenv("STOKER_LIBCUDA");
     l->status.library = env != nullptr && *env != '\0' ? env : "libcuda.so.1";
-    void* library = dlopen(l->status.library.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (library == nullptr) {
-      const char* why = dlerror();
-      l->status.reason = std::string("cannot load the CUDA driver: ") +
-                         (why != nullptr ? why : l->status.library.c_str()) +
+    auto library = util::DynamicLibrary::open({l->status.library});
+    if (!library.loaded()) {
+      l->status.reason = "cannot load the CUDA driver: " + library.failures() +
                          " (no NVIDIA driver here, or set STOKER_LIBCUDA to its path)";
       return l;
     }
     DriverApi& a = l->api;
-    std::string missing;
-    bind(library, "cuInit", a.Init, missing);
-    bind(library, "cuDriverGetVersion", a.DriverGetVersion, missing);
-    bind(library, "cuDeviceGetCount", a.DeviceGetCount, missing);
-    bind(library, "cuDeviceGet", a.DeviceGet, missing);
-    bind(library, "cuDevicePrimaryCtxRetain", a.DevicePrimaryCtxRetain, missing);
-    bind(library, "cuCtxGetCurrent", a.CtxGetCurrent, missing);
-    bind(library, "cuCtxSetCurrent", a.CtxSetCurrent, missing);
-    bind(library, "cuGetErrorString", a.GetErrorString, missing);
-    bind(library, "cuMemHostRegister_v2", a.MemHostRegister, missing);
-    bind(library, "cuMemHostUnregister", a.MemHostUnregister, missing);
-    bind(library, "cuMemHostAlloc", a.MemHostAlloc, missing);
-    bind(library, "cuMemFreeHost", a.MemFreeHost, missing);
-    bind(library, "cuStreamCreate", a.StreamCreate, missing);
-    bind(library, "cuStreamDestroy_v2", a.StreamDestroy, missing);
-    bind(library, "cuEventCreate", a.EventCreate, missing);
-    bind(library, "cuEventDestroy_v2", a.EventDestroy, missing);
-    bind(library, "cuEventRecord", a.EventRecord, missing);
-    bind(library, "cuEventQuery", a.EventQuery, missing);
-    bind(library, "cuEventSynchronize", a.EventSynchronize, missing);
-    bind(library, "cuStreamWaitEvent", a.StreamWaitEvent, missing);
-    bind(library, "cuMemcpyHtoDAsync_v2", a.MemcpyHtoDAsync, missing);
-    if (!missing.empty()) {
-      l->status.reason = l->status.library + " has no " + missing + ": the driver is too old";
+    library.bind("cuInit", a.Init);
+    library.bind("cuDriverGetVersion", a.DriverGetVersion);
+    library.bind("cuDeviceGetCount", a.DeviceGetCount);
+    library.bind("cuDeviceGet", a.DeviceGet);
+    library.bind("cuDevicePrimaryCtxRetain", a.DevicePrimaryCtxRetain);
+    library.bind("cuCtxGetCurrent", a.CtxGetCurrent);
+    library.bind("cuCtxSetCurrent", a.CtxSetCurrent);
+    library.bind("cuGetErrorString", a.GetErrorString);
+    library.bind("cuMemHostRegister_v2", a.MemHostRegister);
+    library.bind("cuMemHostUnregister", a.MemHostUnregister);
+    library.bind("cuMemHostAlloc", a.MemHostAlloc);
+    library.bind("cuMemFreeHost", a.MemFreeHost);
+    library.bind("cuStreamCreate", a.StreamCreate);
+    library.bind("cuStreamDestroy_v2", a.StreamDestroy);
+    library.bind("cuEventCreate", a.EventCreate);
+    library.bind("cuEventDestroy_v2", a.EventDestroy);
+    library.bind("cuEventRecord", a.EventRecord);
+    library.bind("cuEventQuery", a.EventQuery);
+    library.bind("cuEventSynchronize", a.EventSynchronize);
+    library.bind("cuStreamWaitEvent", a.StreamWaitEvent);
+    library.bind("cuMemcpyHtoDAsync_v2", a.MemcpyHtoDAsync);
+    if (!library.missing().empty()) {
+      l->status.reason =
+          l->status.library + " has no " + library.missing() + ": the driver is too old";
       return l;
     }
     CUresult result = a.Init(0);

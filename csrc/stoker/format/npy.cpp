@@ -4,9 +4,9 @@
 #include <string>
 
 #include "stoker/errors.hpp"
-#include "stoker/format/bytes.hpp"
 #include "stoker/format/shard_index.hpp"
 #include "stoker/format/window_reader.hpp"
+#include "stoker/util/little_endian.hpp"
 
 namespace stoker::format {
 
@@ -199,11 +199,11 @@ NpyHeader read_npy_header(WindowReader& in, uint64_t base, uint64_t length) {
   uint8_t major = pre[6], minor = pre[7];
   uint64_t header_length, header_start;
   if (major == 1) {
-    header_length = le16(pre + 8);
+    header_length = util::le16(pre + 8);
     header_start = 10;
   } else if (major == 2 || major == 3) {
     if (length < 12) throw FormatError(path, base, "too short to be a .npy file");
-    header_length = le32(in.at(base + 8, 4, ".npy header length"));
+    header_length = util::le32(in.at(base + 8, 4, ".npy header length"));
     header_start = 12;
   } else {
     throw FormatError(

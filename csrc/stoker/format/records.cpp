@@ -12,8 +12,8 @@
 #include <cstring>
 
 #include "stoker/errors.hpp"
-#include "stoker/format/bytes.hpp"
 #include "stoker/format/shard_index.hpp"
+#include "stoker/util/little_endian.hpp"
 
 namespace stoker::format {
 
@@ -88,7 +88,7 @@ RecordLayout parse_layout(const std::string& path, const std::string& format) {
 
 uint32_t u32(const uint8_t* p, bool big_endian = false) {
   return big_endian ? uint32_t(p[0]) << 24 | uint32_t(p[1]) << 16 | uint32_t(p[2]) << 8 | p[3]
-                    : le32(p);
+                    : util::le32(p);
 }
 
 // The bytes of an array header at `at` (LitData's numpy: LE dtype, ndim, dims;
@@ -116,7 +116,7 @@ ShardIndex index_records(WindowReader& in, const std::string& format) {
   RecordLayout layout = parse_layout(path, format);
   ShardIndex index(split(format, '|')[0], in.identity());
   const uint64_t size = in.size();
-  const uint32_t n = le32(in.at(0, 4, "the record count"));
+  const uint32_t n = util::le32(in.at(0, 4, "the record count"));
   const uint64_t table = 4 + 4ull * (uint64_t(n) + 1);
   if (table > size) {
     throw FormatError(path, 0,
@@ -126,7 +126,7 @@ ShardIndex index_records(WindowReader& in, const std::string& format) {
   std::vector<uint32_t> offs(n + 1);
   {
     const uint8_t* p = in.at(4, table - 4, "the record offset table");
-    for (uint32_t k = 0; k <= n; ++k) offs[k] = le32(p + 4ull * k);
+    for (uint32_t k = 0; k <= n; ++k) offs[k] = util::le32(p + 4ull * k);
   }
   if (offs[0] < table) {
     throw FormatError(path, 4,
@@ -178,7 +178,7 @@ ShardIndex index_records(WindowReader& in, const std::string& format) {
       for (size_t c = 0; c < columns; ++c) {
         const Column& col = layout.columns[c];
         bool sized = layout.every_column_sized || col.size == kVariable;
-        sizes[c] = sized ? le32(prefix + 4 * next++) : col.size;
+        sizes[c] = sized ? util::le32(prefix + 4 * next++) : col.size;
         if (col.size != kVariable && sizes[c] != col.size) {
           throw FormatError(path, start,
                             "record " + std::to_string(k) + ": column " + quoted(col.name) +

@@ -6,6 +6,7 @@
 
 #include "stoker/errors.hpp"
 #include "stoker/format/sidecar.hpp"
+#include "stoker/io/thread_pool.hpp"
 
 namespace stoker::format {
 

@@ -9,7 +9,8 @@
 #include <vector>
 
 #include "stoker/format/window_reader.hpp"
-#include "stoker/io/shard_reader.hpp"
+#include "stoker/io/decoder.hpp"
+#include "stoker/io/posix_file.hpp"
 
 namespace stoker::format {
 

@@ -11,9 +11,9 @@
 #include <vector>
 
 #include "stoker/errors.hpp"
-#include "stoker/format/bytes.hpp"
 #include "stoker/io/inflate.hpp"
 #include "stoker/io/posix_file.hpp"
+#include "stoker/util/little_endian.hpp"
 
 namespace stoker::format {
 
@@ -65,15 +65,15 @@ class Reader {
   }
   uint64_t u64() {
     const uint8_t* b = take(8);
-    return b ? le64(b) : 0;
+    return b ? util::le64(b) : 0;
   }
   uint32_t u32() {
     const uint8_t* b = take(4);
-    return b ? le32(b) : 0;
+    return b ? util::le32(b) : 0;
   }
   uint16_t u16() {
     const uint8_t* b = take(2);
-    return b ? le16(b) : 0;
+    return b ? util::le16(b) : 0;
   }
   uint8_t u8() {
     const uint8_t* b = take(1);
@@ -155,7 +155,7 @@ bool decode_sidecar(const std::vector<uint8_t>& bytes, ShardIndex& index, uint64
     return false;
   }
   size_t body = bytes.size() - 4;
-  if (io::crc32_of(bytes.data(), body) != le32(bytes.data() + body)) return false;
+  if (io::crc32_of(bytes.data(), body) != util::le32(bytes.data() + body)) return false;
   Reader r(bytes.data(), body);
   r.take(sizeof kMagic);
   if (r.u64() != kVersion) return false;

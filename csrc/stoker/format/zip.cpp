@@ -8,9 +8,9 @@
 #include <vector>
 
 #include "stoker/errors.hpp"
-#include "stoker/format/bytes.hpp"
 #include "stoker/format/shard_index.hpp"
 #include "stoker/format/window_reader.hpp"
+#include "stoker/util/little_endian.hpp"
 
 namespace stoker::format {
 
@@ -45,8 +45,8 @@ CentralDirectory find_central_directory(WindowReader& in) {
   // the file exactly (a comment may itself contain the signature bytes).
   int64_t found = -1;
   for (int64_t i = static_cast<int64_t>(tail_length - kEndSize); i >= 0; --i) {
-    if (le32(&tail[i]) == kEndOfCentralDirectory &&
-        i + kEndSize + le16(&tail[i + 20]) == tail_length) {
+    if (util::le32(&tail[i]) == kEndOfCentralDirectory &&
+        i + kEndSize + util::le16(&tail[i + 20]) == tail_length) {
       found = i;
       break;
     }
@@ -57,23 +57,24 @@ CentralDirectory find_central_directory(WindowReader& in) {
   }
   const uint8_t* end = &tail[found];
   uint64_t end_pos = tail_start + found;
-  if (le16(end + 4) != 0 || le16(end + 6) != 0) {
+  if (util::le16(end + 4) != 0 || util::le16(end + 6) != 0) {
     throw FormatError(path, end_pos, "multi-disk zip archives are not supported");
   }
-  CentralDirectory cd{le32(end + 16), le32(end + 12), le16(end + 10), end_pos};
+  CentralDirectory cd{util::le32(end + 16), util::le32(end + 12), util::le16(end + 10), end_pos};
 
   if (end_pos >= 20) {
     const uint8_t* locator = in.at(end_pos - 20, 20, "zip64 end locator");
-    if (le32(locator) == kZip64EndLocator) {
-      uint64_t record_pos = le64(locator + 8);
+    if (util::le32(locator) == kZip64EndLocator) {
+      uint64_t record_pos = util::le64(locator + 8);
       if (record_pos + 56 > end_pos - 20) {
         throw FormatError(path, end_pos - 20, "zip64 end locator points past the end record");
       }
       const uint8_t* record = in.at(record_pos, 56, "zip64 end record");
-      if (le32(record) != kZip64End) {
+      if (util::le32(record) != kZip64End) {
         throw FormatError(path, record_pos, "bad zip64 end of central directory signature");
       }
-      cd = CentralDirectory{le64(record + 48), le64(record + 40), le64(record + 32), record_pos};
+      cd = CentralDirectory{util::le64(record + 48), util::le64(record + 40),
+                            util::le64(record + 32), record_pos};
     }
   }
   if (cd.offset > cd.end || cd.size > cd.end - cd.offset) {
@@ -106,34 +107,35 @@ std::vector<Entry> read_entries(WindowReader& in, const CentralDirectory& cd) {
   uint64_t at = 0;
   for (uint64_t e = 0; e < cd.entries; ++e) {
     uint64_t pos = cd.offset + at;
-    if (cd.size - at < 46 || le32(&dir[at]) != kCentralEntry) {
+    if (cd.size - at < 46 || util::le32(&dir[at]) != kCentralEntry) {
       throw FormatError(path, pos,
                         "broken central directory: entry " + std::to_string(e) + " of " +
                             std::to_string(cd.entries) + " is missing or has a bad signature");
     }
     const uint8_t* h = &dir[at];
-    uint16_t name_length = le16(h + 28), extra_length = le16(h + 30), comment_length = le16(h + 32);
+    uint16_t name_length = util::le16(h + 28), extra_length = util::le16(h + 30),
+             comment_length = util::le16(h + 32);
     if (cd.size - at - 46 < uint64_t(name_length) + extra_length + comment_length) {
       throw FormatError(path, pos, "broken central directory: entry runs past its end");
     }
     Entry entry;
     entry.entry_pos = pos;
     entry.name.assign(reinterpret_cast<const char*>(h + 46), name_length);
-    entry.flags = le16(h + 8);
-    entry.method = le16(h + 10);
-    entry.crc = le32(h + 16);
-    entry.compressed = le32(h + 20);
-    entry.uncompressed = le32(h + 24);
-    entry.local_header = le32(h + 42);
-    uint32_t disk = le16(h + 34);
-    uint16_t host = le16(h + 4) >> 8;
-    uint32_t mode = le32(h + 38) >> 16;
+    entry.flags = util::le16(h + 8);
+    entry.method = util::le16(h + 10);
+    entry.crc = util::le32(h + 16);
+    entry.compressed = util::le32(h + 20);
+    entry.uncompressed = util::le32(h + 24);
+    entry.local_header = util::le32(h + 42);
+    uint32_t disk = util::le16(h + 34);
+    uint16_t host = util::le16(h + 4) >> 8;
+    uint32_t mode = util::le32(h + 38) >> 16;
     entry.is_link = host == 3 && S_ISLNK(mode);
 
     // zip64: the fields saturated at 0xFFFFFFFF come, in order, from extra 0x0001.
     const uint8_t* extra = h + 46 + name_length;
     for (uint32_t x = 0; x + 4 <= extra_length;) {
-      uint16_t id = le16(extra + x), length = le16(extra + x + 2);
+      uint16_t id = util::le16(extra + x), length = util::le16(extra + x + 2);
       if (x + 4 + length > extra_length) {
         throw FormatError(path, pos, "broken central directory: extra field runs past its entry");
       }
@@ -142,14 +144,14 @@ std::vector<Entry> read_entries(WindowReader& in, const CentralDirectory& cd) {
         uint32_t left = length;
         auto take = [&](uint64_t& field) {
           if (left < 8) throw FormatError(path, pos, "broken zip64 extra field");
-          field = le64(v);
+          field = util::le64(v);
           v += 8;
           left -= 8;
         };
         if (entry.uncompressed == 0xFFFFFFFF) take(entry.uncompressed);
         if (entry.compressed == 0xFFFFFFFF) take(entry.compressed);
         if (entry.local_header == 0xFFFFFFFF) take(entry.local_header);
-        if (disk == 0xFFFF && left >= 4) disk = le32(v);
+        if (disk == 0xFFFF && left >= 4) disk = util::le32(v);
       }
       x += 4 + length;
     }
@@ -211,11 +213,11 @@ ShardIndex index_zip(WindowReader& in, bool locate_members) {
       continue;
     }
     const uint8_t* local = in.at(e.local_header, 30, "zip local header");
-    if (le32(local) != kLocalHeader) {
+    if (util::le32(local) != kLocalHeader) {
       throw FormatError(path, e.local_header,
                         "bad local header signature for member " + quoted(e.name));
     }
-    uint64_t data = e.local_header + 30 + le16(local + 26) + le16(local + 28);
+    uint64_t data = e.local_header + 30 + util::le16(local + 26) + util::le16(local + 28);
     if (data > cd.offset || e.compressed > cd.offset - data) {
       throw FormatError(path, e.local_header,
                         "member " + quoted(e.name) + " (" + std::to_string(e.compressed) +

@@ -8,8 +8,11 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
+
+#include "stoker/io/decoder.hpp"
 
 namespace stoker::image {
 
@@ -61,6 +64,18 @@ Box choose_box(uint32_t width, uint32_t height, const Target& target, uint64_t s
 // kMaxPixels.
 void decode_into(const uint8_t* src, uint64_t size, const Target& target, uint64_t seed,
                  uint8_t* dest, const std::string& path, uint64_t offset);
+
+// The codes of an image member as stored, and deflated (a zip's).
+constexpr io::Codec kImage{4};
+constexpr io::Codec kDeflateImage{5};
+
+// Registers both codes with the reader (their requests bring their field's
+// decoder); again does nothing.
+void register_decoders();
+
+// The reader's decoder of a field's images: each member decoded into `target`,
+// its crop seeded by the request's seed.
+std::shared_ptr<const io::FieldDecoder> field_decoder(std::shared_ptr<const Target> target);
 
 // A whole image decoded to RGB, rows of width * 3 bytes (for re-encoding and for
 // the decode benchmark's ceiling).

@@ -1,15 +1,12 @@
 #include "stoker/io/chunk_codec.hpp"
 
-#include <dlfcn.h>
-#include <link.h>
-
 #include <cstring>
 #include <mutex>
 
-#include "stoker/cuda/symbols.hpp"
 #include "stoker/errors.hpp"
-#include "stoker/format/bytes.hpp"
 #include "stoker/io/inflate.hpp"
+#include "stoker/util/dynamic_library.hpp"
+#include "stoker/util/little_endian.hpp"
 
 namespace stoker::io {
 
@@ -47,48 +44,46 @@ Libraries& libraries() {
 
 // The folders Python found first (where a package such as the `blosc` wheel put its
 // copy, wherever that package is installed), then the loader's own path: a library a
-// user installed with pip wins over a system one that may be older.
-void* open_library(const std::vector<std::string>& names, const std::vector<std::string>& dirs,
-                   std::string& tried, std::string& loaded) {
+// user installed with pip wins over a system one that may be older. `tried` says where
+// it was looked for when none loaded.
+util::DynamicLibrary open_library(const std::vector<std::string>& names,
+                                  const std::vector<std::string>& dirs, std::string& tried,
+                                  std::string& loaded) {
   std::vector<std::string> candidates;
   for (const auto& dir : dirs) {
     for (const auto& name : names) candidates.push_back(dir + "/" + name);
   }
   candidates.insert(candidates.end(), names.begin(), names.end());
-  for (const auto& candidate : candidates) {
-    if (void* handle = dlopen(candidate.c_str(), RTLD_NOW | RTLD_LOCAL)) {
-      struct link_map* map = nullptr;
-      loaded = dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != nullptr && map->l_name
-                   ? map->l_name
-                   : candidate;
-      return handle;
-    }
+  auto library = util::DynamicLibrary::open(candidates);
+  if (library.loaded()) {
+    loaded = library.mapped_path();
+    return library;
   }
   tried.clear();
   for (const auto& dir : dirs) tried += dir + "/" + names.front() + ", ";
   tried += names.front() + " on the loader's path";
-  return nullptr;
+  return library;
 }
 
 const ZstdApi* zstd_api() {
   Libraries& libs = libraries();
   std::lock_guard<std::mutex> lock(libs.mutex);
   if (!libs.zstd_ready) {
-    std::string tried, missing;
-    void* handle = open_library({"libzstd.so.1", "libzstd.so"}, libs.dirs, tried, libs.zstd_path);
-    if (handle == nullptr) {
+    std::string tried;
+    auto library = open_library({"libzstd.so.1", "libzstd.so"}, libs.dirs, tried, libs.zstd_path);
+    if (!library.loaded()) {
       libs.zstd_error = "the zstd codec needs libzstd, which was not found (tried " + tried +
                         "): install it (Debian/Ubuntu: apt-get install libzstd1)";
       return nullptr;
     }
     ZstdApi api;
-    cuda::bind(handle, "ZSTD_createDCtx", api.create, missing);
-    cuda::bind(handle, "ZSTD_freeDCtx", api.free_context, missing);
-    cuda::bind(handle, "ZSTD_decompressDCtx", api.decompress, missing);
-    cuda::bind(handle, "ZSTD_isError", api.is_error, missing);
-    cuda::bind(handle, "ZSTD_getErrorName", api.error_name, missing);
-    if (!missing.empty()) {
-      libs.zstd_error = "libzstd has no " + missing + ": it is too old";
+    library.bind("ZSTD_createDCtx", api.create);
+    library.bind("ZSTD_freeDCtx", api.free_context);
+    library.bind("ZSTD_decompressDCtx", api.decompress);
+    library.bind("ZSTD_isError", api.is_error);
+    library.bind("ZSTD_getErrorName", api.error_name);
+    if (!library.missing().empty()) {
+      libs.zstd_error = "libzstd has no " + library.missing() + ": it is too old";
       return nullptr;
     }
     libs.zstd = api;
@@ -101,10 +96,10 @@ const BloscApi* blosc_api() {
   Libraries& libs = libraries();
   std::lock_guard<std::mutex> lock(libs.mutex);
   if (!libs.blosc_ready) {
-    std::string tried, missing;
-    void* handle =
+    std::string tried;
+    auto library =
         open_library({"libblosc.so.1", "libblosc.so"}, libs.dirs, tried, libs.blosc_path);
-    if (handle == nullptr) {
+    if (!library.loaded()) {
       libs.blosc_error =
           "the blosc codec needs libblosc (c-blosc 1.x), which was not found (tried " + tried +
           "): install it (Debian/Ubuntu: apt-get install libblosc1; or pip install blosc, "
@@ -112,10 +107,11 @@ const BloscApi* blosc_api() {
       return nullptr;
     }
     BloscApi api;
-    cuda::bind(handle, "blosc_decompress_ctx", api.decompress, missing);
-    cuda::bind(handle, "blosc_cbuffer_sizes", api.sizes, missing);
-    if (!missing.empty()) {
-      libs.blosc_error = "libblosc has no " + missing + ": it is too old (1.x from 1.10 on)";
+    library.bind("blosc_decompress_ctx", api.decompress);
+    library.bind("blosc_cbuffer_sizes", api.sizes);
+    if (!library.missing().empty()) {
+      libs.blosc_error =
+          "libblosc has no " + library.missing() + ": it is too old (1.x from 1.10 on)";
       return nullptr;
     }
     libs.blosc = api;
@@ -277,7 +273,7 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
       case ChunkFilter::kCrc32c: {
         if (n < 4) throw fail("shorter than its 4-byte " + std::string(filter_name(step.filter)));
         n -= 4;
-        uint32_t stored = format::le32(data + n);
+        uint32_t stored = util::le32(data + n);
         if (step.filter == ChunkFilter::kCrc32c) {
           uint32_t got = crc32c_of(data, n);
           if (got != stored) throw fail("CRC-32C mismatch: the chunk is corrupt");

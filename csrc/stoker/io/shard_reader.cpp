@@ -41,10 +41,10 @@ struct Run {
   uint64_t end;
   uint32_t first;  // into the plan's order[]
   uint32_t count;
-  bool image;  // one of its pieces is an image to decode (at most one is)
+  bool slow;  // one of its pieces is slow to decode (at most one is)
 };
 
-bool is_image(Codec codec) { return codec == Codec::kImage || codec == Codec::kDeflateImage; }
+bool is_slow(const ReadRequest& r) { return r.decoder && r.decoder->slow(); }
 
 }  // namespace
 
@@ -76,17 +76,17 @@ void plan_runs(ReadPlan& plan) {
       Run& run = plan.runs.back();
       uint64_t new_end = std::max(run.end, end);
       // An image takes about a millisecond to decode, a thousand times its read: one
-      // per run, so that a batch of small images still spreads over every thread.
-      bool second_image = run.image && is_image(r.codec);
+      // slow piece per run, so that a batch of small images still spreads over every thread.
+      bool second_slow = run.slow && is_slow(r);
       if (run.file == r.file && r.offset <= run.end + kMaxGap && new_end - run.start <= kMaxRun &&
-          !second_image) {
+          !second_slow) {
         run.end = new_end;
         ++run.count;
-        run.image = run.image || is_image(r.codec);
+        run.slow = run.slow || is_slow(r);
         continue;
       }
     }
-    plan.runs.push_back(Run{r.file, r.offset, end, k, 1, is_image(r.codec)});
+    plan.runs.push_back(Run{r.file, r.offset, end, k, 1, is_slow(r)});
   }
 }
 
@@ -122,30 +122,6 @@ bool scatter_list(const ReadPlan& plan, const Run& run, uint8_t* discard,
   return true;
 }
 
-// Optional whitespace, an optional sign, 1 to 18 digits, optional whitespace.
-void parse_ascii_int(const uint8_t* src, uint64_t length, uint8_t* dest, const std::string& path,
-                     uint64_t offset) {
-  auto space = [](uint8_t c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; };
-  uint64_t i = 0, end = length;
-  while (i < end && space(src[i])) ++i;
-  while (end > i && space(src[end - 1])) --end;
-  bool negative = false;
-  if (i < end && (src[i] == '-' || src[i] == '+')) negative = src[i++] == '-';
-  int64_t value = 0;
-  uint64_t digits = end - i;
-  bool ok = digits >= 1 && digits <= 18;
-  for (; ok && i < end; ++i) {
-    if (src[i] < '0' || src[i] > '9') ok = false;
-    value = value * 10 + (src[i] - '0');
-  }
-  if (!ok) {
-    std::string text(reinterpret_cast<const char*>(src), std::min<uint64_t>(length, 40));
-    throw FormatError(path, offset, "not an integer: " + quoted(text));
-  }
-  value = negative ? -value : value;
-  std::memcpy(dest, &value, sizeof value);
-}
-
 void verify_crc(const ReadRequest& r, const uint8_t* decoded, uint64_t length,
                 const std::string& path) {
   if (!r.check_crc) return;
@@ -159,46 +135,40 @@ void verify_crc(const ReadRequest& r, const uint8_t* decoded, uint64_t length,
 
 void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
                   const std::string& path) {
-  if (r.codec == Codec::kStored) {
-    std::memcpy(dest, src, r.length);
-  } else if (r.codec == Codec::kAsciiInt) {
-    parse_ascii_int(src, r.length, dest, path, r.offset);
-    return;  // the text's CRC is not the int64's
-  } else if (r.codec == Codec::kDeflateAsciiInt) {
-    uint8_t text[kMaxIntText];
-    inflate_exact(src, r.length, text, r.inflated_length, path, r.offset);
-    verify_crc(r, text, r.inflated_length, path);
-    parse_ascii_int(text, r.inflated_length, dest, path, r.offset);
+  const bool deflated = find_codec(r.codec)->deflated;  // validated: it is registered
+  if (!r.decoder) {
+    if (deflated) {
+      inflate_exact(src, r.length, dest, r.out_length, path, r.offset);
+    } else {
+      std::memcpy(dest, src, r.length);
+    }
+    verify_crc(r, dest, r.out_length, path);
     return;
-  } else if (r.codec == Codec::kImage) {
-    verify_crc(r, src, r.length, path);
-    image::decode_into(src, r.length, *r.image, r.seed, dest, path, r.offset);
-    return;
-  } else if (r.codec == Codec::kDeflateImage) {
-    thread_local std::vector<uint8_t> inflated;
-    struct Shrink {  // when decoding throws too
-      ~Shrink() {
-        if (inflated.capacity() > kScratchKeep) std::vector<uint8_t>().swap(inflated);
-      }
-    } shrink;
-    inflated.resize(r.inflated_length);
-    inflate_exact(src, r.length, inflated.data(), r.inflated_length, path, r.offset);
-    verify_crc(r, inflated.data(), r.inflated_length, path);
-    image::decode_into(inflated.data(), r.inflated_length, *r.image, r.seed, dest, path, r.offset);
-    return;
-  } else {
-    inflate_exact(src, r.length, dest, r.out_length, path, r.offset);
   }
-  verify_crc(r, dest, r.out_length, path);
+  if (!deflated) {
+    verify_crc(r, src, r.length, path);
+    r.decoder->decode(src, r.length, r.seed, dest, path, r.offset);
+    return;
+  }
+  thread_local std::vector<uint8_t> inflated;
+  struct Shrink {  // when decoding throws too
+    ~Shrink() {
+      if (inflated.capacity() > kScratchKeep) std::vector<uint8_t>().swap(inflated);
+    }
+  } shrink;
+  inflated.resize(r.inflated_length);
+  inflate_exact(src, r.length, inflated.data(), r.inflated_length, path, r.offset);
+  verify_crc(r, inflated.data(), r.inflated_length, path);
+  r.decoder->decode(inflated.data(), r.inflated_length, r.seed, dest, path, r.offset);
 }
 
-// Decodes request `index`; an image that does not decode, where its field says
+// Decodes request `index`; a member that does not decode, where its decoder says
 // so, becomes zeros and is noted in `blanked` instead of failing the batch.
 void decode_or_blank(const ReadPlan& plan, uint32_t index, const uint8_t* src,
                      const std::string& path, std::vector<uint32_t>& blanked) {
   const ReadRequest& r = plan.requests[index];
   uint8_t* dest = plan.dest + r.dest_offset;
-  if (!is_image(r.codec) || !r.image->blank_on_error) {
+  if (!r.decoder || !r.decoder->blank_on_error()) {
     decode_piece(r, src, dest, path);
     return;
   }
@@ -263,6 +233,10 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
                   std::to_string(files.paths.size()));
     }
     const std::string& path = files.paths[r.file];
+    const CodecEntry* entry = find_codec(r.codec);
+    if (entry == nullptr) {
+      throw Error(path, r.offset, "unknown codec " + std::to_string(int(r.codec)));
+    }
     if (r.codec == Codec::kArrayRow) {
       validate_array_row(files, r);
     } else if (r.codec == Codec::kStored && r.out_length != r.length) {
@@ -270,26 +244,24 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
                   "stored piece has length " + std::to_string(r.length) + " but output length " +
                       std::to_string(r.out_length));
     }
-    if (r.codec > Codec::kArrayRow) {
-      throw Error(path, r.offset, "unknown codec " + std::to_string(int(r.codec)));
+    if (r.decoder && !entry->per_field) {
+      throw Error(path, r.offset, std::string("a ") + entry->name + " piece takes no decoder");
     }
-    if (is_image(r.codec) && (!r.image || r.out_length != r.image->nbytes())) {
-      throw Error(path, r.offset, "an image piece needs its target, and that target's size");
+    if (entry->per_field && !r.decoder) {
+      throw Error(path, r.offset, std::string("a ") + entry->name + " piece needs its decoder");
     }
-    if (r.codec == Codec::kDeflateImage && r.inflated_length > image::kMaxEncodedBytes) {
+    const FieldDecoder* decoder = r.decoder ? r.decoder.get() : entry->decoder.get();
+    if (decoder != nullptr && r.out_length != decoder->output_bytes()) {
+      throw Error(path, r.offset,
+                  std::string("a ") + entry->name + " piece decodes to " +
+                      std::to_string(decoder->output_bytes()) + " bytes, not " +
+                      std::to_string(r.out_length));
+    }
+    if (decoder != nullptr && entry->deflated && r.inflated_length > decoder->max_input_bytes()) {
       throw FormatError(path, r.offset,
-                        "an image member that inflates to " + std::to_string(r.inflated_length) +
-                            " bytes, more than the " + std::to_string(image::kMaxEncodedBytes) +
-                            " an encoded image may be");
-    }
-    bool integer = r.codec == Codec::kAsciiInt || r.codec == Codec::kDeflateAsciiInt;
-    if (integer && r.out_length != sizeof(int64_t)) {
-      throw Error(path, r.offset, "an ASCII integer decodes to 8 bytes");
-    }
-    if (r.codec == Codec::kDeflateAsciiInt && r.inflated_length > kMaxIntText) {
-      throw FormatError(path, r.offset,
-                        "an integer's text of " + std::to_string(r.inflated_length) +
-                            " bytes: too long for an integer");
+                        "a member that inflates to " + std::to_string(r.inflated_length) +
+                            " bytes, more than the " + std::to_string(decoder->max_input_bytes()) +
+                            " " + decoder->input_name() + " may be");
     }
     if (r.dest_offset > dest_size || r.out_length > dest_size - r.dest_offset) {
       throw Error(path, r.offset,
@@ -310,9 +282,9 @@ void plan_chunks(ReadPlan& plan, size_t num_threads) {
   uint64_t bytes = 0;
   for (size_t i = 0; i < plan.runs.size(); ++i) {
     bytes += plan.runs[i].end - plan.runs[i].start;
-    // A run with an image is a chunk of its own, so that no thread is left waiting
+    // A run with a slow piece is a chunk of its own, so that no thread is left waiting
     // on another's long chunk at the end of a batch.
-    if (bytes >= target || plan.runs[i].image) {
+    if (bytes >= target || plan.runs[i].slow) {
       plan.chunks.emplace_back(first, i + 1);
       first = i + 1;
       bytes = 0;
@@ -484,6 +456,9 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
                                                       uint8_t* dest, uint64_t dest_size,
                                                       std::shared_ptr<AlignedBuffer> buffer) {
   validate(*files, requests, dest_size);
+  for (ReadRequest& r : requests) {
+    if (!r.decoder) r.decoder = find_codec(r.codec)->decoder;
+  }
   ProcessState& process = state();
   auto plan = std::make_shared<ReadPlan>();
   plan->files = std::move(files);

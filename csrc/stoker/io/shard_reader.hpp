@@ -16,27 +16,14 @@
 #include <string>
 #include <vector>
 
-#include "stoker/image/image.hpp"
 #include "stoker/io/aligned_buffer.hpp"
 #include "stoker/io/array_layout.hpp"
+#include "stoker/io/decoder.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/pinned_ring.hpp"
 #include "stoker/io/thread_pool.hpp"
 
 namespace stoker::io {
-
-enum class Codec : uint8_t {
-  kStored = 0,           // bytes are used as they are on disk
-  kDeflate = 1,          // raw deflate (zip method 8), inflated into the destination
-  kAsciiInt = 2,         // ASCII integer text (WebDataset's .cls), parsed into an int64
-  kDeflateAsciiInt = 3,  // the same text deflated (a zip's): inflated, then parsed
-  kImage = 4,            // a JPEG or PNG, decoded, cropped and resized (ReadRequest::image)
-  kDeflateImage = 5,     // the same image deflated (a zip's): inflated, then decoded
-  kArrayRow = 6,         // row `offset` of FileTable::arrays[array] (array_rows.hpp)
-};
-
-// The longest integer text a member may hold, whitespace included.
-constexpr uint64_t kMaxIntText = 64;
 
 // The files a dataset's requests refer to by index. Built once per dataset and
 // shared with every batch, so a request is three integers, not a path.
@@ -51,16 +38,16 @@ struct ReadRequest {
   uint64_t offset = 0;       // where the bytes start in the file
   uint64_t length = 0;       // bytes on disk
   uint64_t dest_offset = 0;  // where the decoded bytes go in the batch buffer
-  uint64_t out_length = 0;   // decoded size (== length for stored bytes; 8 for integers)
-  // kDeflateAsciiInt, kDeflateImage: the size of the inflated bytes (for an integer's text,
-  // at most kMaxIntText).
+  uint64_t out_length = 0;   // decoded size (== length for stored bytes)
+  // A deflated member that is then decoded: the size of its inflated bytes.
   uint64_t inflated_length = 0;
-  Codec codec = Codec::kStored;
-  bool check_crc = false;  // compare the member's bytes' CRC-32 with `crc32`
+  Codec codec = Codec::kStored;  // the reader's own, or one a decoder registered
+  bool check_crc = false;        // compare the member's bytes' CRC-32 with `crc32`
   uint32_t crc32 = 0;
-  // kImage, kDeflateImage: what the image becomes, and the seed of its random crop.
-  std::shared_ptr<const image::Target> image;
-  uint64_t seed = 0;
+  // The decoder, for a code whose decoder is made per field (CodecEntry::per_field);
+  // for other decoded codes the reader fills in the registered one.
+  std::shared_ptr<const FieldDecoder> decoder;
+  uint64_t seed = 0;   // handed to the decoder (an image's random crop)
   uint32_t array = 0;  // kArrayRow: into FileTable::arrays
 };
 
@@ -85,8 +72,8 @@ class PendingRead {
   void cancel();
   // Thread time spent reading and decoding this batch so far, summed over threads.
   double busy_seconds() const { return busy_ns_.load(std::memory_order_relaxed) * 1e-9; }
-  // The requests (by index) whose image did not decode and were filled with
-  // zeros instead (image::Target::blank_on_error), in no particular order.
+  // The requests (by index) whose member did not decode and were filled with
+  // zeros instead (FieldDecoder::blank_on_error), in no particular order.
   std::vector<uint32_t> blanked() const;
   // The buffer the batch was read into, when the reader allocated it.
   const std::shared_ptr<AlignedBuffer>& buffer() const { return buffer_; }

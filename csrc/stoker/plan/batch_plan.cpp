@@ -6,6 +6,7 @@
 
 #include "stoker/errors.hpp"
 #include "stoker/format/window_reader.hpp"
+#include "stoker/text/ascii_int.hpp"
 
 namespace stoker::plan {
 
@@ -147,14 +148,14 @@ void plan_int(const FieldSpec& f, const std::vector<MemberRef>& rows, const Memb
     const MemberRef& row = rows[i];
     ReadRequest r = request_for(row, out.offset + i * sizeof(int64_t));
     if (r.codec == Codec::kStored) {
-      r.codec = Codec::kAsciiInt;  // parsed straight from the bytes on disk
+      r.codec = text::kAsciiInt;  // parsed straight from the bytes on disk
     } else {
-      if (r.out_length > io::kMaxIntText) {
+      if (r.out_length > text::kMaxIntText) {
         bad_member(
             m, row,
             name_of(f) + " is " + std::to_string(r.out_length) + " bytes: too long for an integer");
       }
-      r.codec = Codec::kDeflateAsciiInt;  // inflated, then parsed
+      r.codec = text::kDeflateAsciiInt;  // inflated, then parsed
       r.inflated_length = r.out_length;
     }
     r.out_length = sizeof(int64_t);
@@ -184,18 +185,18 @@ void plan_bytes(const std::vector<MemberRef>& rows, Regions& regions, FieldLayou
 void plan_image(const FieldSpec& f, const std::vector<MemberRef>& rows, uint64_t augment_seed,
                 Regions& regions, FieldLayout& out, PreparedBatch& batch) {
   size_t n = rows.size();
-  uint64_t nbytes = f.image->nbytes();
+  uint64_t nbytes = f.decoder->output_bytes();
   out.offset = regions.take(n * nbytes);
   for (size_t i = 0; i < n; ++i) {
     ReadRequest r = request_for(rows[i], out.offset + i * nbytes);
     if (r.codec == Codec::kStored) {
-      r.codec = Codec::kImage;
+      r.codec = image::kImage;
     } else {
-      r.codec = Codec::kDeflateImage;
+      r.codec = image::kDeflateImage;
       r.inflated_length = r.out_length;
     }
     r.out_length = nbytes;
-    r.image = f.image;
+    r.decoder = f.decoder;
     r.seed = image::sample_seed(augment_seed, static_cast<uint64_t>(batch.indices[i]));
     add(batch, r, rows[i]);
   }
@@ -263,13 +264,14 @@ void plan_npy_members(const FieldSpec& f, const std::vector<MemberRef>& rows, co
 }  // namespace
 
 BatchPlan::BatchPlan(std::vector<FieldSpec> fields) : fields_(std::move(fields)) {
-  for (const FieldSpec& f : fields_) {
+  for (FieldSpec& f : fields_) {
     if (f.kind == Kind::kColumn ? f.column == nullptr : f.field_ids.empty()) {
       throw Error("field '" + f.name + "' has nothing to read");
     }
     if (f.kind == Kind::kImage && !f.image) {
       throw Error("field '" + f.name + "' is an image field with no target");
     }
+    if (f.kind == Kind::kImage) f.decoder = image::field_decoder(f.image);
   }
 }
 

@@ -39,10 +39,11 @@ struct FieldSpec {
   // The dataset's field ids of the alternatives, in order: each sample's member
   // is the first of them its shard's index has for it.
   std::vector<int32_t> field_ids;
-  std::vector<std::string> alternatives;       // their names, for messages
-  const int64_t* column = nullptr;             // kColumn: one value per sample
-  std::shared_ptr<const image::Target> image;  // kImage: what each image becomes
-  uint64_t length = 0;                         // kColumn: the column's entries
+  std::vector<std::string> alternatives;            // their names, for messages
+  const int64_t* column = nullptr;                  // kColumn: one value per sample
+  std::shared_ptr<const image::Target> image;       // kImage: what each image becomes
+  std::shared_ptr<const io::FieldDecoder> decoder;  // kImage: made from `image` by the plan
+  uint64_t length = 0;                              // kColumn: the column's entries
 };
 
 // One indexed shard's members, rows numbered within the shard. The arrays are

@@ -10,11 +10,12 @@ from __future__ import annotations
 import ctypes
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from stoker import _core
-from stoker.arrays import (
+import stoker._core as _core
+from stoker.arrays.array_fields import (
     ArrayField,
     check_dtype,
     field_names_of,
@@ -22,6 +23,7 @@ from stoker.arrays import (
     in_place_offsets,
     pick_arrays,
 )
+from stoker.arrays.registry import ArrayFormat, Identity, register
 from stoker.errors import ShardFormatError, StokerError, located
 
 # HDF5's filter ids, and what stoker decodes them with.
@@ -48,7 +50,7 @@ _DONT_FILTER_PARTIAL_CHUNKS = 2  # H5Pset_chunk_opts
 _MISSING = np.uint64(2**64 - 1)
 
 
-def _h5py():
+def _h5py() -> Any:  # the h5py module, which has no type information
     try:
         import h5py
     except ImportError:
@@ -68,7 +70,7 @@ def hdf5_arrays(path: str, arrays: Sequence[str] | None) -> tuple[int, list[Arra
     except OSError as e:
         raise located(ShardFormatError, path, 0, f"not an HDF5 file h5py can open ({e})") from e
     with f:
-        found: dict[str, object] = {}
+        found: dict[str, Any] = {}  # h5py.Dataset (h5py has no type information)
 
         def visit(name: str, item: object) -> None:
             if isinstance(item, h5py.Dataset) and item.ndim >= 1:
@@ -84,8 +86,11 @@ def hdf5_arrays(path: str, arrays: Sequence[str] | None) -> tuple[int, list[Arra
         ]
 
 
-def _layout(path: str, name: str, d) -> tuple:
-    """(dtype, row shape, ArrayLayout or None, in-place offsets or None, storage text)."""
+def _layout(
+    path: str, name: str, d: Any
+) -> tuple[np.dtype, tuple[int, ...], _core.ArrayLayout | None, np.ndarray | None, str]:
+    """(dtype, row shape, ArrayLayout or None, in-place offsets or None, storage text) of
+    the h5py.Dataset `d`."""
     where = f"{path}:/{name}"
     if d.is_virtual:
         raise located(
@@ -158,7 +163,7 @@ def _layout(path: str, name: str, d) -> tuple:
     masks = np.zeros(n, np.uint32)
     strides = np.cumprod([1, *grid[::-1]])[:-1][::-1]
 
-    def note(info) -> None:
+    def note(info: Any) -> None:  # an h5py StoreInfo
         if info.byte_offset is None:
             return
         index = sum(int(o) // c * int(s) for o, c, s in zip(info.chunk_offset, chunks, strides))
@@ -188,7 +193,7 @@ def _layout(path: str, name: str, d) -> tuple:
         edge = np.zeros(grid, bool)
         for axis, (s, c) in enumerate(zip(shape, chunks)):
             if s % c:
-                index = [slice(None)] * len(grid)
+                index: list[slice | int] = [slice(None)] * len(grid)
                 index[axis] = -1
                 edge[tuple(index)] = True
         masks[edge.reshape(-1)] = (1 << len(steps)) - 1
@@ -210,7 +215,17 @@ def _layout(path: str, name: str, d) -> tuple:
 
 
 def _chunked(
-    where, path, shape, chunks, dtype, fill, pipeline, offsets, sizes, byteswap, masks=None
+    where: str,
+    path: str,
+    shape: tuple[int, ...],
+    chunks: tuple[int, ...],
+    dtype: np.dtype,
+    fill: np.ndarray,
+    pipeline: list[tuple[_core.ChunkFilter, int]],
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    byteswap: bool,
+    masks: np.ndarray | None = None,
 ) -> _core.ArrayLayout:
     """The layout of chunks of `path` (`offsets`, `sizes`: one of each per chunk)."""
     n = len(offsets)
@@ -230,7 +245,7 @@ def _chunked(
     )
 
 
-def _steps(path: str, name: str, dcpl) -> list[tuple[int, int]]:
+def _steps(path: str, name: str, dcpl: Any) -> list[tuple[int, int]]:
     """The dataset's filter pipeline as (filter id, parameter), in the order applied."""
     steps = []
     for i in range(dcpl.get_nfilters()):
@@ -251,7 +266,7 @@ def _steps(path: str, name: str, dcpl) -> list[tuple[int, int]]:
     return steps
 
 
-def _partial_chunks_unfiltered(dcpl) -> bool:
+def _partial_chunks_unfiltered(dcpl: Any) -> bool:  # dcpl: an h5py PropDCID
     """Whether the dataset was written with H5D_CHUNK_DONT_FILTER_PARTIAL_CHUNKS, which
     h5py does not expose: asked of the HDF5 library h5py loaded."""
     library = _hdf5_library()
@@ -263,10 +278,10 @@ def _partial_chunks_unfiltered(dcpl) -> bool:
     return bool(opts.value & _DONT_FILTER_PARTIAL_CHUNKS)
 
 
-_library: list = []
+_library: list[ctypes.CDLL | None] = []  # [] until looked for, then [the library or None]
 
 
-def _hdf5_library():
+def _hdf5_library() -> ctypes.CDLL | None:
     if not _library:
         found = None
         try:
@@ -285,3 +300,11 @@ def _hdf5_library():
             found = None
         _library.append(found)
     return _library[0]
+
+
+def _file_identity(path: str) -> Identity:
+    st = os.stat(path)
+    return (st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+register(ArrayFormat("hdf5", hdf5_arrays, _file_identity))

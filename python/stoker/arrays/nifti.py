@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker.errors import ReadError, ShardFormatError, UsageError, located
 
 GZIP_MAGIC = b"\x1f\x8b"

@@ -13,13 +13,15 @@ import itertools
 import math
 import os
 import struct
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker._files import load_json
-from stoker.arrays import ArrayField, field_names_of, has_tensor_type, pick_arrays
+from stoker.arrays.array_fields import ArrayField, field_names_of, has_tensor_type, pick_arrays
+from stoker.arrays.registry import ArrayFormat, Identity, register
 from stoker.errors import ShardFormatError, located
 
 _MISSING = np.uint64(2**64 - 1)
@@ -39,8 +41,24 @@ _V3_TYPES = {
 }
 
 
+class _Shard(TypedDict):
+    """v3 sharding_indexed: the shard's shape and where its index is."""
+
+    shape: tuple[int, ...]
+    crc: bool  # the index ends with a crc32c
+    start: bool  # the index is at the start of the shard (else at its end)
+
+
 class _Array:
     """One array's metadata, as read from its JSON."""
+
+    # Set by _v2 or _v3 as they read the JSON (declared here, not in __init__, so that
+    # reading one before it is set still fails loudly).
+    meta_path: str
+    shape: tuple[int, ...]
+    chunks: tuple[int, ...]
+    fill: bytes  # one element, native byte order
+    key: Callable[[tuple[int, ...]], str]  # a chunk's grid coordinates -> its file's key
 
     def __init__(self, store: str, name: str, folder: str) -> None:
         self.store, self.name, self.folder = store, name, folder
@@ -48,9 +66,15 @@ class _Array:
         self.order: list[int] = []
         self.byteswap = False
         self.steps: list[tuple[_core.ChunkFilter, int]] = []
-        self.shard: dict | None = None  # v3 sharding_indexed: inner shape, index layout
+        self.shard: _Shard | None = None  # v3 sharding_indexed: inner shape, index layout
         self.dtype: np.dtype | None = None  # None: no tensor type (`unsupported` says why)
         self.unsupported = ""
+
+    def known_dtype(self) -> np.dtype:
+        """The dtype, where the caller has already turned away arrays without one."""
+        if self.dtype is None:
+            raise AssertionError(f"array {self.label}: no dtype ({self.unsupported})")
+        return self.dtype
 
     def fail(self, what: str) -> ShardFormatError:
         return located(ShardFormatError, self.meta_path, 0, f"array {self.label}: {what}")
@@ -202,7 +226,7 @@ def _codecs(a: _Array, codecs: list, outer: bool) -> tuple[list, list[int], bool
             order = given if not order else [order[i] for i in given]
         elif name == "bytes" and not seen_bytes:
             seen_bytes = True
-            byteswap = config.get("endian", "little") == "big" and a.dtype.itemsize > 1
+            byteswap = config.get("endian", "little") == "big" and a.known_dtype().itemsize > 1
         elif name == "sharding_indexed" and outer and not seen_bytes:
             seen_bytes = True
             sharding = config
@@ -227,10 +251,11 @@ def _compressor(a: _Array, name: object) -> _core.ChunkFilter:
     return _COMPRESSORS[name]
 
 
-def _shapes(a: _Array, shape: object, chunks: object) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _shapes(a: _Array, shape: Any, chunks: Any) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    # Any: the JSON's values, whatever they are; the conversion below is their check.
     try:
-        shape = tuple(int(s) for s in shape)  # type: ignore[union-attr]
-        chunks = tuple(int(c) for c in chunks)  # type: ignore[union-attr]
+        shape = tuple(int(s) for s in shape)
+        chunks = tuple(int(c) for c in chunks)
     except (TypeError, ValueError):
         raise a.fail(
             f"shape {shape!r} or chunk shape {chunks!r} is not a list of integers"
@@ -242,7 +267,7 @@ def _shapes(a: _Array, shape: object, chunks: object) -> tuple[tuple[int, ...], 
 
 def _fill(a: _Array, value: object) -> bytes:
     """The fill value as one element of the array's dtype, native byte order."""
-    dtype = a.dtype
+    dtype = a.known_dtype()
     if value is None:
         return bytes(dtype.itemsize)
     try:
@@ -271,7 +296,8 @@ def _field(a: _Array, field: str) -> ArrayField:
     offsets = np.full(n, _MISSING)
     sizes = np.zeros(n, np.uint64)
     files = np.zeros(n, np.uint32)
-    itemsize = a.dtype.itemsize
+    dtype = a.known_dtype()
+    itemsize = dtype.itemsize
     chunk_bytes = int(np.prod(a.chunks, dtype=np.int64)) * itemsize
     if a.shard is None:
         keys = [a.key(at) for at in itertools.product(*(range(g) for g in grid))]
@@ -294,7 +320,7 @@ def _field(a: _Array, field: str) -> ArrayField:
                     f"uncompressed chunks are {chunk_bytes}",
                 )
     else:
-        paths = _shard_chunks(a, grid, offsets, sizes, files)
+        paths = _shard_chunks(a, a.shard, grid, offsets, sizes, files)
     layout = _core.ArrayLayout(
         a.where,
         a.shape,
@@ -313,18 +339,24 @@ def _field(a: _Array, field: str) -> ArrayField:
     names = "+".join(f.name.lower() for f, _ in a.steps)
     storage = f"zarr chunks {a.chunks}" + (f" in shards {a.shard['shape']}" if a.shard else "")
     return ArrayField(
-        field, a.dtype, a.shape[1:], layout, None, storage + (f", {names}" if names else "")
+        field, dtype, a.shape[1:], layout, None, storage + (f", {names}" if names else "")
     )
 
 
 def _shard_chunks(
-    a: _Array, grid: list[int], offsets: np.ndarray, sizes: np.ndarray, files: np.ndarray
+    a: _Array,
+    shard: _Shard,
+    grid: list[int],
+    offsets: np.ndarray,
+    sizes: np.ndarray,
+    files: np.ndarray,
 ) -> list[str]:
-    """Fill in each inner chunk's place from the index of the shard file holding it."""
-    outer = a.shard["shape"]
+    """Fill in each inner chunk's place from the index of the shard file holding it (`shard`
+    is `a.shard`)."""
+    outer = shard["shape"]
     per = [o // i for o, i in zip(outer, a.chunks)]  # inner chunks per shard, per axis
     count = int(np.prod(per, dtype=np.int64))
-    index_bytes = 16 * count + (4 if a.shard["crc"] else 0)
+    index_bytes = 16 * count + (4 if shard["crc"] else 0)
     strides = np.cumprod([1, *grid[::-1]])[:-1][::-1]
     local = np.array(list(itertools.product(*(range(p) for p in per))), np.int64).reshape(
         count, len(per)
@@ -343,12 +375,12 @@ def _shard_chunks(
                         f"a shard of array {a.label} of {size} bytes cannot hold its "
                         f"{index_bytes}-byte index",
                     )
-                at_index = 0 if a.shard["start"] else size - index_bytes
+                at_index = 0 if shard["start"] else size - index_bytes
                 f.seek(at_index)
                 raw = f.read(index_bytes)
         except FileNotFoundError:
             continue  # a shard never written: its chunks are the fill value
-        if a.shard["crc"]:
+        if shard["crc"]:
             (stored,) = struct.unpack("<I", raw[-4:])
             if _core.crc32c(raw[:-4]) != stored:
                 raise located(
@@ -380,3 +412,10 @@ def _shard_chunks(
         files[linear] = len(paths)
         paths.append(path)
     return paths
+
+
+def _no_identity(path: str) -> Identity:
+    return (0, 0, 0)  # a folder: each chunk file is checked as it is read
+
+
+register(ArrayFormat("zarr", zarr_arrays, _no_identity))

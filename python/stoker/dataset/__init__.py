@@ -9,45 +9,27 @@ when first read.
 
 from __future__ import annotations
 
-import contextlib
-import errno
-import logging
 import os
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any, overload
 
 import numpy as np
 
-from stoker import _core
 from stoker._process import collector_paused, shared_reader
-from stoker.arrays import index_array_source
 from stoker.dataset.files import files_index, read_labels_csv
-from stoker.dataset.holds import ShardHolds
-from stoker.dataset.members import DEFAULT_RESIDENT, Gathered, MemberTable, Note
-from stoker.dataset.reads import samples_from, submit_members
-from stoker.dataset.shared import SharedDescribe, shared_describe
-from stoker.errors import (
-    ReadError,
-    ShardFormatError,
-    StokerError,
-    UsageError,
-    human,
-    located,
-    quoted,
-)
-from stoker.formats import format_of, is_url
-from stoker.remote import FetchOptions, RemoteShard, RemoteShards, apply_entry, fetcher_for
-from stoker.sources import Source, resolve
-
-log = logging.getLogger("stoker.dataset")
-
-ARRAY_SOURCES = ("hdf5", "zarr")
+from stoker.dataset.indexed import IndexedSamples
+from stoker.dataset.members import Gathered
+from stoker.dataset.opening import open_source
+from stoker.dataset.shared import shared_describe
+from stoker.errors import ShardFormatError, UsageError, located, quoted
+from stoker.formats import ARRAY_SOURCES as ARRAY_SOURCES
+from stoker.remote import FetchOptions, RemoteShards
+from stoker.sources import Source
 
 __all__ = ["Dataset", "Gathered", "read_labels_csv"]
 
 
-class Dataset:
+class Dataset(IndexedSamples):
     """Every sample of `source`: ``len(ds)``, ``ds[i]``, ``ds[a:b]``, ``ds.get_batch(indices)``.
 
     ``ds[i]`` is a dict: ``"__key__"`` (str) and one entry per field: a 1-D uint8 numpy
@@ -83,12 +65,6 @@ class Dataset:
         UsageError: `arrays` was given for a source with no HDF5 file or Zarr store.
     """
 
-    # Until opening is finished (see describe_shared), and for the other constructors.
-    _pending: _Pending | None = None
-    _sharing: SharedDescribe | None = None
-    _members: MemberTable | None = None
-    _holds: ShardHolds | None = None
-
     def __init__(
         self,
         source: Source,
@@ -104,179 +80,27 @@ class Dataset:
         self.cache_limit = cache_limit
         self.num_threads = num_threads
         options = fetch or FetchOptions()
-        self.fetch = options
+        # None for from_files and from_csv datasets, which Dataset() cannot open again.
+        self.fetch: FetchOptions | None = options
         self.arrays = None if arrays is None else list(arrays)
 
-        def read_url(url: str) -> bytes:
-            fetcher = fetcher_for(options)
-            fetcher.cache_url(url)  # a store is set up here, not on the event loop
-            return fetcher.call(fetcher.read_all(url))
-
-        def read_range(url: str, offset: int, length: int) -> bytes:
-            fetcher = fetcher_for(options)
-            fetcher.cache_url(url)
-            return fetcher.call(fetcher.read_range(url, offset, length))
-
-        def list_url(url: str) -> list[tuple[str, int, str | None]]:
-            fetcher = fetcher_for(options)
-            fetcher.cache_url(url)
-            return fetcher.call(fetcher.list_objects(url))
-
         with collector_paused():  # a hundred thousand shards' entries, all kept
-            self._open_source(source, read_url, list_url, read_range, arrays, options)
-
-    def _open_source(
-        self,
-        source: Source,
-        read_url: Callable[[str], bytes],
-        list_url: Callable[[str], list[tuple[str, int, str | None]]],
-        read_range: Callable[[str, int, int], bytes],
-        arrays: Sequence[str] | None,
-        options: FetchOptions,
-    ) -> None:
-        """Find the shards of `source` and index (or describe) them: the body of __init__."""
-        cache_dir, cache_limit, num_threads = self.cache_dir, self.cache_limit, self.num_threads
-        shards = resolve(
-            source,
-            read_url,
-            list_url=list_url,
-            cache_dir=None if cache_dir is None else os.fspath(cache_dir),
-            read_range=read_range,
-        )
-        names = [path for path, _ in shards]
-        paths = list(names)
-        # (An MDS shard or LitData chunk's entry carries its record format.)
-        formats = [(entry or {}).get("format") or format_of(path) for path, entry in shards]
-        remote_ids = [i for i, path in enumerate(paths) if is_url(path)]
-        local_ids = [i for i, path in enumerate(paths) if not is_url(path)]
-        indexes: list[dict] = [{} for _ in paths]
-        identities = np.zeros((len(paths), 3), np.int64)
-        # What a manifest lists is stat'ed now: each file as it is when opened is what
-        # reads check against (and what indexing it later is compared with).
-        listed = [i for i in local_ids if shards[i][1] is not None]
-        identities[listed] = _check_manifest_sizes(
-            [paths[i] for i in listed], [shards[i][1] for i in listed]
-        )
-        # Shards a manifest describes open without a scan: each is indexed when a batch
-        # first reads it.
-        described = {i for i in local_ids if _describes(shards[i][1])}
-        for i in described:
-            entry = shards[i][1]
-            indexes[i] = {"samples": entry["samples"], "fields": entry.get("fields")}
-        scan = [i for i in local_ids if i not in described and formats[i] not in ARRAY_SOURCES]
-        found = _core.index_shards(
-            [paths[i] for i in scan], [formats[i] for i in scan], num_threads or 0
-        )
-        for i in local_ids:  # HDF5 files and Zarr stores: their layouts, learnt here
-            if formats[i] in ARRAY_SOURCES:
-                scan.append(i)
-                found.append(index_array_source(paths[i], formats[i], arrays))
-        if arrays is not None and not any(f in ARRAY_SOURCES for f in formats):
-            raise UsageError(
-                "arrays= chooses arrays of HDF5 files and Zarr stores; this source has none"
+            opening = open_source(
+                source,
+                cache_dir=cache_dir,
+                cache_limit=cache_limit,
+                num_threads=num_threads,
+                arrays=arrays,
+                options=options,
             )
-        for i, index in zip(scan, found):
-            indexes[i] = index
-            identities[i] = index["identity"]
-        pending = _Pending(names, paths, identities, formats, indexes, shards, remote_ids)
-        self._pending = pending
-        if remote_ids:
-            remote = _open_remote(shards, remote_ids, formats, cache_dir, cache_limit, options)
-            pending.remote = remote
+            self._pending = opening
             # With torch.distributed, shards no rank knows yet are described by the ranks
             # that will read them, when the Loader is made (see .shared); opening stops here.
-            if len(remote_ids) == len(paths) and remote.undescribed():
-                urls, sizes = [s.url for s in remote.shards], [s.size or 0 for s in remote.shards]
-                self._sharing = shared_describe(urls, sizes)
+            if opening.waits_for_ranks():
+                self._sharing = shared_describe(*opening.remote_sizes())
                 if self._sharing is not None:
                     return
-        self._finish_open()
-
-    def _finish_open(self) -> None:
-        """Open what `_open_source` left: the member table, once every shard's samples are
-        known."""
-        p = self._pending
-        if p is None:
-            return
-        self._pending = None
-        names, paths, indexes = p.names, list(p.paths), list(p.indexes)
-        remote = p.remote
-        if remote is not None:
-            remote.describe()  # every shard a swap (if any) left undescribed
-            for r, i in enumerate(p.remote_ids):
-                shard = remote.shards[r]
-                indexes[i] = {"samples": shard.samples, "fields": shard.fields}
-                paths[i] = remote.path_of(r)
-        self._open(names, paths, p.identities, p.formats, indexes)
-        if remote is not None:
-            remote_of = {i: r for r, i in enumerate(p.remote_ids)}
-            self._holds = ShardHolds(remote, remote_of, self.members)
-            self._holds.on_notes(self._say)
-        for shard, (_, entry) in enumerate(p.shards):
-            runs = (entry or {}).get("key_runs")
-            if isinstance(runs, int) and runs > entry.get("samples", runs):
-                self._say([("regrouped", shard, entry["samples"], runs)])
-
-    # -- describing remote shards across ranks (see .shared) ---------------------------
-
-    def shard_weights(self) -> np.ndarray | None:
-        """Each shard's bytes, where this dataset's shards are to be described by a swap
-        across ranks that has not happened yet (the Loader estimates with them which
-        shards each rank reads first); else None."""
-        if self._sharing is None:
-            return None
-        return np.array([s.size or 0 for s in self._remote_shards().shards], np.int64)
-
-    def _remote_shards(self) -> RemoteShards:
-        p = self._pending
-        remote = p.remote if p is not None else self.remote
-        assert remote is not None
-        return remote
-
-    def describe_shared(self, mine: np.ndarray) -> None:
-        """Describe shards `mine` (of shard_weights'), swap descriptions with every other
-        rank, and finish opening with the counts all ranks found. Every rank of the job
-        calls it once (the Loader does); a rank that finished opening on its own (it was
-        used before its Loader was made) publishes all it knows."""
-        sharing, self._sharing = self._sharing, None
-        if sharing is None:
-            return
-        remote = self._remote_shards()
-        if self._pending is not None:
-            try:
-                remote.describe(only=[int(i) for i in mine])
-            except BaseException as e:
-                sharing.fail(e)
-                raise
-        found = {
-            i: (s.samples, s.fields) for i, s in enumerate(remote.shards) if s.samples is not None
-        }
-        for i, (samples, fields) in sharing.swap(found).items():
-            shard = remote.shards[i]
-            if shard.samples is None:
-                shard.samples, shard.fields = samples, fields
-        self._finish_open()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # A copy in another process (a spawned DataLoader worker) is a whole dataset: it
-        # takes no part in the ranks' swap (torch.distributed's store stays here).
-        self._finish_open()
-        state = self.__dict__.copy()
-        state.pop("_sharing", None)
-        return state
-
-    @property
-    def members(self) -> MemberTable:
-        if self._members is None:
-            self._finish_open()  # a dataset used before (or without) a Loader's swap
-        assert self._members is not None
-        return self._members
-
-    @property
-    def holds(self) -> ShardHolds | None:
-        if self._pending is not None:
             self._finish_open()
-        return self._holds
 
     @classmethod
     def from_csv(
@@ -355,75 +179,6 @@ class Dataset:
                 )
             self.members.extras["label"] = column
         return self
-
-    def _open(
-        self,
-        names: list[str],
-        paths: list[str],
-        identities: np.ndarray,
-        formats: list[str],
-        indexes: list[dict],
-        member_files: np.ndarray | None = None,
-    ) -> None:
-        """The member table of `indexes` (one per shard). A shard not yet local has a
-        placeholder ``{"samples", "fields"}``: its samples count; its members are added
-        once it is indexed."""
-        counts, field_names, fields_known = [], [], True
-        for index in indexes:
-            if "samples" in index:  # a placeholder
-                counts.append(int(index["samples"]))
-                fields_known &= index.get("fields") is not None
-                field_names += index.get("fields") or ()
-            elif index["format"] == "npy":
-                counts.append(int(index["shape"][0]))
-            elif index["format"] == "array":
-                counts.append(int(index["rows"]))
-            else:
-                counts.append(len(index["keys"]))
-        shard_names = names if member_files is None else [self.source] * len(indexes)
-        self._pending = None
-        self._members = MemberTable(
-            counts, shard_names, paths, identities, formats, field_names, fields_known
-        )
-        self._holds = None
-        self._said: set[str] = set()
-        self._group_starts: np.ndarray | None = None
-        ready = [s for s, index in enumerate(indexes) if "samples" not in index]
-        # What opening indexed (a scan of every shard) stays indexed: it was paid for, and
-        # only a source without a manifest is scanned. Shards indexed later are held while
-        # in use, a bounded number at once.
-        self.members.reserve(max(DEFAULT_RESIDENT, len(ready)))
-        member_files = None if member_files is None else member_files.astype(np.uint32)
-        self._say(self.members.add(ready, [indexes[s] for s in ready], member_files))
-
-    def _say(self, notes: list[Note]) -> None:
-        """What indexing found that a user should hear: each kind once per dataset."""
-        for kind, shard, a, b in notes:
-            if kind in self._said:
-                continue
-            self._said.add(kind)
-            name = self.members.names[shard]
-            if kind == "regrouped":
-                log.warning(
-                    "%s: some samples' members are stored apart (as `zip -r` and tar without "
-                    "--sort=name store them); stoker groups them by key into %d samples, "
-                    "where WebDataset, which groups adjacent members only, would read %d. "
-                    "(Said once per dataset; `stoker inspect` lists every such shard.)",
-                    name,
-                    a,
-                    b,
-                )
-            elif kind == "stale-index":
-                damaged = a == int(_core.SidecarState.DAMAGED)
-                why = "is damaged" if damaged else "is for another version of the shard"
-                log.warning(
-                    "%s: its member index %s; the shard's headers were read instead. "
-                    "(Said once per dataset; `stoker index` writes the indexes again. A "
-                    "shard copied without its modification time, by `cp` without -p, "
-                    "makes its index stale too.)",
-                    name + _core.SIDECAR_SUFFIX,
-                    why,
-                )
 
     # -- the public surface --------------------------------------------------------
 
@@ -528,26 +283,6 @@ class Dataset:
             buffer = self.read_members(members, shared_reader(self.num_threads)).wait()
             return self.samples_of(buffer, idx, members)
 
-    def shards_of(self, indices: np.ndarray) -> np.ndarray:
-        """The shard of each sample of `indices`."""
-        return self.members.shards_of(indices)
-
-    def _each_shard_indexed(self, fetched_only: bool) -> Iterator[tuple[int, int, int]]:
-        """(shard, first sample, end) of every shard with samples, each indexed (and kept
-        so) while the caller looks at it; `fetched_only`: remote shards not indexed now are
-        yielded unindexed instead of read (the caller tells them by `resident`)."""
-        starts = self.members.shard_start
-        for shard in range(len(starts) - 1):
-            first, end = int(starts[shard]), int(starts[shard + 1])
-            if end == first:
-                continue
-            remote = self.holds is not None and self.holds.is_remote[shard]
-            if fetched_only and remote and self.members.resident(shard) is None:
-                yield shard, first, end
-                continue
-            with self.indexed(np.array([first], np.int64)):
-                yield shard, first, end
-
     def sample_bytes(self, cost: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
         """Each sample's members' summed `cost` (of their decoded lengths), shard by shard
         (indexing local shards a manifest described); a remote shard not fetched yet counts
@@ -556,7 +291,9 @@ class Dataset:
         sizes = np.zeros(len(self), np.int64)
         for shard, first, end in self._each_shard_indexed(fetched_only=True):
             if table.resident(shard) is None:  # remote, not fetched
-                sizes[first:end] = self.holds.size_of(shard) // (end - first)
+                holds = self.holds
+                assert holds is not None  # only a source with remote shards has one
+                sizes[first:end] = holds.size_of(shard) // (end - first)
                 continue
             out, sample_first = table.member_out(shard)
             per_member = np.concatenate([np.asarray(cost(out), np.int64), [0]])
@@ -575,75 +312,15 @@ class Dataset:
             for shard, _, _ in self._each_shard_indexed(fetched_only=False)
         )
 
-    # -- what readers of whole batches go through (the Loader's way into the index) -----
-
-    def group_sizes(self) -> np.ndarray:
-        """The sampler's groups of consecutive samples (each shard, or runs of an array
-        source's chunks)."""
-        return self.members.group_sizes()
-
-    def shards_of_groups(self, groups: np.ndarray) -> np.ndarray:
-        """The shard each of the sampler's `groups` (indices into group_sizes) lies in."""
-        starts = self._group_starts
-        if starts is None:
-            starts = np.concatenate([[0], np.cumsum(self.group_sizes())[:-1]]).astype(np.int64)
-            self._group_starts = starts
-        return self.members.shards_of(starts[np.asarray(groups, np.int64)])
-
-    def reserve_index(self, shards: int) -> None:
-        """A reader will use up to `shards` shards at once: keep that many indexed."""
-        self.members.reserve(shards)
-
-    @property
-    def fields_known(self) -> bool:
-        """Whether every shard's field names are known (a manifest, or opening, said)."""
-        return self.members.fields_known
-
-    @property
-    def columns(self) -> dict[str, np.ndarray]:
-        """The dataset's integer columns (a CSV's labels): one value per sample."""
-        return self.members.extras
-
-    def field_ids(self, names: Sequence[str]) -> list[int]:
-        """The ids of field `names` as a BatchPlan names them (-1: none yet)."""
-        return self.members.field_ids(names)
-
-    def decoder(self, decoder: int) -> tuple[np.dtype, tuple[int, ...]] | None:
-        """dtype and row shape of a typed decoder (rows of .npy shards); None for bytes."""
-        return self.members.decoders[decoder]
-
-    def plan_columns(self) -> _core.MemberColumns:
-        """The index as a BatchPlan reads a batch (inside `indexed` for it)."""
-        return self.members.plan_columns()
-
-    def gather(self, indices: np.ndarray) -> Gathered:
-        """The members of samples `indices` (inside `indexed` for them), in order."""
-        return self.members.gather(indices)
-
-    def read_members(self, members: Gathered, reader: _core.ShardReader) -> _core.PendingRead:
-        """Start reading gathered `members` into one buffer, each decoded at the next
-        aligned offset."""
-        return submit_members(self.members, members, reader)
-
-    def samples_of(
-        self, buffer: np.ndarray, indices: np.ndarray, members: Gathered
-    ) -> list[dict[str, Any]]:
-        """Sample dicts viewing `buffer`, as read_members(members) read it."""
-        return samples_from(self.members, buffer, indices, members)
-
-    def describe(self, member: int) -> tuple[str, str, int] | None:
-        """The file, field name and sample of a member id a batch plan named (None where
-        its shard is no longer indexed)."""
-        return self.members.describe(member)
-
     def explain(
         self, error: ShardFormatError, members: np.ndarray, offsets: np.ndarray
     ) -> ShardFormatError:
         """`error`, which the reader raised about a piece of one of `members` (ids) read at
         file `offsets`, said of the field and sample whose bytes it is about."""
         path, offset = getattr(error, "path", None), getattr(error, "offset", None)
-        hits = np.flatnonzero(offsets == np.uint64(offset or 0)) if path is not None else ()
-        for hit in list(hits):
+        if path is None or offset is None:  # not about a place in a file (both are set)
+            return error
+        for hit in np.flatnonzero(offsets == np.uint64(offset)).tolist():
             found = self.describe(int(members[hit]))
             if found is not None and found[0] == path:
                 _, field, sample = found
@@ -656,51 +333,6 @@ class Dataset:
                 )
         return error
 
-    # -- indexing and holding ------------------------------------------------------
-
-    @contextlib.contextmanager
-    def indexed(self, indices: np.ndarray) -> Iterator[None]:
-        """Every shard of samples `indices` indexed, and kept so for the block: local shards
-        not indexed now are indexed (a manifest described them, or they were let go of);
-        remote ones must be held already (see holding)."""
-        table = self.members
-        shards = np.unique(table.shards_of(indices)).tolist() if len(indices) else []
-        pinned: list[int] = []
-        try:
-            with table.lock:
-                missing = table.missing(np.asarray(shards, np.int64))
-                for shard in set(shards) - set(missing):
-                    table.pin(shard)  # first: indexing the others must not let them go
-                    pinned.append(shard)
-                if missing:
-                    if self.holds is not None and self.holds.is_remote[missing].any():
-                        name = table.names[next(s for s in missing if self.holds.is_remote[s])]
-                        raise StokerError(f"internal: shard {name} is read before it is local")
-                    self._say(table.index_local(missing, self.num_threads or 0, pin=True))
-                    pinned += missing
-            yield
-        finally:
-            for shard in pinned:
-                table.unpin(shard)
-
-    def ensure_indexed(self, indices: np.ndarray) -> None:
-        """Every shard of samples `indices` indexed now (see indexed, which also keeps them
-        so)."""
-        with self.indexed(indices):
-            pass
-
-    @contextlib.contextmanager
-    def holding(self, indices: np.ndarray) -> Iterator[None]:
-        """The shards of samples `indices` held (remote ones fetched into the cache) and
-        indexed, for the block."""
-        if self.holds is None or len(indices) == 0:
-            with self.indexed(indices):
-                yield
-            return
-        shards = self.holds.remote_among(np.unique(self.shards_of(indices)))
-        with self.holds.holding(shards), self.indexed(indices):
-            yield
-
     def _check_index(self, i: int) -> int:
         n = len(self)
         i = int(i)
@@ -711,84 +343,3 @@ class Dataset:
     def __repr__(self) -> str:
         files = len(self.members.paths)
         return f"Dataset({len(self)} samples in {files} files, fields {self.fields})"
-
-
-@dataclass
-class _Pending:
-    """What opening found, kept until every remote shard's samples are known (see
-    Dataset.describe_shared)."""
-
-    names: list[str]
-    paths: list[str]
-    identities: np.ndarray
-    formats: list[str]
-    indexes: list[dict]
-    shards: list[tuple[str, dict | None]]
-    remote_ids: list[int]
-    remote: RemoteShards | None = None
-
-
-def _open_remote(
-    shards: list[tuple[str, dict | None]],
-    remote_ids: list[int],
-    formats: list[str],
-    cache_dir: str | os.PathLike[str] | None,
-    cache_limit: int | None,
-    options: FetchOptions,
-) -> RemoteShards:
-    """The remote shards of a source, their sizes known and their cache checked."""
-    described = []
-    for i in remote_ids:
-        shard = RemoteShard(url=shards[i][0], format=formats[i])
-        if shards[i][1]:
-            apply_entry(shard, shards[i][1])
-        described.append(shard)
-    remote = RemoteShards(described, cache_dir, cache_limit, options)
-    remote.describe(only=())  # sizes: the samples of shards no manifest gave come later
-    largest = max(s.size or 0 for s in remote.shards)
-    if remote.limit < 2 * largest:
-        raise StokerError(
-            f"cache_limit={remote.limit} bytes cannot hold two of these shards at once (one "
-            f"being read, one arriving): raise cache_limit to at least {2 * largest} "
-            f"({human(2 * largest)}), or write smaller shards"
-        )
-    return remote
-
-
-def _describes(entry: dict | None) -> bool:
-    """Whether a manifest entry says enough to open its shard without a scan."""
-    return bool(entry) and isinstance(entry.get("samples"), int) and "bytes" in entry
-
-
-def _check_manifest_sizes(paths: list[str], entries: list[dict]) -> np.ndarray:
-    """Each shard a manifest lists is there, and as large as the manifest says (stat'ed in
-    parallel: a manifest may list a hundred thousand). Returns their identities (zeros
-    where a stat failed: the index parser reports it with its errno)."""
-    identities, errors = _core.stat_files(paths, 0)
-    for j in np.flatnonzero(errors).tolist():
-        if int(errors[j]) == errno.ENOENT:
-            path = paths[j]
-            folder = os.path.dirname(path) or "."
-            raise located(
-                ReadError,
-                path,
-                0,
-                "the manifest lists this shard but it is not there; run `stoker index "
-                f"{folder}` to write the manifest again",
-                errno.ENOENT,
-            )
-        # (any other failure: the index parser reports it with its errno)
-    expected = np.array([entry.get("bytes", -1) for entry in entries], np.int64)
-    wrong = np.flatnonzero((errors == 0) & (expected >= 0) & (identities[:, 1] != expected))
-    if len(wrong):
-        j = int(wrong[0])
-        path, entry, actual = paths[j], entries[j], int(identities[j, 1])
-        raise located(
-            ShardFormatError,
-            path,
-            min(actual, entry["bytes"]),
-            f"{entry.get('listed_by', 'the manifest')} says {entry['bytes']} bytes but the "
-            f"file has {actual}",
-        )
-    identities[errors != 0] = 0
-    return identities

@@ -10,7 +10,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker.errors import ReadError, ShardFormatError, located
 
 

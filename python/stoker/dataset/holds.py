@@ -10,15 +10,11 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 
-from stoker import _core
 from stoker._process import wait_result
 from stoker.dataset.members import MemberTable, same_index
 from stoker.dataset.reads import forget_everywhere
 from stoker.errors import FetchError, StokerError, human, located
-from stoker.remote import Hold, RemoteShards
-
-#: A fetched shard: its hold, and its index when this process had none (or must compare).
-Arrival = tuple[Hold, "dict | None"]
+from stoker.remote import Arrival, IndexStep, RemoteShard, RemoteShards, index_copy
 
 
 class ShardHolds:
@@ -46,11 +42,14 @@ class ShardHolds:
         """Bytes the node cache may hold."""
         return self.remote.limit
 
+    def _remote(self, shard: int) -> RemoteShard:
+        return self.remote.shards[self.remote_of[shard]]
+
     def size_of(self, shard: int) -> int:
-        return self.remote.shards[self.remote_of[shard]].size or 0
+        return self._remote(shard).size or 0
 
     def url_of(self, shard: int) -> str:
-        return self.remote.shards[self.remote_of[shard]].url
+        return self._remote(shard).url
 
     def remote_among(self, shards: np.ndarray) -> list[int]:
         """Those of `shards` that are remote."""
@@ -60,25 +59,22 @@ class ShardHolds:
 
     def start(self, shard: int, priority: tuple[int, int] = (0, 0)) -> concurrent.futures.Future:
         """Hold `shard` in the cache, fetching it if need be; the future's result is an
-        Arrival, the index made on the shard thread where this process needs one. Downloads
-        start in `priority` order (lowest first)."""
-        remote, table = self.remote, self.table
-        r = self.remote_of[shard]
+        Arrival, with the index made on the shard thread where this process needs one.
+        Downloads start in `priority` order (lowest first)."""
+        return self.remote.start(self.remote_of[shard], priority, self._index_step(shard))
 
-        def then(hold: Hold) -> Arrival:
-            # The cache file changes only by a new download; with a sha256 that is the
-            # same bytes. Otherwise its index is made again, to compare.
-            if table.resident(shard) is not None and (
-                tuple(table.identities[shard]) == hold.identity or remote.shards[r].sha256
-            ):
-                return hold, None
-            try:
-                return hold, self._index(shard, hold)
-            except BaseException:
-                remote.release(r)
-                raise
-
-        return remote.start(r, then, priority)
+    def _index_step(self, shard: int) -> IndexStep | None:
+        """What the arrival of `shard` needs indexed. Nothing where this process has its
+        index and a sha256 pins its bytes; else the copy that arrives, unless it is the
+        copy this process indexed (a cache file changes only by a new download): indexed
+        again, it is compared with the first index (see arrived)."""
+        remote = self._remote(shard)
+        if self.table.resident(shard) is None:
+            return IndexStep(remote.format)
+        if remote.sha256:
+            return None
+        indexed = tuple(int(v) for v in self.table.identities[shard])
+        return IndexStep(remote.format, unless_copy=indexed)
 
     def arrived(self, shard: int, arrival: Arrival) -> None:
         """A fetched shard is held: index it (the first time) or check it is the same as
@@ -91,7 +87,7 @@ class ShardHolds:
             table.pin(shard)
             try:
                 if index is None and table.resident(shard) is None:  # let go of meanwhile
-                    index = self._index(shard, hold)
+                    index = index_copy(hold.path, self._remote(shard).format)
                 if index is not None:
                     if table.resident(shard) is None:
                         self._on_notes(table.add([shard], [index]))
@@ -107,11 +103,6 @@ class ShardHolds:
             except BaseException:
                 table.unpin(shard)
                 raise
-
-    def _index(self, shard: int, hold: Hold) -> dict:
-        """The member index of held `shard`'s cache copy."""
-        fmt = self.remote.shards[self.remote_of[shard]].format
-        return _core.index_shards([hold.path], [fmt], 1)[0]
 
     def warm(self, shard: int, priority: tuple[int, int] = (1, 0)) -> concurrent.futures.Future:
         """Fetch `shard` ahead, unheld, if the cache has room for it now."""

@@ -19,7 +19,6 @@ id, ``shard << 32 | row``.
 
 from __future__ import annotations
 
-import os
 import threading
 from collections import OrderedDict
 from collections.abc import Sequence
@@ -28,27 +27,17 @@ from typing import Any
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker._process import ProcessLocal
-from stoker.errors import ShardFormatError, located
-
-#: What adding shards found that a user should hear: (kind, shard, detail, detail).
-Note = tuple[str, int, int, int]
-
-#: The member columns and their types (rows and samples numbered within their shard).
-MEMBER_COLUMNS = {
-    "file": np.uint32,  # index into the table's files
-    "offset": np.uint64,  # where the member's bytes start in its file
-    "length": np.uint64,  # bytes on disk
-    "out": np.uint64,  # bytes once decoded
-    "codec": np.uint8,  # _core.Codec
-    "crc": np.uint32,  # zip's CRC-32, checked for compressed members
-    "field": np.int32,  # index into field_names
-    "decoder": np.int32,  # index into decoders (0: bytes as they are)
-    "sample": np.int64,  # the sample the member belongs to
-    "array": np.uint32,  # ARRAY_ROW members: index into the table's arrays
-}
-_PLAN_COLUMNS = [c for c in MEMBER_COLUMNS if c not in ("field", "sample")]
+from stoker.dataset.shard_rows import (
+    MEMBER_COLUMNS,
+    Note,
+    ShardIndex,
+    chunk_groups,
+    chunk_rows,
+    dtype_of,
+    shard_index,
+)
 
 #: Indexed shards kept beyond those in use, at the least (a Loader asks for more when its
 #: shuffle window and read-ahead span more). About 2 MB each for shards of 10,000 samples.
@@ -66,57 +55,9 @@ def member_id(shard: int | np.ndarray, row: int | np.ndarray) -> Any:
     return (np.int64(shard) << _ROW_BITS) | np.int64(row)
 
 
-class ShardIndex:
-    """One indexed shard's members. `columns` hold MEMBER_COLUMNS (``sample`` within the
-    shard); a sample's members are consecutive rows from ``sample_first[i]`` to
-    ``sample_first[i + 1]``; `field_rows` maps a field id to each sample's row of it (-1:
-    none); `keys` is None where keys are made from the shard's name and the row."""
-
-    def __init__(
-        self,
-        first_sample: int,
-        columns: dict[str, np.ndarray],
-        per_sample: np.ndarray,
-        keys: np.ndarray | None,
-    ) -> None:
-        self.first_sample = first_sample
-        self.columns = {
-            name: np.ascontiguousarray(columns[name], dtype=dtype)
-            for name, dtype in MEMBER_COLUMNS.items()
-        }
-        self.samples = len(per_sample)
-        self.sample_first = np.zeros(self.samples + 1, np.int64)
-        np.cumsum(per_sample, out=self.sample_first[1:])
-        self.field_rows: dict[int, np.ndarray] = {}
-        field, sample = self.columns["field"], self.columns["sample"]
-        for f in np.unique(field).tolist():
-            hits = np.flatnonzero(field == f)
-            rows = np.full(self.samples, -1, np.int64)
-            rows[sample[hits]] = hits
-            self.field_rows[int(f)] = rows
-        self.keys = keys
-        self._core: _core.ShardColumns | None = None
-
-    @property
-    def rows(self) -> int:
-        return len(self.columns["offset"])
-
-    def plan_columns(self) -> _core.ShardColumns:
-        """The shard as a BatchPlan reads it (made once)."""
-        if self._core is None:
-            fields = max(self.field_rows, default=-1) + 1
-            self._core = _core.ShardColumns(
-                self.first_sample,
-                {name: self.columns[name] for name in _PLAN_COLUMNS},
-                self.sample_first[:-1],
-                [self.field_rows.get(f) for f in range(fields)],
-            )
-        return self._core
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
-        state["_core"] = None  # made again on the other side
-        return state
+#: One shard's part of a set of samples: (its index, its samples, numbered within it,
+#: where they stand in the set, the shard).
+ShardPart = tuple[ShardIndex, np.ndarray, Any, int]
 
 
 @dataclass
@@ -134,6 +75,31 @@ class Gathered:
             return self.__dict__["columns"][name]
         except KeyError:
             raise AttributeError(name) from None
+
+    @classmethod
+    def of(cls, n: int, parts: list[ShardPart]) -> Gathered:
+        """The members of `n` samples, from each shard's part of them: (the shard's index,
+        its samples among the n, numbered within it, where they stand among the n, the
+        shard)."""
+        firsts = np.zeros(n, np.int64)
+        counts = np.zeros(n, np.int64)
+        shard_of = np.zeros(n, np.int64)
+        for index, local, where, shard in parts:
+            firsts[where] = index.sample_first[local]
+            counts[where] = index.sample_first[local + 1] - index.sample_first[local]
+            shard_of[where] = shard
+        bounds = np.zeros(n + 1, np.int64)
+        np.cumsum(counts, out=bounds[1:])
+        rows = np.arange(bounds[-1], dtype=np.int64) + np.repeat(firsts - bounds[:-1], counts)
+        member_shard = np.repeat(shard_of, counts)
+        columns = {name: np.zeros(len(rows), dtype) for name, dtype in MEMBER_COLUMNS.items()}
+        for index, _, _, shard in parts:
+            at = slice(None) if len(parts) == 1 else member_shard == shard
+            picked = rows[at]
+            for name, column in columns.items():
+                column[at] = index.columns[name][picked]
+            columns["sample"][at] += index.first_sample
+        return cls(columns, bounds, member_id(member_shard, rows))
 
 
 class MemberTable:
@@ -205,18 +171,7 @@ class MemberTable:
         that a shuffled epoch reads each chunk while its rows are being drawn (a shuffle
         over a whole file would decode a chunk for nearly every row it serves)."""
         sizes = np.diff(self.shard_start)
-        cuts = self._group_rows
-        if not cuts:
-            return sizes
-        out = []
-        for shard, size in enumerate(sizes.tolist()):
-            rows = cuts.get(shard)
-            if rows is None or rows >= size:
-                out.append(np.array([size], np.int64))
-            else:
-                whole, rest = divmod(size, rows)
-                out.append(np.array([rows] * whole + ([rest] if rest else []), np.int64))
-        return np.concatenate(out) if out else sizes
+        return chunk_groups(sizes, self._group_rows) if self._group_rows else sizes
 
     def field_id(self, name: str) -> int:
         if name not in self._field_ids:
@@ -232,15 +187,7 @@ class MemberTable:
         """The decoder of rows of `descr` and `row_shape` (`name`: the shard, for errors)."""
         key = (descr, row_shape)
         if key not in self._decoder_ids:
-            try:
-                dtype = np.dtype(descr)
-            except (TypeError, ValueError) as e:
-                raise located(
-                    ShardFormatError,
-                    name,
-                    0,
-                    f"the .npy header's dtype {descr!r} is not one numpy knows ({e})",
-                ) from e
+            dtype = dtype_of(descr, name)
             self._decoder_ids[key] = len(self.decoders)
             self.decoders.append((dtype, row_shape))
             self._version += 1
@@ -307,7 +254,8 @@ class MemberTable:
             return cached[1]
         with self.lock:
             key = self._version
-            decoders = self.decoders[1:]
+            # Only decoder 0 (bytes) has no type: every one after it was appended with one.
+            decoders = [d for d in self.decoders[1:] if d is not None]
             columns = _core.MemberColumns(
                 self.shard_start,
                 {s: index.plan_columns() for s, index in self._resident.items()},
@@ -320,7 +268,7 @@ class MemberTable:
 
     # -- members of samples (of indexed shards) --------------------------------------
 
-    def _by_shard(self, indices: np.ndarray) -> list[tuple[ShardIndex, np.ndarray, Any, int]]:
+    def _by_shard(self, indices: np.ndarray) -> list[ShardPart]:
         """(index, samples within the shard, where they are in `indices`, shard) per shard
         of `indices`; every one must be indexed."""
         shards = self.shards_of(indices)
@@ -338,27 +286,7 @@ class MemberTable:
 
     def gather(self, indices: np.ndarray) -> Gathered:
         """The members of samples `indices`, in order (their shards indexed)."""
-        n = len(indices)
-        firsts = np.zeros(n, np.int64)
-        counts = np.zeros(n, np.int64)
-        shard_of = np.zeros(n, np.int64)
-        parts = self._by_shard(indices)
-        for index, local, where, shard in parts:
-            firsts[where] = index.sample_first[local]
-            counts[where] = index.sample_first[local + 1] - index.sample_first[local]
-            shard_of[where] = shard
-        bounds = np.zeros(n + 1, np.int64)
-        np.cumsum(counts, out=bounds[1:])
-        rows = np.arange(bounds[-1], dtype=np.int64) + np.repeat(firsts - bounds[:-1], counts)
-        member_shard = np.repeat(shard_of, counts)
-        columns = {name: np.zeros(len(rows), dtype) for name, dtype in MEMBER_COLUMNS.items()}
-        for index, _, _, shard in parts:
-            at = slice(None) if len(parts) == 1 else member_shard == shard
-            picked = rows[at]
-            for name, column in columns.items():
-                column[at] = index.columns[name][picked]
-            columns["sample"][at] += index.first_sample
-        return Gathered(columns, bounds, member_id(member_shard, rows))
+        return Gathered.of(len(indices), self._by_shard(indices))
 
     def describe(self, member: int) -> tuple[str, str, int] | None:
         """The file, field name and sample of member id `member` (None if its shard is not
@@ -390,17 +318,11 @@ class MemberTable:
         parts = self._by_shard(indices)
         if len(parts) == 1:
             index, local, _, shard = parts[0]
-            return self._keys_of(index, local, shard).tolist()
+            return index.keys_of(local, self.names[shard]).tolist()
         out = np.empty(len(indices), dtype=object)
         for index, local, where, shard in parts:
-            out[where] = self._keys_of(index, local, shard)
+            out[where] = index.keys_of(local, self.names[shard])
         return out.tolist()
-
-    def _keys_of(self, index: ShardIndex, local: np.ndarray, shard: int) -> np.ndarray:
-        if index.keys is not None:
-            return index.keys[local]
-        stem = os.path.splitext(self.names[shard].rsplit("/", 1)[-1])[0]  # rows of a .npy
-        return np.array([f"{stem}/{row}" for row in local.tolist()], dtype=object)
 
     # -- indexing --------------------------------------------------------------------
 
@@ -423,54 +345,19 @@ class MemberTable:
         notes: list[Note] = []
         arrays_before = len(self.arrays)
         for shard, index in zip(shards, indexes):
-            name = self.names[shard]
             first = int(self.shard_start[shard])
             expected = int(self.shard_start[shard + 1]) - first
-            keys = None
-            if index["format"] == "npy":
-                cols, n, per_sample = _npy_rows(self, index, name)
-            elif index["format"] == "array":  # (never let go of: indexed once)
-                cols, n, per_sample = _array_rows(self, index, name)
-                rows = _chunk_rows(index)
-                if rows:
-                    self._group_rows[shard] = rows
-            else:
-                cols, n, per_sample = _member_rows_of(self, index)
-                found = index["keys"]
-                if index["format"] in ("mds", "litdata"):  # records: numbered in their shard
-                    stem = os.path.splitext(os.path.basename(self.names[shard]))[0]
-                    found = [f"{stem}/{k}" for k in found]
-                keys = np.empty(len(found), dtype=object)
-                keys[:] = found
-                runs = int(index.get("key_runs", n))
-                if runs > n and not self.known[shard]:
-                    notes.append(("regrouped", shard, n, runs))
-                state = index.get("sidecar", 0)
-                if state in (_core.SidecarState.STALE, _core.SidecarState.DAMAGED):
-                    notes.append(("stale-index", shard, int(state), 0))  # the shard was walked
-                if n != expected and runs == expected:
-                    raise located(
-                        ShardFormatError,
-                        name,
-                        0,
-                        f"holds {n} samples but its manifest says {expected}: the manifest was "
-                        "written by a stoker that did not yet put a sample's scattered members "
-                        "together; write it again with `stoker index`",
-                    )
-            if n != expected:
-                raise located(
-                    ShardFormatError,
-                    name,
-                    0,
-                    f"holds {n} samples but {expected} were expected (manifest or first look): "
-                    "the shard changed",
-                )
-            m = len(cols["offset"])
-            cols["file"] = member_files if member_files is not None else np.full(m, shard)
-            cols["sample"] = np.repeat(np.arange(n, dtype=np.int64), per_sample)
-            self._resident[shard] = ShardIndex(first, cols, per_sample, keys)
+            seen = bool(self.known[shard])
+            found = shard_index(
+                self, shard, self.names[shard], first, expected, index, member_files, seen
+            )
+            self._resident[shard], shard_notes = found
             self._resident.move_to_end(shard)
             self.known[shard] = True
+            notes += shard_notes
+            rows = chunk_rows(index) if index["format"] == "array" else 0
+            if rows:  # (never let go of: indexed once)
+                self._group_rows[shard] = rows
         if len(self.arrays) != arrays_before:
             self.files = _core.FileTable(self.paths, self.identities, self.arrays)
         self._version += 1
@@ -481,11 +368,7 @@ class MemberTable:
         reads check against it."""
         with self.lock:
             if tuple(self.identities[shard]) != tuple(identity):
-                identities = self.identities.copy()
-                identities[shard] = identity
-                self.files = _core.FileTable(self.paths, identities, self.arrays)
-                self.identities = identities
-                self._version += 1
+                self._set_identities([shard], np.array([identity], np.int64))
 
     def index_local(self, shards: list[int], num_threads: int, pin: bool = False) -> list[Note]:
         """Index local shards not indexed now (a manifest described them, or they were let
@@ -493,102 +376,36 @@ class MemberTable:
         skipped. `pin`: every one of `shards` is pinned (unpin each when done)."""
         with self.lock:
             todo = [s for s in shards if s not in self._resident]
-            if not todo:
-                for s in shards if pin else ():
-                    self._pins[s] = self._pins.get(s, 0) + 1
-                return []
-            found = _core.index_shards(
-                [self.paths[s] for s in todo], [self.formats[s] for s in todo], num_threads
-            )
-            notes = self._add(todo, found, None)
-            now = np.array([index["identity"] for index in found], np.int64).reshape(-1, 3)
-            # (The FileTable holds every shard's path: made again only for a file that is
-            # not the one opened.)
-            if not np.array_equal(now, self.identities[todo]):
-                identities = self.identities.copy()
-                identities[todo] = now
-                self.files = _core.FileTable(self.paths, identities, self.arrays)
-                self.identities = identities
+            notes: list[Note] = []
+            if todo:
+                found = _core.index_shards(
+                    [self.paths[s] for s in todo], [self.formats[s] for s in todo], num_threads
+                )
+                notes = self._add(todo, found, None)
+                now = np.array([index["identity"] for index in found], np.int64).reshape(-1, 3)
+                # (The FileTable holds every shard's path: made again only for a file that
+                # is not the one opened.)
+                if not np.array_equal(now, self.identities[todo]):
+                    self._set_identities(todo, now)
             for s in shards if pin else ():  # (before letting any go)
                 self._pins[s] = self._pins.get(s, 0) + 1
-            self._let_go()
+            if todo:
+                self._let_go()
             return notes
+
+    def _set_identities(self, shards: list[int], identities: np.ndarray) -> None:
+        """Shards `shards`' files are now those of `identities`: reads check against them."""
+        changed = self.identities.copy()
+        changed[shards] = identities
+        self.files = _core.FileTable(self.paths, changed, self.arrays)
+        self.identities = changed
+        self._version += 1
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()  # (the lock is a ProcessLocal: the other side makes one)
         state["_plan_columns"] = None
         state["_pins"] = {}  # holds are this process's
         return state
-
-
-def _npy_rows(table: MemberTable, index: dict, name: str) -> tuple[dict, int, np.ndarray]:
-    """The member rows of a .npy shard's index: one per row, with a decoder for its dtype
-    and row shape."""
-    n = int(index["shape"][0])
-    row_shape = tuple(int(d) for d in index["shape"][1:])
-    row = np.uint64(index["row_bytes"])
-    cols = {
-        "offset": np.uint64(index["data_offset"]) + np.arange(n, dtype=np.uint64) * row,
-        "length": np.full(n, row, np.uint64),
-        "out": np.full(n, row, np.uint64),
-        "codec": np.zeros(n, np.uint8),
-        "crc": np.zeros(n, np.uint32),
-        "field": np.full(n, table.field_id("npy"), np.int32),
-        "decoder": np.full(n, table.decoder_id(index["descr"], row_shape, name), np.int32),
-        "array": np.zeros(n, np.uint32),
-    }
-    return cols, n, np.ones(n, np.int64)
-
-
-def _array_rows(table: MemberTable, index: dict, name: str) -> tuple[dict, int, np.ndarray]:
-    """The member rows of an array source: per sample, one per field (array), each row
-    read in place or as an ARRAY_ROW of the array's layout (which joins the table's)."""
-    n = int(index["rows"])
-    fields = index["fields"]
-    k = len(fields)
-    cols = {column: np.zeros(n * k, dtype) for column, dtype in MEMBER_COLUMNS.items()}
-    for j, field in enumerate(fields):
-        at = slice(j, n * k, k)  # sample-major: sample i's members are i*k .. i*k+k-1
-        row_bytes = field.row_bytes
-        cols["out"][at] = row_bytes
-        cols["field"][at] = table.field_id(field.name)
-        cols["decoder"][at] = table.decoder_id(field.dtype.str, field.row_shape, name)
-        if field.layout is None:
-            cols["offset"][at] = field.offsets
-            cols["length"][at] = row_bytes
-        else:
-            cols["offset"][at] = np.arange(n, dtype=np.uint64)
-            cols["codec"][at] = int(_core.Codec.ARRAY_ROW)
-            cols["array"][at] = len(table.arrays)
-            table.arrays.append(field.layout)
-    return cols, n, np.full(n, k, np.int64)
-
-
-def _chunk_rows(index: dict) -> int:
-    """Rows per chunk of an array source's costliest array read by chunk (0: none is)."""
-    chunked = [f.layout for f in index["fields"] if f.layout is not None]
-    if not chunked:
-        return 0
-    costliest = max(chunked, key=lambda layout: layout.chunk_bytes)
-    return int(costliest.chunk_shape[0])
-
-
-def _member_rows_of(table: MemberTable, index: dict) -> tuple[dict, int, np.ndarray]:
-    """The member rows of a tar or zip shard's index (or of loose files)."""
-    n = len(index["keys"])
-    m = len(index["member_offset"])
-    lookup = np.array([table.field_id(f) for f in index["field_names"]], np.int32)
-    cols = {
-        "offset": index["member_offset"],
-        "length": index["member_length"],
-        "out": index["member_out_length"],
-        "codec": index["member_codec"],
-        "crc": index["member_crc"],
-        "field": lookup[index["member_field"]] if m else np.zeros(0, np.int32),
-        "decoder": np.zeros(m, np.int32),
-        "array": np.zeros(m, np.uint32),
-    }
-    return cols, n, np.diff(index["sample_start"].astype(np.int64))
 
 
 def same_index(table: MemberTable, shard: int, index: dict) -> bool:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -87,8 +88,11 @@ class Mix(Dataset):
         if any(w > 0 and len(d) == 0 for w, d in zip(weights, datasets)):
             raise UsageError("a source with no samples cannot have a weight")
         sizes = [len(d) for d in datasets]
+        # A list of Sources (some may be lists themselves), which resolve() flattens: more
+        # nesting than the Source alias spells out, hence Any.
+        sources: list[Any] = [d.source for d in datasets]
         super().__init__(
-            [d.source for d in datasets],
+            sources,
             cache_dir=first.cache_dir,
             cache_limit=first.cache_limit,
             num_threads=first.num_threads,

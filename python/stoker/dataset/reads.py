@@ -7,7 +7,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker._process import values
 from stoker.dataset.members import Gathered, MemberTable
 

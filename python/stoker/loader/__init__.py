@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker import cuda
+import stoker.cuda as cuda
 from stoker._process import shared_reader
 from stoker.dataset import Dataset
 from stoker.dataset.mix import Mix
@@ -29,11 +29,11 @@ from stoker.fields import FieldSpec
 from stoker.loader.batches import BatchReader, FailedRead, InFlight, RingFull, Stats
 from stoker.loader.collate import MapRunner, default_collate
 from stoker.loader.epochs import EpochCursor, Order
+from stoker.loader.mixing import MixSpec
 from stoker.loader.plan import FieldsPlan, check_fields_argument
-from stoker.loader.prefetch import ShardPrefetch, shard_spans
+from stoker.loader.prefetch import ShardPrefetch, check_cache_room
 from stoker.loader.sampler import (
     DEFAULT_SHUFFLE_WINDOW,
-    MixSpec,
     augment_seed,
     group_readers,
 )
@@ -48,6 +48,7 @@ _DEFAULT_PINNED_BYTES = 1 << 30  # page-locked host memory a GPU loader may hold
 def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     """rank and world size: as given, else torch.distributed's when it is initialised,
     else the RANK / WORLD_SIZE environment, else 0 and 1."""
+    found: tuple[int, int] | None
     if rank is not None and world_size is not None:
         found = rank, world_size
     else:
@@ -65,6 +66,57 @@ def resolve_rank(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if not 0 <= found[0] < found[1]:
         raise UsageError(f"rank {found[0]} is not in [0, world_size={found[1]})")
     return found
+
+
+def _check_arguments(
+    dataset: Any,
+    batch_size: int,
+    prefetch: int,
+    pinned_bytes: int | None,
+    fields: Mapping[str, FieldSpec] | None,
+    map_fn: Callable[[dict[str, Any]], Any] | None,
+    collate: Callable[[list[Any]], Any] | None,
+) -> None:
+    """Refuse what a Loader cannot be made of, before anything is made."""
+    if batch_size < 1:
+        raise UsageError(f"batch_size must be at least 1, not {batch_size}")
+    if prefetch < 1:
+        raise UsageError(f"prefetch must be at least 1, not {prefetch}")
+    if pinned_bytes is not None and pinned_bytes < 1:
+        raise UsageError(f"pinned_bytes must be positive, not {pinned_bytes}")
+    if fields is not None and (map_fn is not None or collate is not None):
+        raise StokerError("fields= is the declarative fast path; it takes no map= or collate=")
+    if not isinstance(dataset, Dataset):
+        raise UsageError(
+            f"stoker.Loader reads a stoker.Dataset, not a {type(dataset).__name__}: open "
+            "your data with stoker.Dataset(shards or folder), Dataset.from_csv(csv, folder) "
+            "or Dataset.from_files(folder, names); a map-style torch dataset of your own "
+            "goes to torch.utils.data.DataLoader"
+        )
+
+
+def _describe_own_shards(
+    dataset: Dataset, shuffle: bool, seed: int, rank: int, world_size: int, drop_last: bool
+) -> None:
+    """Remote shards no rank has described yet: each rank describes those it will likely
+    read first, and the ranks swap counts (see stoker.dataset.shared)."""
+    weights = dataset.shard_weights()
+    if weights is None:
+        return
+    readers = group_readers(
+        weights, shuffle=shuffle, seed=seed, epoch=0, world_size=world_size, drop_last=drop_last
+    )
+    dataset.describe_shared(np.flatnonzero(readers == rank))
+
+
+def _shards_in_use(
+    groups: np.ndarray, mix: MixSpec | None, window: int, prefetch: int, batch_size: int
+) -> int:
+    """The shards a loader uses at once: a window of them per source, and what the batches
+    being read span; their member indexes are kept while in use, not longer."""
+    typical = int(np.median(groups[groups > 0])) if (groups > 0).any() else 1
+    sources = len(mix.groups) if mix is not None else 1
+    return (window + 1) * sources + (prefetch + 2) * -(-batch_size // typical)
 
 
 class _EpochSetter:
@@ -157,22 +209,8 @@ class Loader:
         log_every: int | None = None,
         pinned_bytes: int | None = None,
     ) -> None:
-        if batch_size < 1:
-            raise UsageError(f"batch_size must be at least 1, not {batch_size}")
-        if prefetch < 1:
-            raise UsageError(f"prefetch must be at least 1, not {prefetch}")
+        _check_arguments(dataset, batch_size, prefetch, pinned_bytes, fields, map, collate)
         self._device = cuda.device_index(device)
-        if pinned_bytes is not None and pinned_bytes < 1:
-            raise UsageError(f"pinned_bytes must be positive, not {pinned_bytes}")
-        if fields is not None and (map is not None or collate is not None):
-            raise StokerError("fields= is the declarative fast path; it takes no map= or collate=")
-        if not isinstance(dataset, Dataset):
-            raise UsageError(
-                f"stoker.Loader reads a stoker.Dataset, not a {type(dataset).__name__}: open "
-                "your data with stoker.Dataset(shards or folder), Dataset.from_csv(csv, folder) "
-                "or Dataset.from_files(folder, names); a map-style torch dataset of your own "
-                "goes to torch.utils.data.DataLoader"
-            )
         self._torch = cuda.require_torch()
         self.dataset = dataset
         self.batch_size = batch_size
@@ -189,19 +227,7 @@ class Loader:
         self._reader_threads = num_threads  # None: the process's default reader
         self.num_threads = shared_reader(num_threads).num_threads
         self.pinned_bytes = pinned_bytes or _DEFAULT_PINNED_BYTES
-        weights = dataset.shard_weights()
-        if weights is not None:
-            # Remote shards no rank has described yet: each rank describes those it will
-            # likely read first, and the ranks swap counts (see stoker.dataset.shared).
-            readers = group_readers(
-                weights,
-                shuffle=shuffle,
-                seed=seed,
-                epoch=0,
-                world_size=self.world_size,
-                drop_last=drop_last,
-            )
-            dataset.describe_shared(np.flatnonzero(readers == self.rank))
+        _describe_own_shards(dataset, shuffle, seed, self.rank, self.world_size, drop_last)
         mix = None
         if isinstance(dataset, Mix):
             mix = MixSpec(dataset.group_counts(), tuple(dataset.weights), dataset.epoch_samples)
@@ -219,13 +245,7 @@ class Loader:
                 mix,
             )
         )
-        # The shards in use at once: a window of them per source, and what the batches
-        # being read span; their member indexes are kept while in use, not longer.
-        typical = int(np.median(groups[groups > 0])) if (groups > 0).any() else 1
-        sources = len(mix.groups) if mix is not None else 1
-        dataset.reserve_index(
-            (shuffle_window + 1) * sources + (prefetch + 2) * -(-batch_size // typical)
-        )
+        dataset.reserve_index(_shards_in_use(groups, mix, shuffle_window, prefetch, batch_size))
         self._stats = Stats()
         if mix is not None:
             self._stats.per_source = np.zeros(len(mix.groups), np.int64)
@@ -333,38 +353,19 @@ class Loader:
             ``samples_per_s``; for a Mix also ``per_source``, the samples handed out
             from each source.
         """
-        s = self._stats
-        elapsed = time.perf_counter() - s.started if s.started is not None else 0.0
-        return {
-            "samples": s.samples,
-            "batches": s.batches,
-            "bytes": s.bytes,
-            "elapsed_s": elapsed,
-            "wait_s": s.wait_s,
-            "read_busy_s": s.read_busy_s,
-            "images_blanked": s.images_blanked,
-            "input_bound_fraction": s.wait_s / elapsed if elapsed > 0 else 0.0,
-            "samples_per_s": s.samples / elapsed if elapsed > 0 else 0.0,
-            **({"per_source": s.per_source.tolist()} if s.per_source is not None else {}),
-        }
+        return self._stats.summary()
 
     def _check_cache(self) -> None:
-        """Refuse, now, a cache too small for what this loader holds at once (the shards of
-        the batches being read); it would wait for room that never comes, later."""
         holds = self.dataset.holds
-        if holds is None:
-            return
-        plan = self._cursor.plan(self._cursor.epoch)
-        _, first, last = shard_spans(self.dataset, holds, plan, 0)
-        processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # each rank reads its own
-        holds.check_room(
-            first,
-            last,
-            self.prefetch,
-            processes,
-            f"a shuffle window of {self.shuffle_window}, batches of {self.batch_size}, "
-            f"{self.prefetch} read ahead, {processes} process(es) on the node",
-        )
+        if holds is not None:
+            check_cache_room(
+                self.dataset,
+                holds,
+                self._cursor.plan(self._cursor.epoch),
+                self.prefetch,
+                f"a shuffle window of {self.shuffle_window}, batches of {self.batch_size}, "
+                f"{self.prefetch} read ahead",
+            )
 
     def _log_stats(self) -> None:
         s = self.stats()

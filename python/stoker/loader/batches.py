@@ -4,14 +4,17 @@ whole samples for map=), then waited for and turned into what the Loader hands o
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 
-from stoker import cuda
+import stoker.cuda as cuda
 from stoker.dataset import Dataset, Gathered
+from stoker.dataset.mix import Mix
 from stoker.errors import ShardFormatError, StokerError
 from stoker.loader.plan import FieldsPlan
 
@@ -27,7 +30,23 @@ class Stats:
     read_busy_s: float = 0.0  # thread time spent reading and decoding, summed
     images_blanked: int = 0  # Image(on_error="blank") members that did not decode
     started: float | None = None
-    per_source: np.ndarray | None = None  # a Mix's: samples read from each source
+    per_source: npt.NDArray[np.int64] | None = None  # a Mix's: samples read from each source
+
+    def summary(self) -> dict[str, Any]:
+        """The counters as Loader.stats gives them, with the rates since `started`."""
+        elapsed = time.perf_counter() - self.started if self.started is not None else 0.0
+        return {
+            "samples": self.samples,
+            "batches": self.batches,
+            "bytes": self.bytes,
+            "elapsed_s": elapsed,
+            "wait_s": self.wait_s,
+            "read_busy_s": self.read_busy_s,
+            "images_blanked": self.images_blanked,
+            "input_bound_fraction": self.wait_s / elapsed if elapsed > 0 else 0.0,
+            "samples_per_s": self.samples / elapsed if elapsed > 0 else 0.0,
+            **({"per_source": self.per_source.tolist()} if self.per_source is not None else {}),
+        }
 
 
 class RingFull(Exception):
@@ -101,38 +120,48 @@ class BatchReader:
 
     def finish(self, item: InFlight) -> Any:
         """Wait for `item` and build its batch (on the device, for a device loader)."""
+        plan = self.plan  # set for fields= batches: those with `item.prepared`
         try:
             buffer = item.pending.wait()
         except ShardFormatError as error:  # the reader knows files and offsets, not samples
             if item.prepared is not None:
-                raise self.plan.name_member(error, item.prepared) from error
+                assert plan is not None
+                raise plan.name_member(error, item.prepared) from error
             if item.members is not None:
                 members = item.members
                 raise self.ds.explain(error, members.ids, members.offset) from error
             raise  # a batch that failed before any read: its error says it all
+        # Only a FailedRead has no indices, and its wait() raised.
+        indices = item.indices
+        assert indices is not None
         self.stats.read_busy_s += item.pending.busy_seconds()
-        if item.prepared is not None and self.plan.has_images:
-            self._count_blanked(item)
+        if item.prepared is not None:
+            assert plan is not None
+            if plan.has_images:
+                self._count_blanked(item, plan)
         self.stats.bytes += int(buffer.nbytes)
-        self.stats.samples += len(item.indices)
+        self.stats.samples += len(indices)
         if self.stats.per_source is not None:
+            assert isinstance(self.ds, Mix)  # per_source is counted for a Mix only
             self.stats.per_source += np.bincount(
-                self.ds.source_of(np.asarray(item.indices)), minlength=len(self.stats.per_source)
+                self.ds.source_of(np.asarray(indices)), minlength=len(self.stats.per_source)
             )
         if item.prepared is not None:
+            assert plan is not None
             copy = self.stage is not None  # a pinned slot the ring needs back soon
-            batch = self.plan.assemble(item.prepared, buffer, item.indices, self.torch, copy)
+            batch = plan.assemble(item.prepared, buffer, indices, self.torch, copy)
             return self.stage.to_device(batch, buffer) if self.stage else batch
-        samples = self.ds.samples_of(buffer, item.indices, item.members)
+        assert item.members is not None  # a map= batch: submit() gathered its members
+        samples = self.ds.samples_of(buffer, indices, item.members)
         if self.map_fn is not None:
             samples = self.map_fn(samples)
         batch = self.collate(samples)
         return self.stage.to_device(batch) if self.stage else batch
 
-    def _count_blanked(self, item: InFlight) -> None:
+    def _count_blanked(self, item: InFlight, plan: FieldsPlan) -> None:
         blanked = item.pending.blanked()
         if not len(blanked):
             return
         self.stats.images_blanked += len(blanked)
-        for key in self.plan.blanked(item.prepared, blanked):
+        for key in plan.blanked(item.prepared, blanked):
             log.warning("sample %r: its image did not decode; it was served as zeros", key)

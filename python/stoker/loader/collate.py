@@ -36,14 +36,18 @@ class MapRunner:
         executor = self._executor.get()
         bounds = np.linspace(0, len(samples), chunks + 1).astype(int).tolist()
         parts = [samples[a:b] for a, b in zip(bounds, bounds[1:])]
-        futures = [executor.submit(lambda p=p: [fn(s) for s in p]) for p in parts[1:]]
+
+        def run(part: list[dict[str, Any]]) -> list[Any]:
+            return [fn(s) for s in part]
+
+        futures = [executor.submit(run, p) for p in parts[1:]]
         out = [fn(s) for s in parts[0]]
         for future in futures:
             out.extend(future.result())
         return out
 
 
-def default_collate(samples: list[dict[str, Any]]) -> dict[str, Any]:
+def default_collate(samples: list[Any]) -> Any:  # samples: dicts, or whatever map= returned
     """Stack what stacks: equal-shape arrays into one tensor (raw bytes, 1-D uint8, excepted),
     numbers into a tensor, the rest (and ``__key__``) into lists."""
     import torch

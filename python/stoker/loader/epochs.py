@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import StokerError
-from stoker.loader.sampler import EpochPlan, MixSpec, batch_count, plan_epoch, rank_stretch
+from stoker.loader.mixing import MixSpec
+from stoker.loader.sampler import EpochPlan, batch_count, plan_epoch, rank_stretch
 
 #: 2: the lazy per-rank order (order version 2 of the sampler); 1 had another order.
 STATE_VERSION = 2

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from stoker import _core
+import stoker._core as _core
 from stoker.dataset import Dataset
 from stoker.errors import ShardFormatError, StokerError, UsageError, quoted
 from stoker.fields import Bytes, FieldSpec, Image, Int, Npy, Raw, Row
@@ -71,7 +71,7 @@ class FieldsPlan:
         self.ds = ds
         have = set(ds.fields)
         self.entries: list[tuple[str, FieldSpec]] = []  # (batch entry, decoder)
-        specs = []
+        specs: list[tuple] = []  # BatchPlan's fields, less the ids _plan looks up
         for key, spec in fields.items():
             name, alternatives = self._check(key, spec, have)
             self.entries.append((name, spec))
@@ -202,7 +202,7 @@ class FieldsPlan:
     def _recipe(self, prepared: Any, n: int) -> list[tuple]:
         """(name, start, end, dtype, shape, pieces) of each field of the batch `prepared`
         lays out: a view of buffer[start:end], or the Bytes pieces (starts, lengths)."""
-        recipe = []
+        recipe: list[tuple] = []
         for (name, spec), (offset, decoder, npy, pieces) in zip(self.entries, prepared.layout()):
             if isinstance(spec, Bytes):
                 recipe.append((name, 0, 0, None, None, pieces or (np.zeros(0), np.zeros(0))))
@@ -222,7 +222,9 @@ class FieldsPlan:
             if npy is not None:  # .npy members: the batch's first header says
                 dtype, shape = np.dtype(npy[0]), tuple(npy[1])
             elif decoder:  # rows of .npy shards
-                dtype, shape = self.ds.decoder(decoder)
+                typed = self.ds.decoder(decoder)
+                assert typed is not None  # only decoder 0, bytes, has no type
+                dtype, shape = typed
             elif isinstance(spec, Raw):
                 dtype, shape = np.dtype(spec.dtype), spec.shape
             elif isinstance(spec, Image):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import os
 
 import numpy as np
 
@@ -39,6 +40,19 @@ def shard_spans(
         else:
             first[shard], last[shard] = min(first[shard], a), max(last[shard], b)
     return order, first, last
+
+
+def check_cache_room(
+    ds: Dataset, holds: ShardHolds, plan: EpochPlan, prefetch: int, what: str
+) -> None:
+    """Refuse, now, a cache too small for what a loader holds at once (the shards of the
+    batches being read, `prefetch` read ahead; `what` says what decides them); it would wait
+    for room that never comes, later."""
+    _, first, last = shard_spans(ds, holds, plan, 0)
+    processes = int(os.environ.get("LOCAL_WORLD_SIZE", 1))  # each rank reads its own
+    holds.check_room(
+        first, last, prefetch, processes, f"{what}, {processes} process(es) on the node"
+    )
 
 
 class ShardPrefetch:

@@ -21,7 +21,7 @@ import xml.etree.ElementTree as ElementTree
 from dataclasses import dataclass
 from typing import Any
 
-from stoker.errors import StokerError, UsageError, clip
+from stoker.errors import ShardFormatError, StokerError, UsageError, clip, located, quoted
 
 log = logging.getLogger("stoker.remote")
 
@@ -305,8 +305,6 @@ class ObjectStore:
 def parse_listing(body: bytes, where: str) -> tuple[list[tuple[str, int, str | None]], str | None]:
     """One ListObjectsV2 page: (key, size, ETag) of each object, and the token of the next
     page (None on the last)."""
-    from stoker.errors import ShardFormatError, located, quoted
-
     try:
         root = ElementTree.fromstring(body)
     except ElementTree.ParseError as e:

@@ -14,6 +14,7 @@ cache is left as it is: the first row to touch a file may read it from disk.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
 import sys
@@ -26,6 +27,7 @@ import stoker
 from stoker._process import usable_cores
 from stoker.errors import StokerError
 from stoker.formats import is_url
+from stoker.tools.measure import read_through
 
 logger = logging.getLogger("stoker.bench")
 
@@ -155,7 +157,8 @@ def _complete_fields(ds: stoker.Dataset) -> tuple[list[str], list[str]]:
     field in every sample of a batch, and a bench should not fail on optional fields."""
     if ds.holds is not None:  # members of shards not yet fetched are not known
         return list(ds.fields), []
-    complete, partial = [], []
+    complete: list[str] = []
+    partial: list[str] = []
     for name in ds.fields:
         (complete if ds.has_field_everywhere(name) else partial).append(name)
     return complete, partial
@@ -164,26 +167,11 @@ def _complete_fields(ds: stoker.Dataset) -> tuple[list[str], list[str]]:
 def sequential_read(paths: Sequence[str], budget: int) -> tuple[int, float, float]:
     """Bytes read, seconds and seconds to the first chunk for a front-to-back read of
     `paths`, stopping after `budget` bytes."""
-    buffer = bytearray(CHUNK)
-    total = 0
-    first = None
-    start = time.perf_counter()
-    for path in paths:
-        try:
-            with open(path, "rb", buffering=0) as f:
-                while total < budget:
-                    n = f.readinto(buffer)
-                    if not n:
-                        break
-                    total += n
-                    if first is None:
-                        first = time.perf_counter() - start
-        except OSError as e:
-            raise StokerError(f"{path}: cannot read it for the sequential read: {e}") from e
-        if total >= budget:
-            break
-    seconds = time.perf_counter() - start
-    return total, seconds, first if first is not None else seconds
+    try:
+        read = read_through(paths, chunk=CHUNK, limit=budget)
+    except OSError as e:
+        raise StokerError(f"{e.filename}: cannot read it for the sequential read: {e}") from e
+    return read.nbytes, read.seconds, read.first_s
 
 
 def timed(
@@ -311,7 +299,7 @@ def plot(rows: Sequence[Row], path: str, title: str) -> None:
     ax = figure.add_subplot()
     grid = [row for row in rows if row.kind == "stoker"]
     for batch_size in sorted({r.batch_size for r in grid}):  # type: ignore[type-var]
-        line = sorted((r for r in grid if r.batch_size == batch_size), key=lambda r: r.threads)
+        line = sorted((r for r in grid if r.batch_size == batch_size), key=lambda r: r.threads or 0)
         ax.plot(
             [r.threads for r in line],
             [r.samples_per_s for r in line],
@@ -453,11 +441,11 @@ def run(args: argparse.Namespace) -> int:
                 bar.set_postfix_str(f"stoker threads={knob} batch={b}")
                 if not warmed:  # imports, first allocations, the first reader's threads
                     timed(
-                        lambda t=knob, b=b: stoker_loader(t, b), count_stoker, b * _WARMUP_BATCHES
+                        functools.partial(stoker_loader, knob, b), count_stoker, b * _WARMUP_BATCHES
                     )
                     warmed = True
                 got, nbytes, seconds, first = timed(
-                    lambda t=knob, b=b: stoker_loader(t, b), count_stoker, limit
+                    functools.partial(stoker_loader, knob, b), count_stoker, limit
                 )
                 row = Row(kind, got, nbytes, seconds, first, threads=knob, batch_size=b)
             else:

@@ -354,7 +354,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     for stream in (sys.stdout, sys.stderr):  # names from shards need not be UTF-8
         with contextlib.suppress(AttributeError, ValueError):
-            stream.reconfigure(errors="backslashreplace")
+            # TextIO has no reconfigure; a replaced stream may lack it (AttributeError).
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     logging.basicConfig(
         format="%(name)s: %(message)s",
         level=logging.INFO if getattr(args, "verbose", False) else logging.WARNING,

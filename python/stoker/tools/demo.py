@@ -23,11 +23,15 @@ import time
 import urllib.request
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from stoker._process import usable_cores
+from stoker.fields import FieldSpec
+
+if TYPE_CHECKING:  # torch is imported where it is used: the demo runs without it at first
+    import torch
 
 #: The images written, (height, width), and the crops the loaders make of them.
 IMAGE = (192, 256)
@@ -86,7 +90,7 @@ def write_files_and_csv(folder: str, samples: int, seed: int = 0) -> tuple[str, 
     return csv, root
 
 
-def random_resized_crop(width: int, height: int, rng: random.Random) -> tuple[int, ...]:
+def random_resized_crop(width: int, height: int, rng: random.Random) -> tuple[int, int, int, int]:
     """RandomResizedCrop's box (area 8-100%, aspect 3/4-4/3, ten tries, then the centre),
     as torchvision draws it."""
     area = width * height
@@ -113,9 +117,11 @@ def pillow_decode(data: bytes, rng: random.Random, size: int = CROP) -> np.ndarr
 
     image = Image.open(io.BytesIO(data)).convert("RGB")
     box = random_resized_crop(image.width, image.height, rng)
-    image = image.resize((size, size), Image.BILINEAR, box=box)
+    # Pillow sets its module's constants in a loop, out of mypy's sight; their enums
+    # (Image.Resampling) need Pillow 9.1, and the demo extra takes 9.0.
+    image = image.resize((size, size), Image.BILINEAR, box=box)  # type: ignore[attr-defined]
     if rng.random() < 0.5:
-        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)  # type: ignore[attr-defined]
     return np.asarray(image).transpose(2, 0, 1)
 
 
@@ -162,7 +168,7 @@ class TarMembersDataset:
     def __len__(self) -> int:
         return len(self.labels)
 
-    def __getitem__(self, i: int):  # noqa: ANN204 - a (tensor, int) pair
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         import torch
 
         image = pillow_decode(self.images.read(i), self.rng)
@@ -188,7 +194,7 @@ class FilePerSampleDataset:
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, i: int):  # noqa: ANN204 - a (tensor, int) pair
+    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
         import torch
 
         with open(self.paths[i], "rb") as f:
@@ -200,10 +206,13 @@ def seed_worker(worker: int) -> None:
     """Each worker its own crops (a forked worker would repeat its parent's draws)."""
     import torch
 
-    torch.utils.data.get_worker_info().dataset.rng.seed(worker)
+    info = torch.utils.data.get_worker_info()
+    assert info is not None  # a worker_init_fn runs in a worker
+    dataset: Any = info.dataset  # any dataset with an `rng` (a random.Random)
+    dataset.rng.seed(worker)
 
 
-def _data_loader(dataset: Any):  # noqa: ANN202 - a torch DataLoader
+def _data_loader(dataset: Any) -> torch.utils.data.DataLoader:
     """torch's DataLoader as it is used for decoding: a worker process per core."""
     import torch
 
@@ -313,7 +322,7 @@ def run(samples: int = 10_000, quiet: bool = False, keep: str | None = None) -> 
         with ServerProcess(os.path.join(work, "shards")) as server:
             say(f"3. serving the shards at {server.url}/ from a process of its own")
             image = stoker.Image(size=CROP, crop="random", flip=True)
-            fields = {"jpg": image, "cls": stoker.Int()}
+            fields: dict[str, FieldSpec] = {"jpg": image, "cls": stoker.Int()}
             start = time.perf_counter()  # opening the dataset counts: it is one request
             ds = stoker.Dataset(
                 server.url_for("stoker.json"), cache_dir=os.path.join(work, "cache")

@@ -29,6 +29,7 @@ from stoker.errors import StokerError, quoted
 from stoker.fields import require_image_support
 from stoker.formats import SHARD_FORMATS
 from stoker.manifest import MANIFEST_NAME, write_manifest
+from stoker.sources import Source
 from stoker.writer import assign, sample_sizes, write_shards
 
 log = logging.getLogger("stoker.pack")
@@ -46,7 +47,7 @@ class ImageResize:
     num_threads: int = 1
 
 
-def shrink_images(batch: list[dict], resize: ImageResize, source: str) -> None:
+def shrink_images(batch: list[dict], resize: ImageResize, source: Source) -> None:
     """Every JPEG member of `batch` (samples as get_batch gives them) larger than
     `resize` allows, replaced by its re-encoding. PNGs and other members are kept as they
     are (re-encoding a PNG as a JPEG would change what its name says); a JPEG that does not

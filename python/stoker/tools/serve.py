@@ -1,19 +1,14 @@
-"""A small HTTP file server with a link model and fault injection, for remote shards.
+"""A plain HTTP file server for a folder of shards: ``python -m stoker.tools.serve ROOT``.
 
-Remote-shard code is only as good as its handling of a bad network, and a bad network is
-hard to get on demand. ``ShardServer`` serves the files of a folder on 127.0.0.1 with real
-aiohttp on its own thread, so tests and benchmarks can talk to it with any client:
+It answers GET and HEAD for the files under its root, with single byte ranges, ``If-Range``,
+``ETag`` and ``Last-Modified``, over http or https, which is all stoker's remote reader asks
+of a store. Use it to serve shards from one machine to others on a trusted network, or to
+try a remote dataset without an object store. ``stoker demo`` serves its shards with it.
 
-- a link model: ``latency`` seconds before every response's headers, and ``bandwidth``
-  bytes/s per response, so benchmarks see something like a remote store;
-- faults on demand: ``server.fault("shard-0003.tar", "reset")`` makes the next GET of that
-  file die halfway through its body; other kinds answer an error status, cut the body
-  short, flip bytes, stall, or slow one response down;
-- counters: every request answered, bytes sent, and how many responses were in flight at
-  once, so tests can check retries and benchmarks can check concurrency.
-
-Bodies are streamed in chunks, so the link model and the faults act mid-body. ``python -m
-stoker.tools.serve ROOT`` serves a folder until Ctrl-C.
+``FileServer`` runs it on a thread of the calling process, ``ServerProcess`` in a process of
+its own (so that what serving costs is not charged to the client being measured). The
+tests' server with a link model, fault injection and counters (``tests/support/server.py``)
+is built on these classes.
 """
 
 from __future__ import annotations
@@ -21,71 +16,101 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import fnmatch
+import email.utils
 import logging
+import mimetypes
 import os
 import re
 import shutil
 import signal
 import socket
 import ssl
+import struct
 import subprocess
 import sys
 import tempfile
 import threading
 import time
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from types import TracebackType
-from typing import Any, NamedTuple
+from typing import Any, BinaryIO
 from urllib.parse import quote
 
 from aiohttp import web
 
-from stoker.tools.serve_files import FileResponses, abort
+from stoker.tools.measure import kill_process_group
 
 log = logging.getLogger("stoker.serve")
 
-#: Fault kinds and the parameters each accepts.
-_FAULT_PARAMS: dict[str, frozenset[str]] = {
-    "status": frozenset({"status", "retry_after", "location"}),
-    "reset": frozenset({"after"}),
-    "short": frozenset({"after"}),
-    "corrupt": frozenset({"at", "count"}),
-    "stall": frozenset({"after", "seconds"}),
-    "slow": frozenset({"bandwidth"}),
-    "garbage": frozenset(),
-}
+#: Body bytes written per step: small enough that a stopped server stops mid-body, large
+#: enough that a fast link is not limited by Python.
+CHUNK = 64 * 1024
+
+_RANGE_RE = re.compile(r"(\d*)-(\d*)", re.ASCII)
 
 
-class RequestRecord(NamedTuple):
-    """One answered request, as the server saw it."""
-
-    method: str
-    path: str  # relative to the root, "/"-separated, as requested
-    range: str | None  # the Range header, if any
-    status: int
+class _Unsatisfiable(Exception):
+    """A Range that lies wholly past the end of the file: the answer is 416."""
 
 
-@dataclass
-class Fault:
-    """A fault waiting for matching GETs; ``remaining`` is None for one that never runs out."""
+def parse_range(value: str, size: int) -> tuple[int, int] | None:
+    """The (first, last) byte, inclusive, that a single-range header asks for.
 
-    pattern: str
-    kind: str
-    remaining: int | None
-    params: dict[str, Any] = field(default_factory=dict)
+    None means "ignore the header and send the whole file": it is malformed, not in
+    bytes, or asks for several ranges (which this server answers with the full body).
+    Raises ``_Unsatisfiable`` when the range starts at or past the end of the file.
+    """
+    unit, sep, spec = value.partition("=")
+    if not sep or unit.strip().lower() != "bytes" or "," in spec:
+        return None
+    m = _RANGE_RE.fullmatch(spec.strip())
+    if m is None or m.group(1) == m.group(2) == "":
+        return None
+    first_s, last_s = m.groups()
+    if first_s == "":  # suffix: the last n bytes
+        n = int(last_s)
+        if n == 0 or size == 0:
+            raise _Unsatisfiable
+        return max(0, size - n), size - 1
+    first = int(first_s)
+    if last_s and int(last_s) < first:
+        return None
+    if first >= size:
+        raise _Unsatisfiable
+    last = min(int(last_s), size - 1) if last_s else size - 1
+    return first, last
 
-    def matches(self, relpath: str) -> bool:
-        return fnmatch.fnmatchcase(relpath, self.pattern)
+
+def abort(transport: asyncio.BaseTransport) -> None:
+    """Drop a connection with a TCP RST, as a crashed server or middlebox would."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    if isinstance(transport, asyncio.WriteTransport):  # what aiohttp's connections are
+        transport.abort()
+    else:
+        transport.close()
 
 
-class ShardServer:
+def url_under(base: str, relpath: str | os.PathLike[str]) -> str:
+    """The URL a server at `base` serves the file at `relpath` of its root under."""
+    rel = os.fspath(relpath).replace(os.sep, "/").lstrip("/")
+    return f"{base}/{quote(rel)}"
+
+
+class FileServer:
     """Serves the files under ``root`` over HTTP on its own thread and event loop.
 
-    ``latency`` (seconds) is waited before every response's headers; ``bandwidth``
-    (bytes/s, None for unlimited) paces each response's body on its own, like one TCP
-    stream on a link. Both may be changed while the server runs. ``ranges=False`` makes
-    the server ignore Range headers, like the stores that do.
+    Args:
+        root: The folder served; paths outside it (``..``, links out) are answered 404.
+        host: The address to listen on.
+        port: The port; 0 picks a free one (``port`` is the real one once started).
+        ranges: False ignores Range headers and always sends whole files, as some
+            stores do.
+        tls: A server-side ``ssl.SSLContext`` to serve https with.
+
+    Use it as a context manager, or call ``start()`` and ``stop()``.
     """
 
     def __init__(
@@ -94,38 +119,26 @@ class ShardServer:
         *,
         host: str = "127.0.0.1",
         port: int = 0,
-        latency: float = 0.0,
-        bandwidth: float | None = None,
         ranges: bool = True,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         self.root = os.path.realpath(os.fspath(root))
-        self.tls = tls  # serve https with this server-side context
         self.host = host
         self.port = port
-        self.latency = latency
-        self.bandwidth = bandwidth
         self.ranges = ranges
+        self.tls = tls
         self._requested_port = port
-        self._lock = threading.Lock()
-        self._faults: list[Fault] = []
-        self._requests: list[RequestRecord] = []
-        self._bytes_sent = 0
-        self._active = 0
-        self._max_active = 0
-        # Loop-thread state.
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._runner: web.AppRunner | None = None
         self._inflight: set[asyncio.BaseTransport] = set()
-        self._responses = FileResponses(self)
 
     # -- lifecycle ---------------------------------------------------------------------
 
-    def start(self) -> ShardServer:
-        """Start serving; returns once the socket listens (``self.port`` is then real)."""
+    def start(self) -> Any:
+        """Start serving; returns the server once its socket listens."""
         if self._thread is not None:
-            raise RuntimeError("ShardServer is already running")
+            raise RuntimeError(f"{type(self).__name__} is already running")
         loop = asyncio.new_event_loop()
         thread = threading.Thread(
             target=self._run_loop, args=(loop,), name="stoker-serve", daemon=True
@@ -143,14 +156,14 @@ class ShardServer:
     def stop(self) -> None:
         """Stop listening, abort every open connection and join the thread.
 
-        Connections are aborted, not drained: a test that stops the server mid-body (or
-        mid-stall) wants the client to see a dead server now, not in a minute.
+        Connections are aborted, not drained: a server stopped mid-body must look dead to
+        its clients now, not once a slow download ends.
         """
         loop = self._loop
         if loop is None:
             return
         if threading.current_thread() is self._thread:
-            raise RuntimeError("ShardServer.stop() called from the server's own thread")
+            raise RuntimeError(f"{type(self).__name__}.stop() called from the server's thread")
         try:
             asyncio.run_coroutine_threadsafe(self._astop(), loop).result(timeout=30)
         finally:
@@ -158,17 +171,14 @@ class ShardServer:
 
     def restart(self, down_for: float = 0.0) -> None:
         """Stop, stay down `down_for` seconds (connections are refused meanwhile), then
-        start again on the same port: a server that dies and comes back.
-
-        Open connections are aborted; faults and counters carry over.
-        """
+        start again on the same port: a server that dies and comes back."""
         port = self.port
         self.stop()
         time.sleep(down_for)
         self._requested_port = port
         self.start()
 
-    def __enter__(self) -> ShardServer:
+    def __enter__(self) -> Any:
         return self.start()
 
     def __exit__(
@@ -192,122 +202,129 @@ class ShardServer:
         """URL of a file given by its path relative to the root."""
         return url_under(self.url, relpath)
 
-    # -- faults ------------------------------------------------------------------------
-
-    def fault(self, pattern: str, kind: str, *, times: int | None = 1, **params: Any) -> Fault:
-        """Make the next ``times`` GETs whose path matches ``pattern`` fail with ``kind``.
-
-        ``pattern`` is an fnmatch pattern on the path relative to the root ("*.tar";
-        ``*`` matches across "/" too). HEAD requests never get faults.
-        Kinds and their parameters:
-
-        - ``"status"``: answer ``status`` with no body (``retry_after`` adds Retry-After,
-          ``location`` a Location: with a 3xx status, a redirect);
-          ``"503"``, ``"429"``, ``"404"`` (any three digits) are shorthands;
-        - ``"reset"``: send ``after`` body bytes (default half), then abort the connection;
-        - ``"short"``: send ``after`` body bytes (default half), then close cleanly, short
-          of the Content-Length announced;
-        - ``"corrupt"``: send the whole body with ``count`` bytes (default 1) inverted from
-          body offset ``at`` (default the middle);
-        - ``"stall"``: send ``after`` bytes (default half), then nothing for ``seconds``
-          (default 3600), then the rest;
-        - ``"slow"``: pace this response at ``bandwidth`` bytes/s;
-        - ``"garbage"``: answer bytes that are not HTTP at all, then close the connection.
-
-        Faults are used in the order added; a request gets at most one. Returns the
-        fault, whose ``remaining`` counts down.
-        """
-        if kind.isdigit() and len(kind) == 3:
-            params = {"status": int(kind), **params}
-            kind = "status"
-        allowed = _FAULT_PARAMS.get(kind)
-        if allowed is None:
-            raise ValueError(
-                f"unknown fault kind {kind!r}; expected one of {sorted(_FAULT_PARAMS)}"
-            )
-        unknown = set(params) - allowed
-        if unknown:
-            raise TypeError(f"fault {kind!r} takes no parameter(s) {sorted(unknown)}")
-        if kind == "status" and "status" not in params:
-            raise TypeError("fault 'status' needs status=")
-        if kind == "slow" and not params.get("bandwidth"):
-            raise TypeError("fault 'slow' needs bandwidth= (bytes/s)")
-        if times is not None and times < 1:
-            raise ValueError(f"times must be at least 1 or None, got {times}")
-        f = Fault(pattern, kind, times, dict(params))
-        with self._lock:
-            self._faults.append(f)
-        return f
-
-    def clear_faults(self) -> None:
-        with self._lock:
-            self._faults.clear()
-
-    def take_fault(self, relpath: str) -> Fault | None:
-        with self._lock:
-            for f in self._faults:
-                if f.matches(relpath):
-                    if f.remaining is not None:
-                        f.remaining -= 1
-                        if f.remaining <= 0:
-                            self._faults.remove(f)
-                    return f
-        return None
-
-    def peek_fault(self, relpath: str) -> Fault | None:
-        """The fault the next GET of `relpath` would take, left in place."""
-        with self._lock:
-            return next((f for f in self._faults if f.matches(relpath)), None)
-
-    # -- counters ----------------------------------------------------------------------
-
-    @property
-    def requests(self) -> list[RequestRecord]:
-        """A copy of the requests answered so far, in the order their headers went out."""
-        with self._lock:
-            return list(self._requests)
-
-    def count(self, relpath: str, method: str = "GET") -> int:
-        """How many ``method`` requests of ``relpath`` were answered, faulted ones included."""
-        rel = relpath.lstrip("/")
-        with self._lock:
-            return sum(1 for r in self._requests if r.path == rel and r.method == method)
-
-    @property
-    def bytes_sent(self) -> int:
-        """Body bytes handed to the network, over all responses."""
-        with self._lock:
-            return self._bytes_sent
-
-    @property
-    def active(self) -> int:
-        """Requests being answered now (from arrival, latency included, to the body's end).
-
-        It drops a moment after a client has the whole body: wait for it, don't assume it.
-        """
-        with self._lock:
-            return self._active
-
-    @property
-    def max_active(self) -> int:
-        """The most requests that were being answered at once since the last reset."""
-        with self._lock:
-            return self._max_active
-
-    def reset_counters(self) -> None:
-        with self._lock:
-            self._requests.clear()
-            self._bytes_sent = 0
-            self._max_active = self._active
+    # -- answers -----------------------------------------------------------------------
 
     def record(self, request: web.Request, relpath: str, status: int) -> None:
-        rec = RequestRecord(request.method, relpath, request.headers.get("Range"), status)
-        with self._lock:
-            self._requests.append(rec)
+        """Called as each answer's headers go out (a hook for servers that count)."""
 
     def add_bytes(self, n: int) -> None:
-        with self._lock:
-            self._bytes_sent += n
+        """Called before each piece of a body is written (a hook for servers that count)."""
+
+    async def respond(self, request: web.Request) -> web.StreamResponse:
+        """The answer to one GET or HEAD."""
+        relpath = request.path.lstrip("/")
+        return await self.respond_with_file(request, relpath, None)
+
+    async def respond_with_file(
+        self, request: web.Request, relpath: str, plan: Any
+    ) -> web.StreamResponse:
+        """Answer with the file `relpath` names, or 404; `plan` goes on to ``write_body``."""
+        path = self._resolve(relpath)
+        if path is None:
+            return self.empty(request, relpath, 404)
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed in the finally below
+        except OSError:
+            return self.empty(request, relpath, 404)
+        try:
+            return await self._send_file(request, relpath, fh, plan)
+        finally:
+            fh.close()
+
+    def empty(
+        self, request: web.Request, relpath: str, status: int, headers: dict[str, str] | None = None
+    ) -> web.Response:
+        """An answer with no body."""
+        self.record(request, relpath, status)
+        return web.Response(status=status, headers=headers)
+
+    async def write_body(
+        self,
+        request: web.Request,
+        resp: web.StreamResponse,
+        fh: BinaryIO,
+        length: int,
+        plan: Any,
+    ) -> None:
+        """Write ``length`` bytes of ``fh`` as the body (servers that pace or fail bodies
+        override this)."""
+        sent = 0
+        while sent < length:
+            data = fh.read(min(CHUNK, length - sent))
+            if not data:  # the file shrank under us: the body cannot be completed
+                log.warning("%s shrank while being served", fh.name)
+                await self.hang_up(request, resp, abort_connection=True)
+                return
+            self.add_bytes(len(data))
+            await resp.write(data)
+            sent += len(data)
+        await resp.write_eof()
+
+    @staticmethod
+    async def hang_up(
+        request: web.Request, resp: web.StreamResponse, *, abort_connection: bool
+    ) -> None:
+        """End the connection mid-body: a TCP reset if ``abort_connection``, else a clean
+        close."""
+        resp.force_close()
+        transport = request.transport
+        if transport is None:
+            return
+        if abort_connection:
+            # abort() drops whatever is still buffered: let the bytes promised go first.
+            deadline = time.monotonic() + 2.0
+            while transport.get_write_buffer_size() and time.monotonic() < deadline:
+                await asyncio.sleep(0.001)
+            abort(transport)
+        else:
+            transport.close()  # flushes the buffer, then FIN
+
+    def _resolve(self, relpath: str) -> str | None:
+        """The file a request path names, or None if it is outside the root or no file."""
+        if "\x00" in relpath:
+            return None
+        full = os.path.realpath(os.path.join(self.root, relpath))
+        if not full.startswith(self.root.rstrip(os.sep) + os.sep):
+            return None
+        return full if os.path.isfile(full) else None
+
+    async def _send_file(
+        self, request: web.Request, relpath: str, fh: BinaryIO, plan: Any
+    ) -> web.StreamResponse:
+        st = os.fstat(fh.fileno())
+        size = st.st_size
+        etag = f'"{size:x}-{st.st_mtime_ns:x}"'
+        last_modified = email.utils.formatdate(st.st_mtime, usegmt=True)
+        headers = {"ETag": etag, "Last-Modified": last_modified}
+        headers["Content-Type"] = mimetypes.guess_type(relpath)[0] or "application/octet-stream"
+
+        status, first, length = 200, 0, size
+        range_header = request.headers.get("Range") if self.ranges else None
+        if_range = request.headers.get("If-Range")
+        if if_range is not None and if_range.strip() not in (etag, last_modified):
+            range_header = None  # a resumed download of a file that changed must start over
+        if range_header is not None:
+            try:
+                span = parse_range(range_header, size)
+            except _Unsatisfiable:
+                return self.empty(request, relpath, 416, {"Content-Range": f"bytes */{size}"})
+            if span is not None:
+                first, last = span
+                status, length = 206, last - first + 1
+                headers["Content-Range"] = f"bytes {first}-{last}/{size}"
+        if self.ranges:
+            headers["Accept-Ranges"] = "bytes"
+
+        resp = web.StreamResponse(status=status, headers=headers)
+        resp.content_length = length
+        self.record(request, relpath, status)
+        await resp.prepare(request)
+        if request.method == "HEAD":
+            await resp.write_eof()
+            return resp
+        fh.seek(first)
+        await self.write_body(request, resp, fh, length, plan)
+        return resp
 
     # -- event loop side ---------------------------------------------------------------
 
@@ -337,9 +354,9 @@ class ShardServer:
     async def _astart(self) -> None:
         app = web.Application()
         app.router.add_get("/{path:.*}", self._handle)  # HEAD too
-        # handler_cancellation: a client that hangs up ends its handler (a stalled or
-        # paced body would otherwise hold the file and count as active). A short
-        # shutdown_timeout: stop() aborts connections itself and must not wait on them.
+        # handler_cancellation: a client that hangs up ends its handler (a long body would
+        # otherwise hold the file open). A short shutdown_timeout: stop() aborts
+        # connections itself and must not wait on them.
         runner = web.AppRunner(
             app, access_log=None, handler_cancellation=True, shutdown_timeout=0.5
         )
@@ -374,68 +391,45 @@ class ShardServer:
         transport = request.transport
         if transport is not None:
             self._inflight.add(transport)
-        with self._lock:
-            self._active += 1
-            self._max_active = max(self._max_active, self._active)
         try:
-            return await self._responses.respond(request)
+            return await self.respond(request)
         finally:
-            with self._lock:
-                self._active -= 1
             if transport is not None:
                 self._inflight.discard(transport)
 
 
-def kill_process_group(proc: subprocess.Popen | None, grace: float = 0.0) -> None:
-    """End the process group of a child started with start_new_session, and reap the
-    child: SIGTERM and up to `grace` seconds to exit first, if `grace`, then SIGKILL. The
-    group is killed even when the child itself has exited: workers it left behind would
-    hold its pipes (and a GPU). (The child's pid names the group, and Linux does not give
-    that pid to a new process while any member of the group lives.)"""
-    if proc is None:
-        return
-    if grace > 0 and proc.poll() is None:
-        with contextlib.suppress(OSError):
-            os.killpg(proc.pid, signal.SIGTERM)
-        with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=grace)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except OSError:  # the group is gone, or not all of it may be signalled
-        proc.kill()  # a no-op once the child is reaped
-    proc.wait()
-
-
-def url_under(base: str, relpath: str | os.PathLike[str]) -> str:
-    """The URL a server at `base` serves the file at `relpath` of its root under."""
-    rel = os.fspath(relpath).replace(os.sep, "/").lstrip("/")
-    return f"{base}/{quote(rel)}"
-
-
 class ServerProcess:
-    """``python -m stoker.tools.serve ROOT`` in a process (and process group) of its own, so that
-    what it costs is not charged to the client being measured. ``url`` is known once it
-    answers; ``stop()`` (or leaving the ``with`` block) ends it. Its log goes to `log`
-    (default: a temporary file, removed at stop)."""
+    """``python -m MODULE ROOT --port 0 ARGS...`` in a process (and process group) of its
+    own, so that what it costs is not charged to the client being measured.
+
+    Args:
+        root: The folder to serve.
+        module: The server's module; it must log ``... at http://HOST:PORT`` once it
+            listens, as ``python -m stoker.tools.serve`` does.
+        args: More arguments for it.
+        cwd: The folder it runs in (where `module` is importable from).
+        log: Where its log goes (default: a temporary file, removed at stop).
+        timeout: Seconds to wait for it to answer.
+
+    ``url`` is known once it answers; ``stop()`` (or leaving the ``with`` block) ends it.
+    """
 
     def __init__(
         self,
         root: str | os.PathLike[str],
         *,
-        latency: float = 0.0,
-        bandwidth: float | None = None,
+        module: str = "stoker.tools.serve",
+        args: Sequence[str] = (),
+        cwd: str | None = None,
         log: str | None = None,
         timeout: float = 60.0,
     ) -> None:
         self._scratch = None if log is not None else tempfile.mkdtemp(prefix="stoker-serve-")
-        self.log = log if log is not None else os.path.join(self._scratch, "serve.log")
-        command = [sys.executable, "-m", "stoker.tools.serve", os.fspath(root), "--port", "0"]
-        command += ["--latency", repr(latency)]
-        if bandwidth is not None:
-            command += ["--bandwidth", repr(bandwidth)]
+        self.log = log if log is not None else os.path.join(self._scratch or "", "serve.log")
+        command = [sys.executable, "-m", module, os.fspath(root), "--port", "0", *args]
         with open(self.log, "w") as out:
             self.proc = subprocess.Popen(
-                command, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True
+                command, stdout=subprocess.DEVNULL, stderr=out, start_new_session=True, cwd=cwd
             )
         try:
             self.url = self._wait_url(deadline=time.monotonic() + timeout)
@@ -450,7 +444,7 @@ class ServerProcess:
                 with open(self.log) as f:
                     raise RuntimeError(f"the server exited early:\n{f.read()[-2000:]}")
             with open(self.log) as f:
-                found = re.search(r" at (http://[\d.]+:(\d+))", f.read())
+                found = re.search(r" at (https?://[\d.]+:(\d+))", f.read())
             if found:
                 with contextlib.suppress(OSError):
                     socket.create_connection(("127.0.0.1", int(found.group(2))), 1).close()
@@ -480,33 +474,19 @@ class ServerProcess:
         self.stop()
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``python -m stoker.tools.serve ROOT``: serve a folder until Ctrl-C."""
-    parser = argparse.ArgumentParser(
-        prog="python -m stoker.tools.serve",
-        description="Serve the files of a folder over HTTP, with optional latency and "
-        "bandwidth limits (a stand-in for a remote shard store).",
-    )
+def argument_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The command line of a folder server (servers built on this one add to it)."""
+    parser = argparse.ArgumentParser(prog=prog, description=description)
     parser.add_argument("root", help="folder to serve")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    parser.add_argument("--latency", type=float, default=0.0, help="seconds before headers")
-    parser.add_argument(
-        "--bandwidth", type=float, default=None, help="bytes/s per response (default: unlimited)"
-    )
     parser.add_argument("--no-ranges", action="store_true", help="ignore Range headers")
-    args = parser.parse_args(argv)
-    if not os.path.isdir(args.root):
-        parser.error(f"not a folder: {args.root}")
-    logging.basicConfig(level=logging.INFO, format="%(message)s")
-    server = ShardServer(
-        args.root,
-        host=args.host,
-        port=args.port,
-        latency=args.latency,
-        bandwidth=args.bandwidth,
-        ranges=not args.no_ranges,
-    )
+    return parser
+
+
+def serve_until_interrupted(server: FileServer) -> None:
+    """Run `server` until Ctrl-C (or SIGTERM), logging the URL it listens at."""
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
     with server:
         log.info("serving %s at %s (Ctrl-C to stop)", server.root, server.url)
         try:
@@ -514,6 +494,21 @@ def main(argv: list[str] | None = None) -> None:
                 time.sleep(3600)
         except KeyboardInterrupt:
             log.info("stopping")
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m stoker.tools.serve ROOT``: serve a folder until Ctrl-C."""
+    parser = argument_parser(
+        "python -m stoker.tools.serve",
+        "Serve the files of a folder over HTTP, with byte ranges, to stoker readers.",
+    )
+    args = parser.parse_args(argv)
+    if not os.path.isdir(args.root):
+        parser.error(f"not a folder: {args.root}")
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    serve_until_interrupted(
+        FileServer(args.root, host=args.host, port=args.port, ranges=not args.no_ranges)
+    )
 
 
 if __name__ == "__main__":

@@ -1,0 +1,257 @@
+"""One shard's members as rows: the member columns, a ShardIndex of an indexed shard, and
+how each format's index (from the C++ indexer, or an array source's layouts) becomes
+rows, checked against the number of samples the shard was opened with."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Protocol
+
+import numpy as np
+
+import stoker._core as _core
+from stoker.errors import ShardFormatError, located
+
+#: What adding shards found that a user should hear: (kind, shard, detail, detail).
+Note = tuple[str, int, int, int]
+
+#: The member columns and their types (rows and samples numbered within their shard).
+MEMBER_COLUMNS = {
+    "file": np.uint32,  # index into the table's files
+    "offset": np.uint64,  # where the member's bytes start in its file
+    "length": np.uint64,  # bytes on disk
+    "out": np.uint64,  # bytes once decoded
+    "codec": np.uint8,  # _core.Codec
+    "crc": np.uint32,  # zip's CRC-32, checked for compressed members
+    "field": np.int32,  # index into field_names
+    "decoder": np.int32,  # index into decoders (0: bytes as they are)
+    "sample": np.int64,  # the sample the member belongs to
+    "array": np.uint32,  # ARRAY_ROW members: index into the table's arrays
+}
+_PLAN_COLUMNS = [c for c in MEMBER_COLUMNS if c not in ("field", "sample")]
+
+
+class Numbering(Protocol):
+    """Where rows get the numbers of their fields, decoders and array layouts (a member
+    table's, shared by all its shards)."""
+
+    arrays: list[_core.ArrayLayout]
+
+    def field_id(self, name: str) -> int: ...
+
+    def decoder_id(self, descr: str, row_shape: tuple[int, ...], name: str) -> int: ...
+
+
+class ShardIndex:
+    """One indexed shard's members. `columns` hold MEMBER_COLUMNS (``sample`` within the
+    shard); a sample's members are consecutive rows from ``sample_first[i]`` to
+    ``sample_first[i + 1]``; `field_rows` maps a field id to each sample's row of it (-1:
+    none); `keys` is None where keys are made from the shard's name and the row."""
+
+    def __init__(
+        self,
+        first_sample: int,
+        columns: dict[str, np.ndarray],
+        per_sample: np.ndarray,
+        keys: np.ndarray | None,
+    ) -> None:
+        self.first_sample = first_sample
+        self.columns = {
+            name: np.ascontiguousarray(columns[name], dtype=dtype)
+            for name, dtype in MEMBER_COLUMNS.items()
+        }
+        self.samples = len(per_sample)
+        self.sample_first = np.zeros(self.samples + 1, np.int64)
+        np.cumsum(per_sample, out=self.sample_first[1:])
+        self.field_rows: dict[int, np.ndarray] = {}
+        field, sample = self.columns["field"], self.columns["sample"]
+        for f in np.unique(field).tolist():
+            hits = np.flatnonzero(field == f)
+            rows = np.full(self.samples, -1, np.int64)
+            rows[sample[hits]] = hits
+            self.field_rows[int(f)] = rows
+        self.keys = keys
+        self._core: _core.ShardColumns | None = None
+
+    @property
+    def rows(self) -> int:
+        return len(self.columns["offset"])
+
+    def plan_columns(self) -> _core.ShardColumns:
+        """The shard as a BatchPlan reads it (made once)."""
+        if self._core is None:
+            fields = max(self.field_rows, default=-1) + 1
+            self._core = _core.ShardColumns(
+                self.first_sample,
+                {name: self.columns[name] for name in _PLAN_COLUMNS},
+                self.sample_first[:-1],
+                [self.field_rows.get(f) for f in range(fields)],
+            )
+        return self._core
+
+    def keys_of(self, local: np.ndarray, name: str) -> np.ndarray:
+        """Keys of the shard's samples `local` (`name`: the shard's, which names the rows of
+        a .npy)."""
+        if self.keys is not None:
+            return self.keys[local]
+        stem = os.path.splitext(name.rsplit("/", 1)[-1])[0]
+        return np.array([f"{stem}/{row}" for row in local.tolist()], dtype=object)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_core"] = None  # made again on the other side
+        return state
+
+
+def shard_index(
+    numbering: Numbering,
+    shard: int,
+    name: str,
+    first: int,
+    expected: int,
+    index: dict,
+    member_files: np.ndarray | None,
+    seen: bool,
+) -> tuple[ShardIndex, list[Note]]:
+    """The ShardIndex of shard `shard` (`name`), indexed as `index`, whose `expected`
+    samples are numbered from `first`; and what a user should hear of it (`seen`: it was
+    indexed before, and heard of then). Raises ShardFormatError for a shard whose sample
+    count is not the one it was opened with."""
+    notes: list[Note] = []
+    keys = None
+    if index["format"] == "npy":
+        cols, n, per_sample = _npy_rows(numbering, index, name)
+    elif index["format"] == "array":
+        cols, n, per_sample = _array_rows(numbering, index, name)
+    else:
+        cols, n, per_sample = _member_rows_of(numbering, index)
+        found = index["keys"]
+        if index["format"] in ("mds", "litdata"):  # records: numbered in their shard
+            stem = os.path.splitext(os.path.basename(name))[0]
+            found = [f"{stem}/{k}" for k in found]
+        keys = np.empty(len(found), dtype=object)
+        keys[:] = found
+        runs = int(index.get("key_runs", n))
+        if runs > n and not seen:
+            notes.append(("regrouped", shard, n, runs))
+        state = index.get("sidecar", 0)
+        if state in (_core.SidecarState.STALE, _core.SidecarState.DAMAGED):
+            notes.append(("stale-index", shard, int(state), 0))  # the shard was walked
+        if n != expected and runs == expected:
+            raise located(
+                ShardFormatError,
+                name,
+                0,
+                f"holds {n} samples but its manifest says {expected}: the manifest was "
+                "written by a stoker that did not yet put a sample's scattered members "
+                "together; write it again with `stoker index`",
+            )
+    if n != expected:
+        raise located(
+            ShardFormatError,
+            name,
+            0,
+            f"holds {n} samples but {expected} were expected (manifest or first look): "
+            "the shard changed",
+        )
+    m = len(cols["offset"])
+    cols["file"] = member_files if member_files is not None else np.full(m, shard)
+    cols["sample"] = np.repeat(np.arange(n, dtype=np.int64), per_sample)
+    return ShardIndex(first, cols, per_sample, keys), notes
+
+
+def dtype_of(descr: str, name: str) -> np.dtype:
+    """The dtype a .npy header's `descr` names (`name`: the shard, for errors)."""
+    try:
+        return np.dtype(descr)
+    except (TypeError, ValueError) as e:
+        raise located(
+            ShardFormatError,
+            name,
+            0,
+            f"the .npy header's dtype {descr!r} is not one numpy knows ({e})",
+        ) from e
+
+
+def chunk_groups(sizes: np.ndarray, rows_per_group: dict[int, int]) -> np.ndarray:
+    """Shards' `sizes` as the sampler's groups: a shard of `rows_per_group` cut into runs
+    of that many rows (the last shorter), any other whole."""
+    out = []
+    for shard, size in enumerate(sizes.tolist()):
+        rows = rows_per_group.get(shard)
+        if rows is None or rows >= size:
+            out.append(np.array([size], np.int64))
+        else:
+            whole, rest = divmod(size, rows)
+            out.append(np.array([rows] * whole + ([rest] if rest else []), np.int64))
+    return np.concatenate(out) if out else sizes
+
+
+def _npy_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np.ndarray]:
+    """The member rows of a .npy shard's index: one per row, with a decoder for its dtype
+    and row shape."""
+    n = int(index["shape"][0])
+    row_shape = tuple(int(d) for d in index["shape"][1:])
+    row = np.uint64(index["row_bytes"])
+    cols = {
+        "offset": np.uint64(index["data_offset"]) + np.arange(n, dtype=np.uint64) * row,
+        "length": np.full(n, row, np.uint64),
+        "out": np.full(n, row, np.uint64),
+        "codec": np.zeros(n, np.uint8),
+        "crc": np.zeros(n, np.uint32),
+        "field": np.full(n, table.field_id("npy"), np.int32),
+        "decoder": np.full(n, table.decoder_id(index["descr"], row_shape, name), np.int32),
+        "array": np.zeros(n, np.uint32),
+    }
+    return cols, n, np.ones(n, np.int64)
+
+
+def _array_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np.ndarray]:
+    """The member rows of an array source: per sample, one per field (array), each row
+    read in place or as an ARRAY_ROW of the array's layout (which joins the table's)."""
+    n = int(index["rows"])
+    fields = index["fields"]
+    k = len(fields)
+    cols = {column: np.zeros(n * k, dtype) for column, dtype in MEMBER_COLUMNS.items()}
+    for j, field in enumerate(fields):
+        at = slice(j, n * k, k)  # sample-major: sample i's members are i*k .. i*k+k-1
+        row_bytes = field.row_bytes
+        cols["out"][at] = row_bytes
+        cols["field"][at] = table.field_id(field.name)
+        cols["decoder"][at] = table.decoder_id(field.dtype.str, field.row_shape, name)
+        if field.layout is None:
+            cols["offset"][at] = field.offsets
+            cols["length"][at] = row_bytes
+        else:
+            cols["offset"][at] = np.arange(n, dtype=np.uint64)
+            cols["codec"][at] = int(_core.Codec.ARRAY_ROW)
+            cols["array"][at] = len(table.arrays)
+            table.arrays.append(field.layout)
+    return cols, n, np.full(n, k, np.int64)
+
+
+def chunk_rows(index: dict) -> int:
+    """Rows per chunk of an array source's costliest array read by chunk (0: none is)."""
+    chunked = [f.layout for f in index["fields"] if f.layout is not None]
+    if not chunked:
+        return 0
+    costliest = max(chunked, key=lambda layout: layout.chunk_bytes)
+    return int(costliest.chunk_shape[0])
+
+
+def _member_rows_of(table: Numbering, index: dict) -> tuple[dict, int, np.ndarray]:
+    """The member rows of a tar or zip shard's index (or of loose files)."""
+    n = len(index["keys"])
+    m = len(index["member_offset"])
+    lookup = np.array([table.field_id(f) for f in index["field_names"]], np.int32)
+    cols = {
+        "offset": index["member_offset"],
+        "length": index["member_length"],
+        "out": index["member_out_length"],
+        "codec": index["member_codec"],
+        "crc": index["member_crc"],
+        "field": lookup[index["member_field"]] if m else np.zeros(0, np.int32),
+        "decoder": np.zeros(m, np.int32),
+        "array": np.zeros(m, np.uint32),
+    }
+    return cols, n, np.diff(index["sample_start"].astype(np.int64))

@@ -1,0 +1,1 @@
+"""stoker's tests."""

@@ -1,0 +1,1 @@
+"""Tests of array sources: HDF5, Zarr, NIfTI (stoker.arrays)."""

@@ -1,0 +1,1 @@
+"""Tests of opening and describing datasets, grouping, member indexes (stoker.dataset)."""

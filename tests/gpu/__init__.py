@@ -1,0 +1,1 @@
+"""Tests that need a CUDA device (skipped as a whole without one)."""

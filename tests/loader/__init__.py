@@ -1,0 +1,1 @@
+"""Tests of the Loader, its sampler, and the frameworks' own loops (stoker.loader)."""

@@ -1,0 +1,1 @@
+"""Tests of datasets other loaders wrote, read in place (stoker.peers)."""

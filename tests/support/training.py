@@ -1,0 +1,36 @@
+"""Training scripts the tests run under torchrun, as users' own would be."""
+
+import textwrap
+
+#: DDP on gloo over a stoker Loader: argv[1] a dataset, argv[2] a folder for rank<N>.json
+#: (rank, world size, length, and the keys each epoch gave).
+DDP_SCRIPT = textwrap.dedent(
+    """
+    import json, sys
+    import torch, torch.distributed as dist
+    import stoker
+
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    ds = stoker.Dataset(sys.argv[1])
+    # rank and world size come from torch.distributed
+    loader = stoker.Loader(ds, 8, fields={"cls": stoker.Int()}, drop_last=True, seed=3)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    epochs = []
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        keys = []
+        for batch in loader:  # every rank takes as many steps: DDP's all-reduce would hang
+            loss = model(batch["cls"].float()[:, None]).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            keys.extend(batch["__key__"])
+        epochs.append(keys)
+    out = {"rank": loader.rank, "world": loader.world_size, "len": len(loader), "epochs": epochs}
+    with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
+        json.dump(out, f)
+    dist.destroy_process_group()
+    """
+)

@@ -1,0 +1,1 @@
+"""Tests of the command line and the plain file server (stoker.tools)."""

@@ -1,0 +1,1 @@
+"""Tests of ShardWriter and the manifest (stoker.writer)."""
