@@ -241,3 +241,60 @@ def litdata_loader(input_dir: str, *, batch: int, workers: int, **options: Any) 
 
     dataset = StreamingDataset(input_dir, shuffle=True, **options)
     return StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
+
+
+# -- patches of volumes: what MONAI's and TorchIO's pipelines do per sample --------------
+
+
+def volume_patch_dataset(
+    subjects: Sequence[dict[str, str]], patch: int, patches: int, seed: int, *, sliced: bool
+) -> Any:
+    """A map-style dataset of `patches` random patches of `patch`^3 voxels from the
+    subjects' "image" and "label" volumes, returned as channel-first tensors.
+
+    ``sliced=False`` loads each subject's volumes whole with nibabel (or numpy) and crops,
+    per sample, as MONAI's ``LoadImaged`` + ``RandSpatialCropd`` and TorchIO's subject
+    loading do (neither MONAI nor TorchIO installs where these benchmarks run, so their
+    operations are written out here); a ``.nii.gz`` is inflated whole for every sample.
+    ``sliced=True`` reads only the patch through nibabel's array proxy (``dataobj[...]``)
+    or a memory-mapped ``.npy``: the strongest pure-Python per-sample reader."""
+    import nibabel
+    import torch
+
+    def load(path: str, box: tuple[slice, ...] | None) -> np.ndarray:
+        if path.endswith(".npy"):
+            array = np.load(path, mmap_mode="r" if box is not None else None)
+        else:
+            proxy = nibabel.load(path).dataobj
+            array = proxy if box is not None else np.asanyarray(proxy)
+        return np.ascontiguousarray(array[box] if box is not None else array)
+
+    class Patches(torch.utils.data.Dataset):
+        def __len__(self) -> int:
+            return patches
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            subject = subjects[i % len(subjects)]
+            rng = np.random.default_rng([seed, i])
+            if sliced:
+                shape = _volume_shape(subject["image"])
+                start = [int(rng.integers(0, s - patch + 1)) for s in shape]
+                box = tuple(slice(s, s + patch) for s in start)
+                out = {k: load(subject[k], box) for k in ("image", "label")}
+            else:
+                whole = {k: load(subject[k], None) for k in ("image", "label")}
+                shape = whole["image"].shape
+                start = [int(rng.integers(0, s - patch + 1)) for s in shape]
+                box = tuple(slice(s, s + patch) for s in start)
+                out = {k: np.ascontiguousarray(v[box]) for k, v in whole.items()}
+            return {k: torch.from_numpy(v)[None] for k, v in out.items()} | {"pid": os.getpid()}
+
+    return Patches()
+
+
+def _volume_shape(path: str) -> tuple[int, ...]:
+    import nibabel
+
+    if path.endswith(".npy"):
+        return tuple(np.load(path, mmap_mode="r").shape)
+    return tuple(nibabel.load(path).shape)

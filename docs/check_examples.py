@@ -175,6 +175,24 @@ def make_volumes(root: Path) -> None:
     nibabel.save(nibabel.Nifti1Image(volume, np.eye(4)), root / "ct" / "patient-0001.nii.gz")
 
 
+def make_subjects(root: Path) -> None:
+    """imagesTr/ and labelsTr/ as the Medical Segmentation Decathlon keeps them: four
+    48^3 int16 CT-like volumes (.nii.gz) and their uint8 labels, written by nibabel."""
+    import nibabel
+
+    rng = np.random.default_rng(0)
+    for folder in ("imagesTr", "labelsTr"):
+        (root / folder).mkdir()
+    for i in range(4):
+        image = rng.integers(-1000, 1000, (48, 48, 48)).astype(np.int16)
+        label = np.zeros((48, 48, 48), np.uint8)
+        label[16:32, 16:32, 16:32] = 1
+        affine = np.diag([0.8, 0.8, 1.5, 1.0])
+        name = f"case_{i:03d}.nii.gz"
+        nibabel.save(nibabel.Nifti1Image(image, affine), root / "imagesTr" / name)
+        nibabel.save(nibabel.Nifti1Image(label, affine), root / "labelsTr" / name)
+
+
 _LITDATA_WRITER = textwrap.dedent(
     """
     import sys
@@ -247,6 +265,7 @@ FIXTURES: dict[str, tuple[Callable[[Path], None] | None, str]] = {
     "two_tars": (make_two_tars, ""),
     "arrays": (make_arrays, ""),
     "volumes": (make_volumes, ""),
+    "subjects": (make_subjects, ""),
     "peers": (make_peers, ""),
     "records": (None, _RECORDS),
     "my_collate": (None, _MY_COLLATE),

@@ -24,6 +24,14 @@ from stoker.fields import Bytes, Image, Int, Npy, Raw, Row
 from stoker.gds import GDSCache, load_array, load_npy, read_into
 from stoker.loader import Loader
 from stoker.remote import FetchOptions
+from stoker.volumes import (
+    GridSampler,
+    LabelSampler,
+    PatchAggregator,
+    PatchLoader,
+    UniformSampler,
+    Volumes,
+)
 from stoker.writer import ShardWriter
 
 __all__ = [
@@ -35,10 +43,14 @@ __all__ = [
     "Dataset",
     "FallbackWarning",
     "GDSCache",
+    "GridSampler",
     "Int",
+    "LabelSampler",
     "Loader",
     "Mix",
     "Npy",
+    "PatchAggregator",
+    "PatchLoader",
     "Raw",
     "Row",
     "FetchError",
@@ -51,7 +63,9 @@ __all__ = [
     "ShardReader",
     "ShardWriter",
     "StokerError",
+    "UniformSampler",
     "UsageError",
+    "Volumes",
     "codec_status",
     "cuda_status",
     "load_array",

@@ -33,14 +33,20 @@ def volume(dtype, shape, seed=0) -> np.ndarray:
     return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
 
 
-def write_nifti(path, data, version=1, *, big_endian=False, extension=None) -> str:
-    """`data` saved by nibabel as a NIfTI-`version` file (.nii or .nii.gz by the name)."""
+def write_nifti(
+    path, data, version=1, *, big_endian=False, extension=None, affine=AFFINE, qform_only=False
+) -> str:
+    """`data` saved by nibabel as a NIfTI-`version` file (.nii or .nii.gz by the name), with
+    `affine` as its sform and qform (as its qform alone with `qform_only`)."""
     import nibabel as nib
 
     image = {1: nib.Nifti1Image, 2: nib.Nifti2Image}[version]
     header = image.header_class(endianness=">" if big_endian else "<")
     header.set_data_dtype(data.dtype)
-    img = image(data, AFFINE, header=header)
+    img = image(data, affine, header=header)
+    if qform_only:
+        img.set_qform(affine, code=1)
+        img.set_sform(None, code=0)
     if extension is not None:
         img.header.extensions.append(nib.nifti1.Nifti1Extension("comment", extension))
     img.to_filename(str(path))

@@ -15,6 +15,7 @@ RGB24 and RGBA32 voxels get a last axis of 3 or 4 uint8 components.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -51,7 +52,12 @@ class _Layout:
     vox_offset_type: str
     slope_at: int
     inter_at: int
-    scale_type: str
+    scale_type: str  # scl_slope's and scl_inter's, pixdim's, the quaternion's and srow's
+    pixdim_at: int
+    qform_code_at: int
+    code_type: str  # qform_code's and sform_code's (sform_code follows qform_code)
+    quatern_at: int  # quatern_b, c, d, then qoffset_x, y, z
+    srow_at: int  # srow_x, srow_y, srow_z: 4 values each
 
     @property
     def first_voxel(self) -> int:
@@ -60,10 +66,14 @@ class _Layout:
         return self.size + 4
 
 
+# fmt: off
 _LAYOUTS = {
-    1: _Layout(348, 344, b"n+1\0", b"ni1\0", 70, 72, 40, "i2", 108, "f4", 112, 116, "f4"),
-    2: _Layout(540, 4, b"n+2\0\r\n\x1a\n", b"ni2\0", 12, 14, 16, "i8", 168, "i8", 176, 184, "f8"),
+    1: _Layout(348, 344, b"n+1\0", b"ni1\0", 70, 72, 40, "i2", 108, "f4", 112, 116, "f4",
+               pixdim_at=76, qform_code_at=252, code_type="i2", quatern_at=256, srow_at=280),
+    2: _Layout(540, 4, b"n+2\0\r\n\x1a\n", b"ni2\0", 12, 14, 16, "i8", 168, "i8", 176, 184, "f8",
+               pixdim_at=104, qform_code_at=344, code_type="i4", quatern_at=352, srow_at=400),
 }
+# fmt: on
 _BY_SIZE = {layout.size: version for version, layout in _LAYOUTS.items()}
 
 # datatype code -> (name, numpy type of one component, components per voxel)
@@ -106,6 +116,8 @@ class NiftiHeader:
     offset: int  # where the voxels start (in the inflated stream for a .nii.gz)
     slope: float  # scl_slope, as stored
     inter: float  # scl_inter, as stored
+    affine: np.ndarray  # 4x4 float64: voxel (i, j, k) to world (x, y, z), as nibabel's img.affine
+    spacing: tuple[float, ...]  # the voxel sizes of dims (pixdim[1:]), as nibabel's zooms
 
     @property
     def shape(self) -> tuple[int, ...]:
@@ -161,6 +173,8 @@ class NiftiHeader:
             "compressed": self.compressed,
             "big_endian": self.big_endian,
             "datatype": self.datatype,
+            "affine": self.affine,
+            "spacing": self.spacing,
         }
 
 
@@ -184,7 +198,10 @@ def nifti_header(path: str | os.PathLike[str]) -> dict[str, Any]:
         - ``offset``: where the voxels start (in the inflated bytes of a .nii.gz); ``nbytes``:
             how many bytes they take;
         - ``slope``, ``inter``: scl_slope and scl_inter as stored (a slope of 0 or NaN: no
-            scaling).
+            scaling);
+        - ``affine``: the 4x4 voxel-to-world matrix nibabel's ``img.affine`` gives (the
+            sform where its code is set, else the qform, else the voxel sizes alone);
+            ``spacing``: the voxel sizes, ``pixdim[1:]`` as nibabel's ``header.get_zooms()``.
 
     Raises:
         ShardFormatError: The header is not NIfTI, or is inconsistent; the message names
@@ -327,6 +344,8 @@ def _parse(path: str, raw: bytes, *, size: int, compressed: bool) -> NiftiHeader
     # flag bytes) means that end, 352 (NIfTI-1) or 544 (NIfTI-2).
     offset = max(int(stored), L.first_voxel)
     slope, inter = (float(field(at, L.scale_type)[0]) for at in (L.slope_at, L.inter_at))
+    pixdim = field(L.pixdim_at, L.scale_type, 8).astype(np.float64)
+    spacing = tuple(float(abs(z)) for z in pixdim[1 : ndim + 1])
     header = NiftiHeader(
         path=path,
         version=version,
@@ -339,6 +358,8 @@ def _parse(path: str, raw: bytes, *, size: int, compressed: bool) -> NiftiHeader
         offset=offset,
         slope=slope,
         inter=inter,
+        affine=_affine(L, field, pixdim, dims),
+        spacing=spacing,
     )
     nbytes = header.nbytes
     if compressed:
@@ -366,6 +387,45 @@ def _parse(path: str, raw: bytes, *, size: int, compressed: bool) -> NiftiHeader
                 "is truncated, or its header is wrong",
             )
     return header
+
+
+def _affine(
+    L: _Layout, field: Callable[..., np.ndarray], pixdim: np.ndarray, dims: tuple[int, ...]
+) -> np.ndarray:
+    """The voxel-to-world matrix by the standard's three methods, in nibabel's order of
+    preference: the sform (srow_x, y, z) where sform_code is set; else the qform, a rotation
+    from the quaternion (b, c, d; a = sqrt(1 - b^2 - c^2 - d^2)) scaled by the voxel sizes,
+    the third by qfac (pixdim[0]: -1 for a left-handed grid), then shifted by qoffset; else
+    the voxel sizes alone, x flipped and the grid's centre at the origin (ANALYZE's)."""
+    qform_code, sform_code = (int(c) for c in field(L.qform_code_at, L.code_type, 2))
+    if sform_code > 0:
+        affine = np.eye(4)
+        affine[:3] = field(L.srow_at, L.scale_type, 12).astype(np.float64).reshape(3, 4)
+        return affine
+    zooms = np.ones(3)
+    used = min(len(dims), 3)
+    zooms[:used] = pixdim[1 : used + 1]
+    if qform_code > 0:
+        b, c, d, *offset = (float(v) for v in field(L.quatern_at, L.scale_type, 6))
+        a = np.sqrt(max(0.0, 1.0 - (b * b + c * c + d * d)))
+        rotation = np.array(
+            [
+                [a * a + b * b - c * c - d * d, 2 * (b * c - a * d), 2 * (b * d + a * c)],
+                [2 * (b * c + a * d), a * a + c * c - b * b - d * d, 2 * (c * d - a * b)],
+                [2 * (b * d - a * c), 2 * (c * d + a * b), a * a + d * d - c * c - b * b],
+            ]
+        )
+        qfac = -1.0 if pixdim[0] < 0 else 1.0
+        affine = np.eye(4)
+        affine[:3, :3] = rotation * (zooms * np.array([1.0, 1.0, qfac]))
+        affine[:3, 3] = offset
+        return affine
+    shape = np.ones(3)
+    shape[:used] = dims[:used]
+    diagonal = np.abs(zooms) * np.array([-1.0, 1.0, 1.0])
+    affine = np.diag([*diagonal, 1.0])
+    affine[:3, 3] = -(shape - 1) / 2.0 * diagonal
+    return affine
 
 
 def finish(tensor: Any, header: NiftiHeader, *, scale: bool) -> Any:

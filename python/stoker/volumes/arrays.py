@@ -1,0 +1,217 @@
+"""One array of a subject, as patches read it: where its voxels lie in which file, in which
+order, and what they mean in space.
+
+A ``.npy`` and a ``.nii`` are read where they are. A ``.nii.gz`` is one gzip stream, which
+cannot be entered in the middle: it is inflated once, on first use, into the node cache
+(beside remote shards, under ``volumes/``), and its patches are read from that copy, which
+every process and rank of the node shares and later runs find again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from stoker._files import default_cache_root
+from stoker.arrays import nifti
+from stoker.errors import ReadError, ShardFormatError, UsageError, located
+from stoker.npy_pages import npy_layout
+
+#: File name endings a subject's arrays may have.
+VOLUME_SUFFIXES = (".npy", ".nii", ".nii.gz")
+
+#: Bytes inflated per step into the cache's copy of a .nii.gz.
+_INFLATE_STEP = 16 << 20
+
+
+@dataclass(frozen=True)
+class VolumeArray:
+    """An array on disk, as C-order bytes, and how its axes map onto a patch.
+
+    The stored bytes are the C-order array of `stored_shape` at `offset` in `data_path`
+    (the file given, or the cache's inflated copy of a ``.nii.gz``). `spatial_axes[k]` is
+    the stored axis of the k-th spatial axis, in the order patches are indexed (nibabel's
+    ``[x, y, z]`` for NIfTI, the array's own for ``.npy``); the other stored axes are
+    channels, read whole, in stored order.
+    """
+
+    path: str
+    data_path: str
+    offset: int
+    dtype: np.dtype
+    stored_shape: tuple[int, ...]
+    spatial_axes: tuple[int, ...]
+    affine: np.ndarray | None  # 4x4 voxel-to-world, where the file has one (NIfTI)
+    spacing: tuple[float, ...]
+    swap_unit: int  # bytes to reverse per group for a big-endian file; 0: native
+
+    @property
+    def spatial_shape(self) -> tuple[int, ...]:
+        return tuple(self.stored_shape[a] for a in self.spatial_axes)
+
+    @property
+    def channel_axes(self) -> tuple[int, ...]:
+        return tuple(a for a in range(len(self.stored_shape)) if a not in self.spatial_axes)
+
+    @property
+    def channels(self) -> int:
+        return int(np.prod([self.stored_shape[a] for a in self.channel_axes], dtype=np.int64))
+
+
+def is_volume_path(value: object) -> bool:
+    """Whether a subject's value names an array file (by its name's ending)."""
+    return isinstance(value, (str, os.PathLike)) and os.fspath(value).lower().endswith(
+        VOLUME_SUFFIXES
+    )
+
+
+def open_volume_array(path: str, spatial_dims: int, cache_dir: str | None) -> VolumeArray:
+    """The layout of the array at `path` whose first `spatial_dims` axes (as patches index
+    them) are spatial: a .npy's leading axes unless it has one more, which is then its
+    channels (channel-first, as MONAI keeps arrays); a NIfTI volume's dims, any further
+    dims and RGB components being channels."""
+    path = os.fspath(path)
+    if path.lower().endswith(".npy"):
+        return _npy(path, spatial_dims)
+    return _nifti(path, spatial_dims, cache_dir)
+
+
+def _npy(path: str, spatial_dims: int) -> VolumeArray:
+    dtype, shape, offset, _, fortran = npy_layout(path, fortran_ok=True)
+    if len(shape) not in (spatial_dims, spatial_dims + 1):
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            f"an array of shape {shape} for {spatial_dims}-D patches: it needs "
+            f"{spatial_dims} spatial axes, and at most one channel axis before them",
+        )
+    first = len(shape) - spatial_dims  # a channel axis, if any, comes first
+    if fortran:  # stored with the first index fastest: the C-order array of reversed shape
+        stored = shape[::-1]
+        spatial = tuple(len(shape) - 1 - a for a in range(first, len(shape)))
+    else:
+        stored = shape
+        spatial = tuple(range(first, len(shape)))
+    return VolumeArray(
+        path=path,
+        data_path=path,
+        offset=offset,
+        dtype=dtype,
+        stored_shape=tuple(stored),
+        spatial_axes=spatial,
+        affine=None,
+        spacing=(1.0,) * spatial_dims,
+        swap_unit=0,
+    )
+
+
+def _nifti(path: str, spatial_dims: int, cache_dir: str | None) -> VolumeArray:
+    header, stream = nifti.open_header(path)
+    if len(header.dims) < spatial_dims:
+        raise located(
+            ShardFormatError,
+            path,
+            0,
+            f"a {len(header.dims)}-D volume of shape {header.dims} for {spatial_dims}-D patches",
+        )
+    data_path, offset = path, header.offset
+    if stream is not None:
+        data_path, offset = _inflated_copy(header, stream, cache_dir), 0
+    # Stored: dims reversed (x fastest), then the RGB components.
+    n = len(header.dims)
+    spatial = tuple(n - 1 - k for k in range(spatial_dims))
+    return VolumeArray(
+        path=path,
+        data_path=data_path,
+        offset=offset,
+        dtype=header.dtype,
+        stored_shape=header.stored_shape,
+        spatial_axes=spatial,
+        affine=header.affine,
+        spacing=header.spacing[:spatial_dims],
+        swap_unit=header.swap_unit,
+    )
+
+
+def _inflated_copy(header: nifti.NiftiHeader, stream: Any, cache_dir: str | None) -> str:
+    """The cache's copy of a .nii.gz's voxels, inflated now unless a process of this node
+    did so before: named for the file's path, size and modification time (a changed file
+    is inflated again), written under a lock (one process inflates, the others wait for
+    it) to a temporary name, then renamed, so no half-inflated copy is ever read."""
+    try:
+        st = os.stat(header.path)
+    except OSError as e:
+        raise located(ReadError, header.path, 0, f"cannot read: {e.strerror or e}") from e
+    folder = os.path.join(cache_dir or default_cache_root(), "volumes")
+    os.makedirs(folder, exist_ok=True)
+    key = f"{os.path.realpath(header.path)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
+    name = hashlib.sha256(key).hexdigest()[:24]
+    out = os.path.join(folder, f"{name}-{os.path.basename(header.path)[:80]}.raw")
+    if _complete(out, header.nbytes):
+        return out
+    with open(out + ".lock", "a+b") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if _complete(out, header.nbytes):
+            return out
+        tmp = f"{out}.{os.getpid()}.tmp"
+        try:
+            stream.skip(header.offset - stream.produced)
+            buffer = np.empty(min(_INFLATE_STEP, max(header.nbytes, 1)), np.uint8)
+            with open(tmp, "wb") as f:
+                left = header.nbytes
+                while left:
+                    piece = buffer[: min(left, buffer.size)]
+                    stream.read_into(piece)
+                    f.write(piece.data)
+                    left -= piece.size
+                stream.finish()  # every member's CRC-32 and length
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, out)
+        except OSError as e:
+            raise located(
+                ReadError,
+                out,
+                0,
+                f"cannot write the inflated copy of {header.path} into the cache: "
+                f"{e.strerror or e} (cache_dir= chooses another folder)",
+            ) from e
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
+    return out
+
+
+def _complete(path: str, nbytes: int) -> bool:
+    try:
+        return os.path.getsize(path) == nbytes
+    except OSError:
+        return False
+
+
+def check_same_space(subject: str, arrays: dict[str, VolumeArray], atol: float) -> None:
+    """Every array of a subject on one grid: the same spatial shape, and where two have an
+    affine, the same affine (within `atol`); else UsageError naming the subject and files."""
+    items = list(arrays.items())
+    first_key, first = items[0]
+    for key, array in items[1:]:
+        if array.spatial_shape != first.spatial_shape:
+            raise UsageError(
+                f"subject {subject}: {key!r} ({array.path}) has spatial shape "
+                f"{array.spatial_shape}, {first_key!r} ({first.path}) has "
+                f"{first.spatial_shape}: a subject's arrays must lie on one grid"
+            )
+        a, b = first.affine, array.affine
+        if a is not None and b is not None and not np.allclose(a, b, atol=atol, rtol=0):
+            raise UsageError(
+                f"subject {subject}: the affines of {key!r} ({array.path}) and "
+                f"{first_key!r} ({first.path}) differ by up to "
+                f"{np.abs(a - b).max():.3g} (more than "
+                f"affine_tolerance={atol}): they are not on one grid in space"
+            )

@@ -1,0 +1,232 @@
+"""Where patches go: uniform, label-balanced, or on a grid.
+
+A random sampler's positions are a pure function of (seed, epoch, subject, patch number),
+so they do not depend on the rank, the world size, the thread count or the order batches
+are read in. The label-balanced sampler draws a class first (by ``ratio`` or by
+``class_weights``), then a voxel of that class, uniformly among all of them: from the
+label volume's coarse occupancy grid (voxels of each class per block of ``block``^D
+voxels, counted once per label file and kept in the cache) it draws a block in
+proportion to its count, then reads that block's labels and takes one of its voxels of
+the class. The patch is centred there, moved inside the volume where it fits (as MONAI's
+``RandCropByPosNegLabeld`` does).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import itertools
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from stoker._files import default_cache_root, write_atomically
+from stoker.errors import UsageError
+from stoker.volumes.arrays import VolumeArray
+
+
+class PatchSampler:
+    """The base of the samplers: ``positions`` of one subject's patches."""
+
+    #: Whether patches_per_subject applies (False: the sampler says how many, as the grid).
+    random = True
+
+    def grid_positions(
+        self, shape: tuple[int, ...], patch_size: tuple[int, ...]
+    ) -> list[tuple[int, ...]]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class UniformSampler(PatchSampler):
+    """Patch positions drawn uniformly among those that fit the volume (a volume smaller
+    than the patch along an axis: the patch centred on it, the rest padding)."""
+
+
+@dataclass(frozen=True)
+class LabelSampler(PatchSampler):
+    """Patch centres drawn at voxels of chosen classes of the label array `label`.
+
+    Args:
+        label: The subject's key of the label array.
+        ratio: (foreground, background) weights: a centre is drawn at a voxel above 0
+            with probability ``ratio[0] / sum(ratio)``, else at a voxel of 0 (MONAI's
+            ``pos``/``neg``). Ignored when `class_weights` is given.
+        class_weights: {label value: weight}: a class drawn by weight, then a voxel of it
+            (MONAI's ``RandCropByLabelClasses``, TorchIO's ``LabelSampler``'s
+            ``label_probabilities``). Classes with no voxel in a volume are left out of
+            its draw.
+        block: The edge of the occupancy grid's blocks, in voxels.
+    """
+
+    label: str = "label"
+    ratio: tuple[float, float] = (1.0, 1.0)
+    class_weights: Mapping[int, float] | None = None
+    block: int = 8
+
+    def __post_init__(self) -> None:
+        if self.block < 1:
+            raise UsageError(f"LabelSampler(block={self.block}): it must be at least 1")
+        weights = list(self.class_weights.values()) if self.class_weights else list(self.ratio)
+        if any(w < 0 for w in weights) or sum(weights) <= 0:
+            raise UsageError(
+                "LabelSampler: weights must be 0 or more, and not all 0 "
+                f"(ratio={self.ratio}, class_weights={self.class_weights})"
+            )
+
+    def classes(self, present: Sequence[int]) -> tuple[list[list[int]], np.ndarray]:
+        """The groups of label values a draw chooses among, and their weights, given the
+        values `present` in a volume: [[foreground values], [0]] for `ratio`, one group
+        per class for `class_weights`; groups with no voxel get weight 0."""
+        if self.class_weights:
+            groups = [[int(c)] for c in self.class_weights]
+            weights = np.array([float(w) for w in self.class_weights.values()])
+        else:
+            groups = [[int(v) for v in present if v > 0], [0]]
+            weights = np.array([float(self.ratio[0]), float(self.ratio[1])])
+        has = np.array([any(v in present for v in g) for g in groups])
+        return groups, np.where(has, weights, 0.0)
+
+
+@dataclass(frozen=True)
+class GridSampler(PatchSampler):
+    """Every position of a grid over the volume, in order, for inference: starts every
+    ``patch - overlap`` voxels along each axis, the last one flush with the volume's end.
+
+    Args:
+        overlap: Voxels shared by neighbouring patches, per axis or for all; a float under
+            1 is a fraction of the patch.
+    """
+
+    overlap: int | float | Sequence[int | float] = 0
+    random = False
+
+    def steps(self, patch_size: tuple[int, ...]) -> tuple[int, ...]:
+        overlap = self.overlap
+        per_axis = list(overlap) if isinstance(overlap, Sequence) else [overlap] * len(patch_size)
+        if len(per_axis) != len(patch_size):
+            raise UsageError(f"GridSampler(overlap={overlap}) for {len(patch_size)}-D patches")
+        steps = []
+        for o, p in zip(per_axis, patch_size):
+            voxels = int(round(o * p)) if isinstance(o, float) and o < 1 else int(o)
+            if not 0 <= voxels < p:
+                raise UsageError(
+                    f"GridSampler(overlap={overlap}): an overlap of {voxels} voxels for a "
+                    f"patch of {p}; it must be 0 or more and less than the patch"
+                )
+            steps.append(p - voxels)
+        return tuple(steps)
+
+    def grid_positions(
+        self, shape: tuple[int, ...], patch_size: tuple[int, ...]
+    ) -> list[tuple[int, ...]]:
+        axes = []
+        for size, p, step in zip(shape, patch_size, self.steps(patch_size)):
+            if size <= p:
+                axes.append([0])  # one patch, padded past the end
+                continue
+            starts = list(range(0, size - p + 1, step))
+            if starts[-1] != size - p:
+                starts.append(size - p)
+            axes.append(starts)
+        return [tuple(p) for p in itertools.product(*axes)]
+
+
+def uniform_start(
+    rng: np.random.Generator, shape: tuple[int, ...], patch_size: tuple[int, ...]
+) -> tuple[int, ...]:
+    """A start drawn uniformly among those where the patch fits (centred where it cannot)."""
+    return tuple(
+        int(rng.integers(0, s - p + 1)) if s >= p else (s - p) // 2
+        for s, p in zip(shape, patch_size)
+    )
+
+
+def start_around(
+    centre: tuple[int, ...], shape: tuple[int, ...], patch_size: tuple[int, ...]
+) -> tuple[int, ...]:
+    """The start of the patch centred on `centre`, moved inside the volume along each axis
+    where the patch fits (centred on the volume where it does not)."""
+    out = []
+    for c, s, p in zip(centre, shape, patch_size):
+        start = c - p // 2
+        out.append(min(max(start, 0), s - p) if s >= p else (s - p) // 2)
+    return tuple(out)
+
+
+@dataclass
+class Occupancy:
+    """The voxels of each label value per block of a label volume: ``counts[v]`` is the
+    grid of block counts of value ``values[v]``."""
+
+    values: list[int]
+    counts: np.ndarray  # (len(values), *grid), int64
+    block: int
+    shape: tuple[int, ...]
+    cumulative: dict[int, np.ndarray] = field(default_factory=dict)  # per value, flat cumsum
+
+    def group_counts(self, group: Sequence[int]) -> np.ndarray:
+        """The flat block counts of voxels whose value is in `group`, cumulated."""
+        key = hash(tuple(group))
+        if key not in self.cumulative:
+            rows = [self.values.index(v) for v in group if v in self.values]
+            total = self.counts[rows].sum(axis=0).reshape(-1) if rows else np.zeros(1, np.int64)
+            self.cumulative[key] = np.cumsum(total)
+        return self.cumulative[key]
+
+
+def occupancy(
+    label: VolumeArray, labels: np.ndarray, block: int, cache_dir: str | None
+) -> Occupancy:
+    """The occupancy grid of the label volume whose voxels (spatial axes first, in patch
+    order) are `labels`, from the cache where a process computed it before (keyed by the
+    file's path, size, modification time and the block), else computed and kept."""
+    try:
+        st = os.stat(label.path)
+        key = f"{os.path.realpath(label.path)}\0{st.st_size}\0{st.st_mtime_ns}\0{block}"
+        name = hashlib.sha256(key.encode()).hexdigest()[:24] + ".npz"
+        path = os.path.join(cache_dir or default_cache_root(), "volumes", "occupancy", name)
+    except OSError:
+        path = None
+    if path is not None and os.path.exists(path):
+        try:
+            with np.load(path) as kept:
+                return Occupancy(
+                    [int(v) for v in kept["values"]], kept["counts"], block, label.spatial_shape
+                )
+        except (OSError, ValueError, KeyError):
+            pass  # a copy that cannot be read is made again
+    values = np.unique(labels)
+    shape = label.spatial_shape
+    grid = tuple(-(-s // block) for s in shape)
+    # Per value, its voxels as a mask padded to whole blocks, each block summed: one pass
+    # of a byte per voxel per value, and no index array of the volume's size.
+    pad = [(0, g * block - s) for g, s in zip(grid, shape)]
+    blocked = [axis for g in grid for axis in (g, block)]
+    summed = tuple(range(1, 2 * len(grid), 2))
+    counts = np.stack(
+        [np.pad(labels == v, pad).reshape(blocked).sum(axis=summed) for v in values]
+    ).astype(np.int64)
+    result = Occupancy([int(v) for v in values], counts, block, shape)
+    if path is not None:
+        try:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            out = io.BytesIO()
+            np.savez(out, values=values, counts=result.counts)
+            write_atomically(path, [out.getbuffer()])
+        except OSError:
+            pass  # the cache is full or read-only: the grid is used without being kept
+    return result
+
+
+def block_bounds(
+    occupancy_grid: Occupancy, flat_block: int
+) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """The first voxel and the extent of block `flat_block` of the grid."""
+    grid = occupancy_grid.counts.shape[1:]
+    index = np.unravel_index(flat_block, grid)
+    first = tuple(int(i) * occupancy_grid.block for i in index)
+    extent = tuple(min(occupancy_grid.block, s - f) for f, s in zip(first, occupancy_grid.shape))
+    return first, extent

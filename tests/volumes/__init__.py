@@ -1,0 +1,2 @@
+"""Tests of patches from volumes: Volumes, PatchLoader, the samplers, the aggregator
+(stoker.volumes)."""

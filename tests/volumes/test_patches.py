@@ -1,0 +1,473 @@
+"""Patches of volumes: byte for byte what numpy slicing of nibabel's and numpy's own reads
+gives, for every layout and both edge rules; the samplers' statistics and coverage; the
+aggregator; the loader's guarantees (threads, resume, ranks, workers); bad inputs."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+import stoker
+from stoker.volumes.boxes import patch_runs
+from tests.support.nifti_volumes import flip_byte, reference, write_nifti
+from tests.support.nifti_volumes import volume as random_volume
+
+nib = pytest.importorskip("nibabel")
+torch = pytest.importorskip("torch")
+
+
+def nifti(path, data, affine=None, *, big_endian=False, gz=False, qform=False, version=1):
+    """`data` as path.nii (or path.nii.gz), written by nibabel."""
+    name = str(path) + (".nii.gz" if gz else ".nii")
+    options = {} if affine is None else {"affine": affine}
+    return write_nifti(name, data, version, big_endian=big_endian, qform_only=qform, **options)
+
+
+def expected_patch(data, start, size, pad=0):
+    """data[start : start + size] with what lies outside the array as `pad`."""
+    out = np.full(size + data.shape[len(size) :], pad, dtype=data.dtype)
+    src, dst = [], []
+    for st, p, s in zip(start, size, data.shape):
+        lo, hi = max(st, 0), min(st + p, s)
+        src.append(slice(lo, hi))
+        dst.append(slice(lo - st, hi - st))
+    out[tuple(dst)] = data[tuple(src)]
+    return out
+
+
+def volume(shape, dtype=np.int16, seed=0):
+    return random_volume(dtype, shape, seed)
+
+
+def all_batches(loader):
+    return [b for b in loader]
+
+
+def check_batches(loader, truth, key="image", pad=0):
+    """Every patch equals numpy's slice of the truth arrays (channel axis first)."""
+    seen = 0
+    for batch in loader:
+        for b in range(len(batch["subject_index"])):
+            s = int(batch["subject_index"][b])
+            start = tuple(int(v) for v in batch["location"][b])
+            want = expected_patch(truth[s], start, loader.patch_size, pad)
+            want = np.moveaxis(want, range(len(start), want.ndim), range(want.ndim - len(start)))
+            got = batch[key][b].numpy()
+            assert (
+                got.shape
+                == (max(1, int(np.prod(want.shape[: want.ndim - len(start)]))),) + loader.patch_size
+            )
+            np.testing.assert_array_equal(got.reshape(want.shape), want)
+            seen += 1
+    return seen
+
+
+# -- layouts -----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("dtype", [np.int16, np.float32, np.uint8, np.float64])
+@pytest.mark.parametrize("kind", ["nii", "nii.gz", "npy", "npy-fortran", "nii-big-endian"])
+def test_patches_are_exact(tmp_path, kind, dtype):
+    shapes = [(23, 17, 11), (9, 30, 14)]
+    truth, subjects = [], []
+    for i, shape in enumerate(shapes):
+        data = volume(shape, dtype, seed=i)
+        base = tmp_path / f"v{i}"
+        if kind.startswith("nii"):
+            path = nifti(base, data, gz=kind == "nii.gz", big_endian="big" in kind)
+            data = reference(path)  # what nibabel reads
+        else:
+            path = str(base) + ".npy"
+            np.save(path, np.asfortranarray(data) if "fortran" in kind else data)
+            data = np.load(path)
+        truth.append(np.asarray(data))
+        subjects.append({"image": path, "id": f"s{i}"})
+    vols = stoker.Volumes(subjects, cache_dir=tmp_path / "cache")
+    loader = stoker.PatchLoader(vols, (8, 7, 12), 3, patches_per_subject=5, seed=1)
+    assert check_batches(loader, truth) == 10
+    grid = stoker.PatchLoader(
+        vols, (8, 7, 12), 4, sampler=stoker.GridSampler(overlap=2), pad_value=5
+    )
+    assert check_batches(grid, truth, pad=5) > 10
+
+
+def test_channels_of_a_4d_nifti_and_a_channel_first_npy(tmp_path):
+    data = volume((12, 10, 8, 3), np.float32)
+    path = nifti(tmp_path / "four", data)
+    npy = tmp_path / "c.npy"
+    np.save(npy, np.moveaxis(data, 3, 0))  # (C, X, Y, Z), MONAI's channel-first
+    vols = stoker.Volumes([{"image": path, "other": str(npy)}])
+    batch = next(iter(stoker.PatchLoader(vols, 5, 2, patches_per_subject=2, seed=3)))
+    assert batch["image"].shape == (2, 3, 5, 5, 5)
+    np.testing.assert_array_equal(batch["image"].numpy(), batch["other"].numpy())
+    start = tuple(int(v) for v in batch["location"][0])
+    want = np.moveaxis(expected_patch(data, start, (5, 5, 5)), 3, 0)
+    np.testing.assert_array_equal(batch["image"][0].numpy(), want)
+
+
+def test_two_d_images(tmp_path):
+    data = volume((40, 33), np.uint8)
+    np.save(tmp_path / "slide.npy", data)
+    vols = stoker.Volumes([{"image": str(tmp_path / "slide.npy")}], spatial_dims=2)
+    loader = stoker.PatchLoader(vols, (16, 16), 4, sampler=stoker.GridSampler())
+    assert check_batches(loader, [data]) == 9
+
+
+def test_affines_follow_nibabel(tmp_path):
+    rotation = np.array([[0, -1, 0], [1, 0, 0], [0, 0, 1]], float)
+    affine = np.eye(4)
+    affine[:3, :3] = rotation * [0.7, 0.8, 2.0]
+    affine[:3, 3] = [10.0, -20.0, 5.5]
+    data = volume((10, 11, 12))
+    for name, kwargs in (("sform", {}), ("qform", {"qform": True}), ("two", {"version": 2})):
+        path = nifti(tmp_path / name, data, affine, **kwargs)
+        header = stoker.nifti_header(path)
+        np.testing.assert_allclose(header["affine"], nib.load(path).affine, atol=1e-5)
+        np.testing.assert_allclose(header["spacing"], nib.load(path).header.get_zooms())
+    # no sform, no qform: the voxel sizes alone, as nibabel's base affine
+    img = nib.Nifti1Image(data, np.diag([0.5, 0.6, 0.7, 1]))
+    img.set_sform(None, code=0)
+    img.set_qform(None, code=0)
+    img.to_filename(tmp_path / "none.nii")
+    header = stoker.nifti_header(tmp_path / "none.nii")
+    np.testing.assert_allclose(header["affine"], nib.load(tmp_path / "none.nii").affine, atol=1e-6)
+    vols = stoker.Volumes([{"image": str(tmp_path / "sform.nii")}])
+    batch = next(iter(stoker.PatchLoader(vols, 4, 2, patches_per_subject=2)))
+    for b in range(2):
+        start = batch["location"][b].numpy()
+        world = nib.load(tmp_path / "sform.nii").affine @ np.append(start, 1)
+        np.testing.assert_allclose(batch["affine"][b].numpy() @ [0, 0, 0, 1], world, atol=1e-5)
+
+
+def test_a_nii_gz_is_inflated_once_into_the_cache(tmp_path):
+    data = volume((20, 20, 20))
+    path = nifti(tmp_path / "ct", data, gz=True)
+    cache = tmp_path / "cache"
+    first = stoker.Volumes([{"image": path}], cache_dir=cache)
+    copies = os.listdir(cache / "volumes")
+    copy = [c for c in copies if c.endswith(".raw")]
+    assert len(copy) == 1 and os.path.getsize(cache / "volumes" / copy[0]) == data.nbytes
+    mtime = os.path.getmtime(cache / "volumes" / copy[0])
+    second = stoker.Volumes([{"image": path}], cache_dir=cache)
+    assert os.path.getmtime(cache / "volumes" / copy[0]) == mtime  # not inflated again
+    assert first.arrays[0]["image"].data_path == second.arrays[0]["image"].data_path
+
+
+# -- edges -------------------------------------------------------------------------------
+
+
+def test_a_volume_smaller_than_the_patch_is_padded_or_refused(tmp_path):
+    data = volume((6, 20, 20))
+    np.save(tmp_path / "small.npy", data)
+    vols = stoker.Volumes([{"image": str(tmp_path / "small.npy"), "id": "tiny"}])
+    loader = stoker.PatchLoader(vols, 10, 2, patches_per_subject=4, pad_value=7)
+    assert check_batches(loader, [data], pad=7) == 4
+    batch = next(iter(loader))
+    assert (batch["location"][:, 0] == -2).all()  # centred along the short axis
+    with pytest.raises(
+        stoker.UsageError,
+        match=r"subject 'tiny' \(.*small.npy\) is \(6, 20, 20\), smaller than "
+        r"patch_size=\(10, 10, 10\)",
+    ):
+        stoker.PatchLoader(vols, 10, 2, edge="refuse")
+
+
+def test_grid_edges_are_flush_and_cover_every_voxel(tmp_path):
+    data = volume((21, 16, 9))
+    np.save(tmp_path / "v.npy", data)
+    vols = stoker.Volumes([{"image": str(tmp_path / "v.npy")}])
+    loader = stoker.PatchLoader(vols, (8, 8, 8), 5, sampler=stoker.GridSampler(overlap=3))
+    covered = np.zeros(data.shape, int)
+    for batch in loader:
+        for start in batch["location"].tolist():
+            assert all(s >= 0 and s + 8 <= n for s, n in zip(start[:2], data.shape[:2]))
+            covered[tuple(slice(max(s, 0), s + 8) for s in start)] += 1
+    assert covered.min() >= 1
+    assert check_batches(loader, [data]) == len(
+        loader.sampler.grid_positions(data.shape, (8, 8, 8))
+    )
+
+
+# -- samplers ----------------------------------------------------------------------------
+
+
+def labelled(tmp_path, shape=(48, 48, 48)):
+    """An image and a label whose foreground (1 and 2) is a block in the middle."""
+    image = volume(shape)
+    label = np.zeros(shape, np.uint8)
+    label[16:32, 16:32, 16:24] = 1
+    label[20:28, 20:28, 24:32] = 2
+    ip = nifti(tmp_path / "img", image)
+    lp = nifti(tmp_path / "lab", label)
+    return stoker.Volumes([{"image": ip, "label": lp}], cache_dir=tmp_path / "cache"), label
+
+
+def centre_labels(loader, label):
+    out = []
+    for batch in loader:
+        for start in batch["location"].tolist():
+            centre = tuple(s + p // 2 for s, p in zip(start, loader.patch_size))
+            out.append(int(label[centre]))
+    return np.array(out)
+
+
+def within_binomial(hits, n, p, sigmas=4.0):
+    return abs(hits - n * p) <= sigmas * np.sqrt(n * p * (1 - p)) + 1
+
+
+def test_label_balanced_ratio(tmp_path):
+    vols, label = labelled(tmp_path)
+    sampler = stoker.LabelSampler("label", ratio=(1, 3))
+    loader = stoker.PatchLoader(vols, 8, 16, sampler=sampler, patches_per_subject=800, seed=2)
+    centres = centre_labels(loader, label)
+    assert within_binomial((centres > 0).sum(), centres.size, 0.25)
+    # the statistics are kept in the cache: a second loader finds them there
+    assert os.listdir(tmp_path / "cache" / "volumes" / "occupancy")
+
+
+def test_label_balanced_class_weights(tmp_path):
+    vols, label = labelled(tmp_path)
+    sampler = stoker.LabelSampler("label", class_weights={0: 1, 1: 1, 2: 2}, block=4)
+    loader = stoker.PatchLoader(vols, 6, 16, sampler=sampler, patches_per_subject=800, seed=5)
+    centres = centre_labels(loader, label)
+    n = centres.size
+    for value, p in ((0, 0.25), (1, 0.25), (2, 0.5)):
+        assert within_binomial((centres == value).sum(), n, p), (value, np.bincount(centres))
+
+
+def test_aggregator_rebuilds_the_volume(tmp_path):
+    data = volume((19, 22, 13), np.float32)
+    np.save(tmp_path / "v.npy", data)
+    vols = stoker.Volumes([{"image": str(tmp_path / "v.npy")}])
+    for weights in ("uniform", "gaussian"):
+        loader = stoker.PatchLoader(vols, 8, 3, sampler=stoker.GridSampler(overlap=0.5))
+        aggregator = stoker.PatchAggregator(data.shape, (8, 8, 8), weights=weights)
+        for batch in loader:
+            aggregator.add(batch["image"], batch["location"])
+        np.testing.assert_allclose(aggregator.result()[0].numpy(), data, rtol=1e-5, atol=1e-5)
+
+
+# -- the loader's guarantees -------------------------------------------------------------
+
+
+def many_subjects(tmp_path, n=6):
+    subjects, truth = [], []
+    for i in range(n):
+        data = volume((14 + i, 12, 10), seed=i)
+        np.save(tmp_path / f"s{i}.npy", data)
+        subjects.append({"image": str(tmp_path / f"s{i}.npy"), "id": i})
+        truth.append(data)
+    return stoker.Volumes(subjects), truth
+
+
+def keys_of(batches):
+    return [(b["subject"], b["location"].tolist()) for b in batches]
+
+
+def test_order_does_not_depend_on_threads_and_resumes_exactly(tmp_path):
+    vols, _ = many_subjects(tmp_path)
+    make = lambda: stoker.PatchLoader(vols, 5, 4, patches_per_subject=3, seed=9)  # noqa: E731
+    whole = keys_of(all_batches(make()))
+    from stoker._process import shared_reader
+
+    reader = shared_reader()
+    assert reader.num_threads >= 1
+    again = make()
+    it = iter(again)
+    head = [next(it) for _ in range(2)]
+    state = again.state_dict()
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(state)))
+    assert keys_of(head) + keys_of(all_batches(resumed)) == whole
+    other = make()
+    other.set_epoch(1)
+    assert keys_of(all_batches(other)) != whole
+
+
+def test_ranks_split_the_epoch(tmp_path):
+    vols, _ = many_subjects(tmp_path)
+    everything = set()
+    lengths = set()
+    for rank in range(3):
+        loader = stoker.PatchLoader(
+            vols, 5, 2, patches_per_subject=4, seed=1, rank=rank, world_size=3
+        )
+        mine = {
+            (s, tuple(loc)) for b in loader for s, loc in zip(b["subject"], b["location"].tolist())
+        }
+        assert not mine & everything
+        everything |= mine
+        lengths.add(len(loader))
+    single = stoker.PatchLoader(vols, 5, 2, patches_per_subject=4, seed=1, rank=0, world_size=1)
+    assert everything == {
+        (s, tuple(loc)) for b in single for s, loc in zip(b["subject"], b["location"].tolist())
+    }
+    assert len(lengths) == 1
+
+
+def test_dataloader_fork_workers(tmp_path):
+    vols, truth = many_subjects(tmp_path)
+    loader = stoker.PatchLoader(vols, 5, 4, patches_per_subject=3, seed=4)
+    alone = sorted(map(repr, keys_of(all_batches(loader))))
+    loader.set_epoch(0)  # the epoch read to its end moved the loader on to the next one
+    workers = torch.utils.data.DataLoader(
+        loader.iterable_dataset(), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    together = list(workers)
+    assert sorted(map(repr, keys_of(together))) == alone
+    for batch in together:
+        for b, s in enumerate(batch["subject_index"].tolist()):
+            start = tuple(batch["location"][b].tolist())
+            want = expected_patch(truth[s], start, (5, 5, 5))
+            np.testing.assert_array_equal(batch["image"][b, 0].numpy(), want)
+
+
+def test_stats_show_a_patch_not_a_volume(tmp_path):
+    data = np.zeros((128, 128, 128), np.int16)
+    np.save(tmp_path / "v.npy", data)
+    vols = stoker.Volumes([{"image": str(tmp_path / "v.npy")}])
+    loader = stoker.PatchLoader(vols, 32, 4, patches_per_subject=8)
+    all_batches(loader)
+    stats = loader.stats()
+    assert stats["patches"] == 8 and stats["patch_bytes"] == 8 * 32**3 * 2
+    assert 1 <= stats["read_amplification"] <= 4
+    assert stats["bytes_read_per_patch"] < data.nbytes / 10  # a 64th of it, read 4x
+
+
+def test_runs_merge_rows_as_the_reader_does(tmp_path):
+    np.save(tmp_path / "v.npy", np.zeros((64, 64, 64), np.int16))
+    array = stoker.Volumes([{"image": str(tmp_path / "v.npy")}]).arrays[0]["image"]
+    runs = patch_runs(array, (3, 5, 7), (16, 16, 16))
+    assert runs.offsets.size == 16 * 16 and (runs.lengths == 32).all()
+    whole_rows = patch_runs(array, (3, 5, 0), (16, 16, 64))
+    assert whole_rows.offsets.size == 16 and (whole_rows.lengths == 16 * 64 * 2).all()
+
+
+MEMORY_CHILD = r"""
+import resource, sys, numpy as np, stoker
+vols = stoker.Volumes([{"image": sys.argv[1]}])
+loader = stoker.PatchLoader(vols, 64, 4, patches_per_subject=64)
+for batch in loader:
+    pass
+print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+"""
+
+
+def test_memory_stays_bounded_on_a_volume_larger_than_it(tmp_path):
+    # A 2 GiB volume (a sparse file: it costs no disk) read by a process whose peak
+    # RSS must stay far under it.
+    path = tmp_path / "big.npy"
+    big = np.lib.format.open_memmap(path, mode="w+", dtype=np.int16, shape=(1024, 1024, 1024))
+    del big
+    done = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, str(path)], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert int(done.stdout.split()[-1]) < 700 << 20
+
+
+# -- subjects and bad input --------------------------------------------------------------
+
+
+def test_subjects_from_a_csv_and_from_folders(tmp_path):
+    (tmp_path / "imagesTr").mkdir()
+    (tmp_path / "labelsTr").mkdir()
+    for name in ("a", "b"):
+        nifti(tmp_path / "imagesTr" / name, volume((8, 8, 8)))
+        nifti(tmp_path / "labelsTr" / name, np.zeros((8, 8, 8), np.uint8))
+    vols = stoker.Volumes.from_folders(
+        {"image": tmp_path / "imagesTr", "label": tmp_path / "labelsTr"}
+    )
+    assert len(vols) == 2 and vols.keys == ("image", "label") and vols.name(0) == "'a'"
+    (tmp_path / "subjects.csv").write_text("id,image,label\nx,imagesTr/a.nii,labelsTr/a.nii\n")
+    from_csv = stoker.Volumes(str(tmp_path / "subjects.csv"))
+    assert from_csv.arrays[0]["image"].path == str(tmp_path / "imagesTr" / "a.nii")
+    nifti(tmp_path / "imagesTr" / "c", volume((8, 8, 8)))
+    with pytest.raises(stoker.UsageError, match=r"without a partner: c.nii \(no label\)"):
+        stoker.Volumes.from_folders(
+            {"image": tmp_path / "imagesTr", "label": tmp_path / "labelsTr"}
+        )
+
+
+def test_image_and_label_of_different_shapes(tmp_path):
+    ip = nifti(tmp_path / "img", volume((10, 10, 10)))
+    lp = nifti(tmp_path / "lab", np.zeros((10, 10, 9), np.uint8))
+    with pytest.raises(
+        stoker.UsageError,
+        match=r"subject 'p7': 'label' \(.*lab.nii\) has spatial shape \(10, 10, 9\), "
+        r"'image' \(.*img.nii\) has \(10, 10, 10\)",
+    ):
+        stoker.Volumes([{"id": "p7", "image": ip, "label": lp}])
+
+
+def test_affines_that_disagree(tmp_path):
+    ip = nifti(tmp_path / "img", volume((10, 10, 10)), np.eye(4))
+    lp = nifti(tmp_path / "lab", np.zeros((10, 10, 10), np.uint8), np.diag([2, 1, 1, 1.0]))
+    with pytest.raises(stoker.UsageError, match="affines of 'label'"):
+        stoker.Volumes([{"image": ip, "label": lp}])
+
+
+def test_a_truncated_nii_is_refused_naming_it(tmp_path):
+    path = nifti(tmp_path / "cut", volume((16, 16, 16)))
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) - 100)
+    with pytest.raises(stoker.ShardFormatError, match=r"cut.nii.*truncated"):
+        stoker.Volumes([{"image": path}])
+
+
+def test_a_corrupt_nii_gz_is_refused_and_no_copy_is_left(tmp_path):
+    data = volume((16, 16, 16))
+    path = nifti(tmp_path / "bad", data, gz=True)
+    flip_byte(path, -6)  # in the CRC-32 of the gzip trailer
+    with pytest.raises(stoker.StokerError, match="bad.nii.gz"):
+        stoker.Volumes([{"image": path}], cache_dir=tmp_path / "cache")
+    left = os.listdir(tmp_path / "cache" / "volumes")
+    assert not [n for n in left if n.endswith((".raw", ".tmp"))], left
+
+
+def test_a_truncated_nii_gz_names_the_file(tmp_path):
+    path = nifti(tmp_path / "short", volume((16, 16, 16)), gz=True)
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+    with pytest.raises(stoker.StokerError, match="short.nii.gz"):
+        stoker.Volumes([{"image": path}], cache_dir=tmp_path / "cache")
+
+
+def test_a_file_that_is_not_npy(tmp_path):
+    (tmp_path / "x.npy").write_bytes(b"not an array at all" * 10)
+    with pytest.raises(stoker.ShardFormatError, match=r"x.npy.*not a .npy file"):
+        stoker.Volumes([{"image": str(tmp_path / "x.npy")}])
+
+
+def test_bad_arguments(tmp_path):
+    np.save(tmp_path / "v.npy", volume((8, 8, 8)))
+    vols = stoker.Volumes([{"image": str(tmp_path / "v.npy")}])
+    with pytest.raises(stoker.UsageError, match="patch_size"):
+        stoker.PatchLoader(vols, (4, 4), 2)
+    with pytest.raises(stoker.UsageError, match="edge="):
+        stoker.PatchLoader(vols, 4, 2, edge="wrap")
+    with pytest.raises(stoker.UsageError, match="LabelSampler"):
+        stoker.PatchLoader(vols, 4, 2, sampler=stoker.LabelSampler("label"))
+    with pytest.raises(stoker.UsageError, match="overlap"):
+        list(stoker.PatchLoader(vols, 4, 2, sampler=stoker.GridSampler(overlap=4)))
+    with pytest.raises(stoker.UsageError, match=r"pad_value=-1 does not fit 'image''s uint8"):
+        np.save(tmp_path / "u.npy", np.zeros((8, 8, 8), np.uint8))
+        stoker.PatchLoader(stoker.Volumes([{"image": str(tmp_path / "u.npy")}]), 4, 2, pad_value=-1)
+    with pytest.raises(stoker.UsageError, match="no subjects"):
+        stoker.Volumes([])
+
+
+def test_from_torchio(tmp_path):
+    tio = pytest.importorskip("torchio")
+    ip = nifti(tmp_path / "img", volume((8, 8, 8)))
+    lp = nifti(tmp_path / "lab", np.zeros((8, 8, 8), np.uint8))
+    subjects = tio.SubjectsDataset(
+        [tio.Subject(image=tio.ScalarImage(ip), label=tio.LabelMap(lp), age=40)]
+    )
+    vols = stoker.Volumes.from_torchio(subjects)
+    assert vols.keys == ("image", "label") and vols.metadata[0]["age"] == 40
