@@ -673,6 +673,50 @@ def test_loader_device_batches_equal_cpu_batches(standin_libs, tmp_path):
     assert s["no_context_calls"] == 0
 
 
+def _scenario_patches(libs: list[str], root: str) -> dict:
+    """PatchLoader's device path: patches read into pinned slots, one copy per batch."""
+    import stoker
+    import stoker.cuda
+    from stoker import _core
+    from tests.support.standin_lib import HostMemory
+
+    fake, _ = _hooks(libs)
+    consumer = _core.CopyStream(0)
+    memory = HostMemory(consumer.handle)
+    stoker.cuda.use_device_memory(memory)
+    rng = np.random.default_rng(3)
+    subjects = []
+    for i in range(3):
+        np.save(f"{root}/image{i}.npy", rng.integers(-999, 999, (20, 18, 16)).astype(np.int16))
+        np.save(f"{root}/label{i}.npy", (rng.random((20, 18, 16)) > 0.7).astype(np.uint8))
+        subjects.append({"image": f"{root}/image{i}.npy", "label": f"{root}/label{i}.npy"})
+    volumes = stoker.Volumes(subjects, cache_dir=f"{root}/cache")
+    out: dict[str, Any] = {}
+    for delay, pinned in ((0, 64 << 20), (20_000, 3 * 8 * 8**3 * 3)):
+        fake.set_copy_delay_us(delay)
+        fake.reset()
+        options = dict(sampler=stoker.LabelSampler("label"), patches_per_subject=8, seed=5)
+        cpu = list(stoker.PatchLoader(volumes, 8, 8, **options))
+        dev = list(stoker.PatchLoader(volumes, 8, 8, device="cuda", pinned_bytes=pinned, **options))
+        consumer.record().wait()
+        out[f"delay {delay}"] = {
+            "batches": [len(cpu), len(dev)],
+            "equal": [i for i, (c, d) in enumerate(zip(cpu, dev)) if not _same(c, d)],
+            "stats": fake.stats(),
+        }
+    return out
+
+
+def test_patch_loader_device_batches_equal_cpu_batches(standin_libs, tmp_path):
+    r = _run("patches", standin_libs, root=str(tmp_path), timeout=120)
+    for name, case in r.items():
+        assert case["batches"][0] == case["batches"][1] == 3, name
+        assert case["equal"] == [], f"{name}: batches {case['equal']} differ"
+        s = case["stats"]
+        assert s["copies"] >= 3 and s["overwritten_sources"] == 0, name
+        assert s["pageable_copies"] == 0 and s["no_context_calls"] == 0, name
+
+
 # ---- e. load_npy, read_into, GDSCache through the stand-in -------------------------------
 
 DTYPES = ["float32", "int16", "uint8", "bool", "float64", "complex64"]
