@@ -243,21 +243,132 @@ def litdata_loader(input_dir: str, *, batch: int, workers: int, **options: Any) 
     return StreamingDataLoader(dataset, batch_size=batch, num_workers=workers)
 
 
-# -- patches of volumes: what MONAI's and TorchIO's pipelines do per sample --------------
+# -- patches of volumes and slides: TorchIO, MONAI, zarr-python, tifffile, OpenSlide -------
+
+# TorchIO's Queue: each volume loaded by the Queue's workers yields this many patches, and
+# the queue holds up to this many (the patches of 8 volumes, so that a batch mixes
+# subjects). Its docs' example has 10 a volume and 300 in the queue, for 96^3 patches.
+TORCHIO_SAMPLES_PER_VOLUME = 8
+TORCHIO_QUEUE_LENGTH = 64
+# MONAI's RandCropByPosNegLabeld crops this many patches from each loaded volume; the
+# DataLoader's batch_size is the batch over it (the spleen tutorial: 4 samples, batch 2).
+MONAI_NUM_SAMPLES = 4
+
+
+def random_box(rng: np.random.Generator, shape: Sequence[int], patch: int) -> tuple[slice, ...]:
+    """A uniformly random box of `patch` along each of `shape`'s axes, inside them."""
+    return tuple(
+        slice(start, start + patch)
+        for start in (int(rng.integers(0, s - patch + 1)) for s in shape)
+    )
+
+
+def _torchio_npy_reader(path: Any) -> tuple[np.ndarray, np.ndarray]:
+    """TorchIO reads a .npy through a custom reader (its docs' ``numpy_reader`` example),
+    which must return channel-first data and an affine."""
+    return np.load(path)[None], np.eye(4)
+
+
+def torchio_queue_loader(
+    subjects: Sequence[dict[str, str]],
+    patch: int,
+    batch: int,
+    *,
+    label: bool,
+    workers: int = 2,
+    samples_per_volume: int = TORCHIO_SAMPLES_PER_VOLUME,
+    max_length: int = TORCHIO_QUEUE_LENGTH,
+) -> Any:
+    """TorchIO's patch pipeline as its docs have it: a ``SubjectsDataset`` of subjects with
+    a ``ScalarImage`` "image" and a ``LabelMap`` "label", a ``Queue`` with a
+    ``UniformSampler`` (or, with `label`, a ``LabelSampler`` drawing background and
+    foreground centres 1:1) loading volumes in `workers` processes, popped by a
+    ``SubjectsLoader`` with ``num_workers=0`` (the Queue's docs: "this must be 0"). Each
+    pass over it is ``len(subjects) * samples_per_volume`` patches."""
+    import torchio as tio
+
+    def image(kind: type, path: str) -> Any:
+        return kind(path, reader=_torchio_npy_reader) if path.endswith(".npy") else kind(path)
+
+    dataset = tio.SubjectsDataset(
+        [
+            tio.Subject(
+                image=image(tio.ScalarImage, s["image"]), label=image(tio.LabelMap, s["label"])
+            )
+            for s in subjects
+        ]
+    )
+    sampler = (
+        tio.LabelSampler(patch, label_name="label", label_probabilities={0: 1, 1: 1})
+        if label
+        else tio.UniformSampler(patch)
+    )
+    queue = tio.Queue(dataset, max_length, samples_per_volume, sampler, num_workers=workers)
+    return tio.SubjectsLoader(queue, batch_size=batch, num_workers=0)
+
+
+def monai_patch_loader(
+    subjects: Sequence[dict[str, str]],
+    patch: int,
+    batch: int,
+    *,
+    workers: int = 2,
+    cache_dir: str | None = None,
+    num_samples: int = MONAI_NUM_SAMPLES,
+) -> Any:
+    """MONAI's patch pipeline as its tutorials have it: ``LoadImaged`` +
+    ``EnsureChannelFirstd`` + ``RandCropByPosNegLabeld`` (foreground and background
+    centres 1:1, `num_samples` patches a loaded volume) over a ``monai.data.Dataset`` of
+    the subjects' dicts, or with `cache_dir` a ``PersistentDataset`` (the transforms before
+    the first random one cached there: its first pass writes the cache, later passes read
+    it), in a ``monai.data.DataLoader`` with `workers` workers and ``batch_size`` `batch` /
+    `num_samples`. Each pass over it is ``len(subjects) * num_samples`` patches."""
+    from monai.data import DataLoader, Dataset, PersistentDataset
+    from monai.transforms import Compose, EnsureChannelFirstd, LoadImaged, RandCropByPosNegLabeld
+
+    keys = ["image", "label"]
+    transform = Compose(
+        [
+            LoadImaged(keys=keys),
+            EnsureChannelFirstd(keys=keys),
+            RandCropByPosNegLabeld(
+                keys=keys,
+                label_key="label",
+                spatial_size=(patch,) * 3,
+                pos=1,
+                neg=1,
+                num_samples=num_samples,
+            ),
+        ]
+    )
+    data = [{k: s[k] for k in keys} for s in subjects]
+    dataset = (
+        Dataset(data, transform)
+        if cache_dir is None
+        else PersistentDataset(data, transform, cache_dir=cache_dir)
+    )
+    return DataLoader(
+        dataset,
+        batch_size=max(1, batch // num_samples),
+        shuffle=True,
+        num_workers=workers,
+        persistent_workers=workers > 0,
+    )
 
 
 def volume_patch_dataset(
     subjects: Sequence[dict[str, str]], patch: int, patches: int, seed: int, *, sliced: bool
 ) -> Any:
     """A map-style dataset of `patches` random patches of `patch`^3 voxels from the
-    subjects' "image" and "label" volumes, returned as channel-first tensors.
+    subjects' "image" and "label" volumes, returned as channel-first tensors: the
+    written-out per-sample loaders of the first figures, kept for continuity.
 
     ``sliced=False`` loads each subject's volumes whole with nibabel (or numpy) and crops,
     per sample, as MONAI's ``LoadImaged`` + ``RandSpatialCropd`` and TorchIO's subject
-    loading do (neither MONAI nor TorchIO installs where these benchmarks run, so their
-    operations are written out here); a ``.nii.gz`` is inflated whole for every sample.
-    ``sliced=True`` reads only the patch through nibabel's array proxy (``dataobj[...]``)
-    or a memory-mapped ``.npy``: the strongest pure-Python per-sample reader."""
+    loading do, without their transforms' and collation's overhead; a ``.nii.gz`` is
+    inflated whole for every sample. ``sliced=True`` reads only the patch through
+    nibabel's array proxy (``dataobj[...]``) or a memory-mapped ``.npy``: the strongest
+    pure-Python per-sample reader."""
     import nibabel
     import torch
 
@@ -277,17 +388,13 @@ def volume_patch_dataset(
             subject = subjects[i % len(subjects)]
             rng = np.random.default_rng([seed, i])
             if sliced:
-                shape = _volume_shape(subject["image"])
-                start = [int(rng.integers(0, s - patch + 1)) for s in shape]
-                box = tuple(slice(s, s + patch) for s in start)
+                box = random_box(rng, _volume_shape(subject["image"]), patch)
                 out = {k: load(subject[k], box) for k in ("image", "label")}
             else:
                 whole = {k: load(subject[k], None) for k in ("image", "label")}
-                shape = whole["image"].shape
-                start = [int(rng.integers(0, s - patch + 1)) for s in shape]
-                box = tuple(slice(s, s + patch) for s in start)
+                box = random_box(rng, whole["image"].shape, patch)
                 out = {k: np.ascontiguousarray(v[box]) for k, v in whole.items()}
-            return {k: torch.from_numpy(v)[None] for k, v in out.items()} | {"pid": os.getpid()}
+            return {k: torch.from_numpy(v)[None] for k, v in out.items()}
 
     return Patches()
 
@@ -298,3 +405,87 @@ def _volume_shape(path: str) -> tuple[int, ...]:
     if path.endswith(".npy"):
         return tuple(np.load(path, mmap_mode="r").shape)
     return tuple(nibabel.load(path).shape)
+
+
+def _open_zarr(name: str) -> Any:
+    """A Zarr array named as stoker.Volumes names one: ``store.zarr:/path``."""
+    import zarr
+
+    store, _, inner = name.rpartition(":/")
+    return zarr.open_array(store, path=inner, mode="r")
+
+
+def zarr_patch_dataset(
+    subjects: Sequence[dict[str, str]], patch: int, patches: int, seed: int
+) -> Any:
+    """A map-style dataset of `patches` random patches of `patch`^3 voxels, each sliced
+    from the subjects' Zarr "image" and "label" arrays with zarr-python (which reads and
+    decodes only the chunks the slice touches), as channel-first tensors; the arrays are
+    opened on first use in each process (never in the parent before workers fork)."""
+    import torch
+
+    class ZarrPatches(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.arrays: dict[int, dict[str, Any]] = {}
+            self.pid = os.getpid()
+
+        def __len__(self) -> int:
+            return patches
+
+        def __getitem__(self, i: int) -> dict[str, Any]:
+            if self.pid != os.getpid():
+                self.arrays, self.pid = {}, os.getpid()
+            s = i % len(subjects)
+            if s not in self.arrays:
+                self.arrays[s] = {k: _open_zarr(subjects[s][k]) for k in ("image", "label")}
+            arrays = self.arrays[s]
+            box = random_box(np.random.default_rng([seed, i]), arrays["image"].shape, patch)
+            return {k: torch.from_numpy(a[box])[None] for k, a in arrays.items()}
+
+    return ZarrPatches()
+
+
+def slide_patch_dataset(path: str, patch: int, patches: int, seed: int, *, reader: str) -> Any:
+    """A map-style dataset of `patches` random `patch`^2 RGB patches of the slide at
+    `path` (level 0), as (3, patch, patch) uint8 tensors, each read on its own:
+    ``reader="tifffile"`` slices the zarr array over ``tifffile.imread(path,
+    aszarr=True)`` (which reads and decodes only the tiles the patch touches: tifffile's
+    fastest way to a region); ``reader="openslide"`` calls OpenSlide's ``read_region``
+    (RGBA, its alpha dropped). The slide is opened on first use in each process."""
+    import tifffile
+    import torch
+
+    with tifffile.TiffFile(path) as tiff:
+        height, width = tiff.pages[0].shape[:2]
+    if reader not in ("tifffile", "openslide"):
+        raise ValueError(f"reader={reader!r}: 'tifffile' or 'openslide'")
+
+    class SlidePatches(torch.utils.data.Dataset):
+        def __init__(self) -> None:
+            self.slide: Any = None
+            self.pid = os.getpid()
+
+        def __len__(self) -> int:
+            return patches
+
+        def _open(self) -> Any:
+            if reader == "openslide":
+                import openslide
+
+                return openslide.OpenSlide(path)
+            import zarr
+
+            return zarr.open(tifffile.imread(path, aszarr=True), mode="r")
+
+        def __getitem__(self, i: int) -> Any:
+            if self.slide is None or self.pid != os.getpid():
+                self.slide, self.pid = self._open(), os.getpid()
+            rows, cols = random_box(np.random.default_rng([seed, i]), (height, width), patch)
+            if reader == "openslide":
+                region = self.slide.read_region((cols.start, rows.start), 0, (patch, patch))
+                pixels = np.asarray(region)[..., :3]
+            else:
+                pixels = self.slide[rows, cols]
+            return torch.from_numpy(np.ascontiguousarray(pixels)).permute(2, 0, 1)
+
+    return SlidePatches()

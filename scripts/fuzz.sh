@@ -3,14 +3,14 @@
 # UndefinedBehaviorSanitizer) and fuzzes the tar, zip and npy parsers and the
 # reader on what they index, the member index sidecars, the JPEG and PNG
 # decoders behind stoker.Image(), the chunk decoders and row gathering of array
-# sources (HDF5, Zarr), gzip streams as NIfTI volumes are read, and MDS shards and
-# LitData chunks, for SECONDS each (default 60).
+# sources (HDF5, Zarr), gzip streams as NIfTI volumes are read, MDS shards and
+# LitData chunks, and TIFF / BigTIFF directories, for SECONDS each (default 60).
 #
 #   scripts/fuzz.sh [SECONDS]
 #
 # Each format has its own corpus, build-fuzz/corpus-<format>, kept between runs
-# and seeded from tests/data/seeds, tests/data/malformed, tests/data/index-seeds
-# and tests/data/image-seeds (each file with the
+# and seeded from tests/data/seeds, tests/data/malformed, tests/data/index-seeds,
+# tests/data/image-seeds and the other *-seeds folders (each file with the
 # format byte the target expects in front). Crashes, leaks, timeouts and
 # out-of-memory inputs land in build-fuzz/artifacts; the script exits non-zero
 # when a run found one and prints how to reproduce it. Formats are fuzzed side by
@@ -78,6 +78,24 @@ cat >"$dict" <<'EOF'
 "'<M8[ns]'"
 "'|O'"
 "'<U10'"
+"II*\x00"
+"MM\x00*"
+"II+\x00"
+"MM\x00+"
+"\x08\x00\x00\x00"
+"\x00\x01"
+"\x01\x01"
+"\x16\x01"
+"\x17\x01"
+"\x11\x01"
+"\x42\x01"
+"\x43\x01"
+"\x44\x01"
+"\x45\x01"
+"\x4a\x01"
+"\x5b\x01"
+"\x10\x00"
+"\x0d\x00"
 "(1,)"
 "()"
 ".cls"
@@ -100,6 +118,7 @@ fuzz_format() {
     chunk) byte='\x05' ;;  # array sources' chunks (seeds: tests/data/chunk-seeds)
     gzip) byte='\x06' ;;   # gzip streams as .nii.gz volumes are read (seeds: tests/data/gzip-seeds)
     record) byte='\x07' ;; # MDS shards and LitData chunks (seeds: tests/data/record-seeds)
+    tiff) byte='\x08' ;;   # TIFF / BigTIFF directories (seeds: tests/data/tiff-seeds)
   esac
   corpus="$build/corpus-$format"
   mkdir -p "$corpus"
@@ -109,6 +128,7 @@ fuzz_format() {
   [[ $format == chunk ]] && seeds=(tests/data/chunk-seeds/*)
   [[ $format == gzip ]] && seeds=(tests/data/gzip-seeds/*)
   [[ $format == record ]] && seeds=(tests/data/record-seeds/*)
+  [[ $format == tiff ]] && seeds=(tests/data/tiff-seeds/*.tif)
   local file name
   for file in "${seeds[@]}"; do
     [[ -e $file ]] || continue
@@ -128,7 +148,7 @@ fuzz_format() {
 # One fuzzer per core at a time (each is single-threaded): every format still gets its
 # full $seconds, in less wall time. FUZZ_JOBS overrides the count.
 jobs=${FUZZ_JOBS:-$(nproc)}
-formats=(tar zip npy idx image chunk gzip record)
+formats=(tar zip npy idx image chunk gzip record tiff)
 running=0
 for format in "${formats[@]}"; do
   echo "== fuzzing $format for ${seconds}s (corpus $build/corpus-$format, log $build/fuzz-$format.log)"

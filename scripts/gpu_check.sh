@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, in one command, on a machine with a GPU: build stoker against the tools
-# already installed there, run the real-GPU tests (tests/gpu), both GPU benchmarks in their
-# --quick form, the CUDA stand-in tests, and print a short table LAST.
+# already installed there, run the real-GPU tests (tests/gpu), the GPU benchmarks (h2d.py,
+# gds.py, gpu_patches.py) in their --quick form, the CUDA stand-in tests, and print a short
+# table LAST.
 #
 #   bash scripts/gpu_check.sh        # everything also lands in $OUT (else gpu-check-out/)
 #
@@ -9,24 +10,26 @@
 # `pip install --no-build-isolation --no-deps .` with the scikit-build-core, pybind11, cmake
 # and ninja already there (a missing one is named and `pip install`ed on its own, from .whl/
 # when that folder exists); the torch already there is used and never installed; pytest and
-# numpy are installed only if missing; optional packages (kvikio, nibabel) are skipped with a
-# line.
+# numpy are installed only if missing; optional packages (kvikio, nibabel, monai) are skipped
+# with a line.
 # Missing C headers the build needs (zlib.h, Python.h) stop it up front with a clear line.
 #
 # Time: the whole run stays under 8 minutes ($budget below). Each step has a time limit,
 # and the steps after it are promised their share, which no earlier step can eat into: the
-# build gets at most 150 s, tests/gpu 120 s or more, h2d.py 80 s or more, gds.py (the .npy
-# and the NIfTI volumes) 110 s or more (the benchmarks stop themselves inside it and print
-# tables from what finished), the stand-in tests (CPU logic, which CI runs anyway) whatever
-# is left. A failing step does not stop the others.
+# build gets at most 150 s, tests/gpu 110 s or more, h2d.py 70 s or more, gds.py (the .npy
+# and the NIfTI volumes) 90 s or more, gpu_patches.py (patches into device memory: the
+# cuFile gather, PatchLoader's pinned path, MONAI) 40 s or more, at most 60 (the benchmarks
+# stop themselves inside their limits and print tables from what finished), the stand-in
+# tests (CPU logic, which CI runs anyway) whatever is left. A failing step does not stop
+# the others.
 # Exit status: 0 when the build and every test passed on a usable GPU, 1 otherwise (the
 # benchmarks' numbers do not change it).
 #
 # $OUT gets at most 8 files (the most the device tool brings back): nvidia-smi.txt,
-# build.txt, cuda_status.json, tests-gpu.txt, h2d.txt, gds.txt, tests-standin.txt,
-# summary.md. Nothing runs with $OUT as its working directory (cuFile, without nvidia-fs,
-# writes cufile.log into the working directory: CUFILE_LOGFILE_PATH sends it to
-# /tmp/cufile.log, whose tail is appended to gds.txt).
+# build.txt, cuda_status.json, tests-gpu.txt, h2d.txt, gds.txt (gpu_patches.py's output is
+# appended to it), tests-standin.txt, summary.md. Nothing runs with $OUT as its working
+# directory (cuFile, without nvidia-fs, writes cufile.log into the working directory:
+# CUFILE_LOGFILE_PATH sends it to /tmp/cufile.log, whose tail is appended to gds.txt).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-check-out}
@@ -38,7 +41,7 @@ export CUFILE_LOGFILE_PATH=/tmp/cufile.log
 rm -f "$CUFILE_LOGFILE_PATH"
 budget=${GPU_CHECK_SECONDS:-470} # the whole run, in seconds: under 8 minutes
 # Seconds promised to the steps that come later, whatever the earlier ones take.
-share_status=10 share_tests_gpu=120 share_h2d=80 share_gds=110
+share_status=10 share_tests_gpu=110 share_h2d=70 share_gds=90 share_patches=40
 build_max=150
 bench_dir=bench-data/gds # benchmarks/gds.py's default --dir
 start=$SECONDS
@@ -56,28 +59,33 @@ limit_for() {
   if [ "$left" -lt "$1" ]; then echo "$left"; else echo "$1"; fi
 }
 
-# run_step [-q] LOG LIMIT COMMAND...: run COMMAND (from the repository root) for at most
-# LIMIT seconds, output to the terminal (not with -q) and to $out/LOG; sets $rc (124: timed
-# out, 125: no time left to start it) and $took.
+# run_step [-q] [-a] LOG LIMIT COMMAND...: run COMMAND (from the repository root) for at
+# most LIMIT seconds, output to the terminal (not with -q) and to $out/LOG (appended to it
+# with -a); sets $rc (124: timed out, 125: no time left to start it) and $took.
 run_step() {
-  local quiet=0
-  if [ "$1" = -q ]; then
-    quiet=1
+  local quiet=0 append=()
+  while [ "$1" = -q ] || [ "$1" = -a ]; do
+    if [ "$1" = -q ]; then quiet=1; else append=(-a); fi
     shift
-  fi
+  done
   local log=$1 limit=$2
   shift 2
   if [ "$limit" -lt 15 ]; then
-    echo "skipped: out of time (the whole check is limited to $budget s)" | tee "$out/$log"
+    echo "skipped: out of time (the whole check is limited to $budget s)" |
+      tee ${append[@]+"${append[@]}"} "$out/$log"
     rc=125 took=0
     return
   fi
   local t0=$SECONDS
   if [ "$quiet" = 1 ]; then
-    timeout --kill-after=10 "$limit" "$@" >"$out/$log" 2>&1
+    if [ ${#append[@]} = 0 ]; then
+      timeout --kill-after=10 "$limit" "$@" >"$out/$log" 2>&1
+    else
+      timeout --kill-after=10 "$limit" "$@" >>"$out/$log" 2>&1
+    fi
     rc=$?
   else
-    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee "$out/$log"
+    timeout --kill-after=10 "$limit" "$@" 2>&1 | tee ${append[@]+"${append[@]}"} "$out/$log"
     rc=${PIPESTATUS[0]}
   fi
   took=$((SECONDS - t0))
@@ -96,7 +104,7 @@ outcome() {
 
 pip_install() {
   local limit
-  limit=$(limit_for 90 $((share_status + share_tests_gpu + share_h2d + share_gds)))
+  limit=$(limit_for 90 $((share_status + share_tests_gpu + share_h2d + share_gds + share_patches)))
   if [ "$limit" -lt 15 ]; then
     echo "no time left to install $*"
     return 1
@@ -206,7 +214,8 @@ else
   fi
 
   step "build: pip install --no-build-isolation --no-deps ."
-  limit=$(limit_for "$build_max" $((share_status + share_tests_gpu + share_h2d + share_gds)))
+  limit=$(limit_for "$build_max" \
+    $((share_status + share_tests_gpu + share_h2d + share_gds + share_patches)))
   run_step -q build.txt "$limit" "$py" -m pip install --no-build-isolation --no-deps -v .
   # imported from the repository root, where no stoker/ folder shadows the installed one
   if [ "$rc" = 0 ] && "$py" -c "import stoker._core" 2>/dev/null; then
@@ -244,6 +253,13 @@ else
   echo "nibabel: not installed: benchmarks/gds.py skips its NIfTI baselines (optional)"
   row "nibabel" "not installed: NIfTI baselines skipped (optional)"
 fi
+if have_module monai; then
+  echo "monai: installed (benchmarks/gpu_patches.py includes it)"
+  row "monai" "installed"
+else
+  echo "monai: not installed: benchmarks/gpu_patches.py skips its MONAI rows (optional)"
+  row "monai" "not installed: gpu_patches MONAI rows skipped (optional)"
+fi
 
 # ---- status -----------------------------------------------------------------------------
 mode="not run (no build)"
@@ -251,7 +267,7 @@ bench_mode="not run (no build)"
 if [ "$build_ok" = 1 ]; then
   step "stoker.cuda_status(), stoker.gds.read_mode()"
   mkdir -p "$bench_dir"
-  limit=$(limit_for 60 $((share_tests_gpu + share_h2d + share_gds)))
+  limit=$(limit_for 60 $((share_tests_gpu + share_h2d + share_gds + share_patches)))
   [ "$limit" -lt 15 ] && limit=15
   # stdout (the JSON) to the file, stderr kept aside: appended only if there is no JSON
   status_err=$(timeout "$limit" "$py" - "$bench_dir" 2>&1 >"$out/cuda_status.json" <<'EOF'
@@ -296,7 +312,7 @@ row "stoker.gds.read_mode (benchmark folder; /tmp)" "$bench_mode"
 # ---- tests on the GPU -----------------------------------------------------------------------
 if [ "$build_ok" = 1 ]; then
   step "tests/gpu (real GPU)"
-  limit=$(limit_for 600 $((share_h2d + share_gds)))
+  limit=$(limit_for 600 $((share_h2d + share_gds + share_patches)))
   run_step tests-gpu.txt "$limit" "$py" -m pytest tests/gpu -v -p no:cacheprovider
   [ "$rc" = 0 ] || failed=1
   note=""
@@ -312,17 +328,24 @@ else
 fi
 
 # ---- benchmarks: each stops itself inside its limit and prints its tables ------------------
-# bench_step NAME LOG CAP PROMISED ARGS...: sets $result to the log's headline lines.
+# bench_step [-a] NAME LOG CAP PROMISED ARGS...: the benchmark's --quick run, its output in
+# $out/LOG (appended to it with -a).
 bench_step() {
+  local append=()
+  if [ "$1" = -a ]; then
+    append=(-a)
+    shift
+  fi
   local name=$1 log=$2 cap=$3 promised=$4 limit
   shift 4
   step "benchmarks/$name --quick"
   limit=$(limit_for "$cap" "$promised")
-  run_step "$log" "$limit" "$py" "benchmarks/$name" --quick --budget $((limit - 12)) "$@"
+  run_step ${append[@]+"${append[@]}"} "$log" "$limit" "$py" "benchmarks/$name" --quick \
+    --budget $((limit - 12)) "$@"
 }
 
 if [ "$build_ok" = 1 ]; then
-  bench_step h2d.py h2d.txt 120 "$share_gds" --timeout 45
+  bench_step h2d.py h2d.txt 120 $((share_gds + share_patches)) --timeout 45
   for config in large small; do
     line=$(grep -E "^stoker / ceiling \($config\)" "$out/h2d.txt" | tail -1)
     skip=$(grep -E '^h2d: skipped' "$out/h2d.txt" | tail -1)
@@ -330,7 +353,7 @@ if [ "$build_ok" = 1 ]; then
     row "h2d: stoker / ceiling ($config)" "${result:-$(outcome); see h2d.txt}"
   done
 
-  bench_step gds.py gds.txt 150 0 --timeout 50
+  bench_step gds.py gds.txt 150 "$share_patches" --timeout 50
   line=$(grep -E '^headline \(cold' "$out/gds.txt" | tail -1)
   skip=$(grep -E '^gds: skipped' "$out/gds.txt" | tail -1)
   result="${line#headline (cold, np.save file): }${skip}"
@@ -338,15 +361,27 @@ if [ "$build_ok" = 1 ]; then
   line=$(grep -E '^headline NIfTI' "$out/gds.txt" | tail -1)
   result="${line#headline NIfTI (cold .nii, warm .nii.gz): }${skip}"
   row "gds: NIfTI, cold .nii and warm .nii.gz" "${result:-$(outcome); see gds.txt}"
+
+  # Folded into gds.txt: $out holds at most 8 files.
+  printf '\n==== benchmarks/gpu_patches.py --quick\n' >>"$out/gds.txt"
+  bench_step -a gpu_patches.py gds.txt 60 0 --timeout 25
+  skip=$(grep -E '^gpu_patches: skipped' "$out/gds.txt" | tail -1)
+  for fmt in npy nii; do
+    line=$(grep -E "^headline gpu_patches \($fmt\)" "$out/gds.txt" | tail -1)
+    result="${line#headline gpu_patches ($fmt): }${skip}"
+    row "gpu_patches ($fmt): patches/s into device memory" "${result:-$(outcome); see gds.txt}"
+  done
 else
   row "h2d: stoker / ceiling (large)" "not run (no build)"
   row "gds: cold, np.save file" "not run (no build)"
   row "gds: NIfTI, cold .nii and warm .nii.gz" "not run (no build)"
+  row "gpu_patches: patches/s into device memory" "not run (no build)"
 fi
 
 # ---- the stand-in tests: CPU logic that CI runs too, so they come last ------------------------
 standins=()
-for f in tests/cuda/test_cuda_standin.py tests/cuda/test_gds_cpu.py; do
+for f in tests/cuda/test_cuda_standin.py tests/cuda/test_gather_standin.py \
+  tests/cuda/test_gds_cpu.py; do
   if [ -e "$f" ]; then standins+=("$f"); else echo "$f: not in this tree, skipped"; fi
 done
 if [ "$build_ok" = 1 ] && [ ${#standins[@]} -gt 0 ]; then

@@ -1,5 +1,6 @@
-// Array sources: the layouts Python learns at open (ArrayLayout), the codecs'
-// libraries, and a gzip file read as a stream (.nii.gz volumes).
+// Array sources: the layouts Python learns at open (ArrayLayout: HDF5, Zarr,
+// TIFF tiles), the codecs' libraries, and a gzip file read as a stream (.nii.gz
+// volumes).
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
@@ -34,7 +35,7 @@ std::shared_ptr<io::ArrayLayout> make_layout(
     uint32_t itemsize, py::bytes fill, const Steps& steps, std::vector<std::string> paths,
     const Column<uint32_t>& chunk_file, const Column<uint64_t>& chunk_offset,
     const Column<uint64_t>& chunk_size, const Column<uint32_t>& chunk_mask,
-    std::vector<uint32_t> order, bool byteswap) {
+    std::vector<uint32_t> order, bool byteswap, py::bytes jpeg_tables, bool clipped_edge) {
   auto a = std::make_shared<io::ArrayLayout>();
   a->id = io::next_layout_id();
   a->name = std::move(name);
@@ -51,6 +52,9 @@ std::shared_ptr<io::ArrayLayout> make_layout(
   a->chunk_mask = to_vector(chunk_mask);
   a->order = std::move(order);
   a->byteswap = byteswap;
+  a->clipped_edge = clipped_edge;
+  std::string tables = jpeg_tables;
+  a->jpeg_tables.assign(tables.begin(), tables.end());
   a->check();
   return a;
 }
@@ -61,11 +65,16 @@ Steps steps_of(const io::ArrayLayout& a) {
   return out;
 }
 
+py::bytes tables_of(const io::ArrayLayout& a) {
+  return py::bytes(reinterpret_cast<const char*>(a.jpeg_tables.data()), a.jpeg_tables.size());
+}
+
 py::tuple state_of(const io::ArrayLayout& a) {
   return py::make_tuple(a.name, a.shape, a.chunk_shape, a.itemsize,
                         py::bytes(reinterpret_cast<const char*>(a.fill.data()), a.fill.size()),
                         steps_of(a), a.paths, to_column(a.chunk_file), to_column(a.chunk_offset),
-                        to_column(a.chunk_size), to_column(a.chunk_mask), a.order, a.byteswap);
+                        to_column(a.chunk_size), to_column(a.chunk_mask), a.order, a.byteswap,
+                        tables_of(a), a.clipped_edge);
 }
 
 }  // namespace
@@ -78,7 +87,11 @@ void register_arrays(py::module_& m) {
       .value("BLOSC", io::ChunkFilter::kBlosc)
       .value("SHUFFLE", io::ChunkFilter::kShuffle)
       .value("FLETCHER32", io::ChunkFilter::kFletcher32)
-      .value("CRC32C", io::ChunkFilter::kCrc32c);
+      .value("CRC32C", io::ChunkFilter::kCrc32c)
+      .value("JPEG", io::ChunkFilter::kJpeg)
+      .value("HORIZONTAL_PREDICTOR", io::ChunkFilter::kHorizontalPredictor);
+  m.attr("JPEG_YCBCR") = io::kJpegYCbCr;
+  m.attr("JPEG_RGB") = io::kJpegRgb;
 
   py::class_<io::ArrayLayout, std::shared_ptr<io::ArrayLayout>>(
       m, "ArrayLayout",
@@ -89,13 +102,19 @@ void register_arrays(py::module_& m) {
            py::arg("itemsize"), py::arg("fill"), py::arg("steps"), py::arg("paths"),
            py::arg("chunk_file"), py::arg("chunk_offset"), py::arg("chunk_size"),
            py::arg("chunk_mask"), py::arg("order") = std::vector<uint32_t>{},
-           py::arg("byteswap") = false)
+           py::arg("byteswap") = false, py::arg("jpeg_tables") = py::bytes(),
+           py::arg("clipped_edge") = false)
       .def_readonly("name", &io::ArrayLayout::name)
       .def_readonly("shape", &io::ArrayLayout::shape)
       .def_readonly("chunk_shape", &io::ArrayLayout::chunk_shape)
       .def_readonly("itemsize", &io::ArrayLayout::itemsize)
       .def_readonly("paths", &io::ArrayLayout::paths)
       .def_property_readonly("steps", &steps_of)
+      .def_property_readonly("order", [](const io::ArrayLayout& a) { return a.order; })
+      .def_property_readonly("byteswap", [](const io::ArrayLayout& a) { return a.byteswap; })
+      .def_property_readonly("clipped_edge",
+                             [](const io::ArrayLayout& a) { return a.clipped_edge; })
+      .def_property_readonly("jpeg_tables", &tables_of)
       .def_property_readonly("row_bytes", &io::ArrayLayout::row_bytes)
       .def_property_readonly("chunk_bytes", &io::ArrayLayout::chunk_bytes)
       .def_property_readonly("chunks_per_row", &io::ArrayLayout::chunks_per_row)
@@ -117,7 +136,9 @@ void register_arrays(py::module_& m) {
                            s[6].cast<std::vector<std::string>>(), s[7].cast<Column<uint32_t>>(),
                            s[8].cast<Column<uint64_t>>(), s[9].cast<Column<uint64_t>>(),
                            s[10].cast<Column<uint32_t>>(), s[11].cast<std::vector<uint32_t>>(),
-                           s[12].cast<bool>());
+                           s[12].cast<bool>(),
+                           s.size() > 13 ? s[13].cast<py::bytes>() : py::bytes(),
+                           s.size() > 14 && s[14].cast<bool>());
       }));
 
   m.def("set_codec_search_dirs", &io::set_codec_search_dirs, py::arg("dirs"),

@@ -18,5 +18,6 @@ void register_cuda(pybind11::module_& m);
 void register_plan(pybind11::module_& m);
 void register_image(pybind11::module_& m);
 void register_arrays(pybind11::module_& m);
+void register_tiff(pybind11::module_& m);
 
 }  // namespace stoker::bindings

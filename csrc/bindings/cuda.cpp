@@ -11,6 +11,7 @@
 #include "stoker/cuda/copy_stream.hpp"
 #include "stoker/cuda/cufile.hpp"
 #include "stoker/cuda/driver.hpp"
+#include "stoker/cuda/gather.hpp"
 #include "stoker/errors.hpp"
 
 namespace py = pybind11;
@@ -67,7 +68,12 @@ void register_cuda(py::module_& m) {
       m, "Event", "A CUDA event recorded after a copy: done once the copy is.")
       .def("query", &cuda::Event::ready, "Whether the work before it has completed.")
       .def("wait", &cuda::Event::wait, py::call_guard<py::gil_scoped_release>(),
-           "Block (GIL released) until the work before it has completed.");
+           "Block (GIL released) until the work before it has completed.")
+      .def(
+          "make_wait", [](cuda::Event& e, uintptr_t stream) { e.make_wait(as_stream(stream)); },
+          py::arg("stream"), py::call_guard<py::gil_scoped_release>(),
+          "Work queued on `stream` (a CUstream handle) from now on starts after this event: a "
+          "wait on the device, not on the host.");
 
   py::class_<cuda::CopyStream, std::shared_ptr<cuda::CopyStream>>(
       m, "CopyStream",
@@ -139,6 +145,56 @@ void register_cuda(py::module_& m) {
           "Read `size` bytes at `file_offset` into device address `dst`, in chunks read by "
           "several threads at once. Blocks until the bytes are on the device.")
       .def("close", &cuda::CuFile::close);
+
+  m.def(
+      "gather_to_device",
+      [](const std::vector<std::shared_ptr<cuda::CuFile>>& files, int device, uintptr_t dest,
+         uint64_t dest_bytes, uintptr_t scratch, uint64_t scratch_bytes,
+         const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
+         const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets, uintptr_t stream,
+         std::optional<uintptr_t> consumer, size_t threads, uint64_t merge_gap, uint64_t align) {
+        auto n = static_cast<size_t>(file_ids.size());
+        if (file_ids.ndim() != 1 || offsets.ndim() != 1 || lengths.ndim() != 1 ||
+            dest_offsets.ndim() != 1 || static_cast<size_t>(offsets.size()) != n ||
+            static_cast<size_t>(lengths.size()) != n ||
+            static_cast<size_t>(dest_offsets.size()) != n) {
+          throw Error(
+              "gather_to_device: file_ids, offsets, lengths and dest_offsets must be 1-D "
+              "and of one length");
+        }
+        cuda::GatherRuns runs{file_ids.data(), offsets.data(), lengths.data(), dest_offsets.data(),
+                              n};
+        cuda::GatherOptions options{threads, merge_gap, align};
+        cuda::GatherStats s;
+        {
+          py::gil_scoped_release release;  // reads wait on storage, copies on the driver
+          s = cuda::gather_to_device(files, device, dest, dest_bytes, scratch, scratch_bytes, runs,
+                                     as_stream(stream), options);
+          if (consumer && *consumer != stream) s.done->make_wait(as_stream(*consumer));
+        }
+        py::dict out;
+        out["spans"] = s.spans;
+        out["reads"] = s.reads;
+        out["bytes_read"] = s.bytes_read;
+        out["copies"] = s.copies;
+        out["copies_2d"] = s.copies_2d;
+        out["rounds"] = s.rounds;
+        out["event"] = s.done;
+        return out;
+      },
+      py::arg("files"), py::arg("device"), py::arg("dest"), py::arg("dest_bytes"),
+      py::arg("scratch"), py::arg("scratch_bytes"), py::arg("file_ids"), py::arg("offsets"),
+      py::arg("lengths"), py::arg("dest_offsets"), py::arg("stream"),
+      py::arg("consumer_stream") = py::none(), py::arg("threads") = 0,
+      py::arg("merge_gap") = uint64_t{8} << 10, py::arg("align") = 4096,
+      "Read runs of bytes of `files` (CuFile handles, by file id; None for files no run names) "
+      "into device memory [dest, dest + dest_bytes): each span of a file (runs closer than "
+      "`merge_gap` merged) read by cuFile into the device scratch memory, then each run copied "
+      "to dest + dest_offsets[i] on `stream`, runs of one length at constant strides in one 2-D "
+      "copy. No copy out of the scratch may be pending when it is called (wait for the last "
+      "call's event). With `consumer_stream`, work queued there afterwards waits for the "
+      "copies. Returns counts (spans, reads, bytes_read, copies, copies_2d, rounds) and the "
+      "'event' recorded after the last copy.");
 }
 
 }  // namespace stoker::bindings

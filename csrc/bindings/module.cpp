@@ -16,4 +16,5 @@ PYBIND11_MODULE(_core, m) {
   stoker::bindings::register_cuda(m);
   stoker::bindings::register_plan(m);
   stoker::bindings::register_image(m);
+  stoker::bindings::register_tiff(m);
 }

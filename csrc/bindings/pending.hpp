@@ -76,6 +76,7 @@ class PyPendingRead {
   bool done() const { return pending_->done(); }
   void cancel() { pending_->cancel(); }
   double busy_seconds() const { return pending_->busy_seconds(); }
+  uint64_t bytes_read() const { return pending_->bytes_read(); }
   std::vector<uint32_t> blanked() const { return pending_->blanked(); }
 
  private:

@@ -70,6 +70,53 @@ std::vector<io::ReadRequest> make_requests(
   return requests;
 }
 
+// One (n, rank) table of a box argument, as unsigned values; `n` rows of one rank.
+using Table = py::array_t<int64_t, py::array::c_style | py::array::forcecast>;
+
+std::vector<io::ReadRequest> make_box_requests(const Column<uint32_t>& arrays, const Table& starts,
+                                               const Table& extents,
+                                               const Column<int64_t>& dest_offsets,
+                                               const Table& dest_strides) {
+  const py::ssize_t n = arrays.size();
+  if (dest_offsets.size() != n) {
+    throw py::value_error("dest_offsets has " + std::to_string(dest_offsets.size()) +
+                          " entries but arrays has " + std::to_string(n));
+  }
+  if (n == 0) return {};
+  if (starts.ndim() != 2 || starts.shape(0) != n) {
+    throw py::value_error("starts must have shape (len(arrays), rank)");
+  }
+  const py::ssize_t rank = starts.shape(1);
+  for (const auto& [table, name] : {std::pair<const Table*, const char*>{&extents, "extents"},
+                                    {&dest_strides, "dest_strides"}}) {
+    if (table->ndim() != 2 || table->shape(0) != n || table->shape(1) != rank) {
+      throw py::value_error(std::string(name) + " must have the shape of starts, (" +
+                            std::to_string(n) + ", " + std::to_string(rank) + ")");
+    }
+  }
+  auto unsigned_of = [](const Table& table, py::ssize_t i, py::ssize_t d, const char* name) {
+    int64_t v = table.data()[i * table.shape(1) + d];
+    if (v < 0) throw py::value_error(std::string(name) + " may not be negative");
+    return static_cast<uint64_t>(v);
+  };
+  std::vector<io::ReadRequest> requests(n);
+  for (py::ssize_t i = 0; i < n; ++i) {
+    io::ReadRequest& r = requests[i];
+    r.codec = io::Codec::kArrayBox;
+    r.array = arrays.data()[i];
+    if (dest_offsets.data()[i] < 0) throw py::value_error("dest_offsets may not be negative");
+    r.dest_offset = static_cast<uint64_t>(dest_offsets.data()[i]);
+    auto box = std::make_shared<io::ArrayBox>();
+    for (py::ssize_t d = 0; d < rank; ++d) {
+      box->start.push_back(unsigned_of(starts, i, d, "starts"));
+      box->extent.push_back(unsigned_of(extents, i, d, "extents"));
+      box->dest_strides.push_back(unsigned_of(dest_strides, i, d, "dest_strides"));
+    }
+    r.box = std::move(box);
+  }
+  return requests;
+}
+
 using Arrays = std::vector<std::shared_ptr<io::ArrayLayout>>;
 
 std::shared_ptr<io::FileTable> make_file_table(std::vector<std::string> paths,
@@ -152,6 +199,9 @@ void register_reader(py::module_& m) {
       .def("done", &PyPendingRead::done)
       .def("busy_seconds", &PyPendingRead::busy_seconds,
            "Thread time spent reading and decoding this batch, summed over threads.")
+      .def("bytes_read", &PyPendingRead::bytes_read,
+           "Bytes read from files for this batch so far (merged gaps included; array chunks "
+           "the chunk cache served count nothing).")
       .def(
           "blanked", [](const PyPendingRead& self) { return vector_to_numpy(self.blanked()); },
           "The requests whose image did not decode and were filled with zeros.")
@@ -215,7 +265,28 @@ void register_reader(py::module_& m) {
           py::arg("codecs") = py::none(), py::arg("crcs") = py::none(),
           py::arg("check_crc") = py::none(), py::arg("arrays") = py::none(),
           "Read the pieces into `dest` (a writable C-contiguous buffer kept alive until done). "
-          "If the read fails, `dest` may hold some of the pieces.");
+          "If the read fails, `dest` may hold some of the pieces.")
+      .def(
+          "read_boxes_into",
+          [](io::ShardReader& reader, py::buffer dest, std::shared_ptr<io::FileTable> files,
+             const Column<uint32_t>& arrays, const Table& starts, const Table& extents,
+             const Column<int64_t>& dest_offsets, const Table& dest_strides) {
+            auto info = std::make_unique<py::buffer_info>(dest.request(true));
+            if (!PyBuffer_IsContiguous(info->view(), 'C')) {
+              throw py::value_error("read_boxes_into needs a C-contiguous buffer");
+            }
+            auto requests = make_box_requests(arrays, starts, extents, dest_offsets, dest_strides);
+            auto pending = reader.submit(std::move(files), std::move(requests),
+                                         static_cast<uint8_t*>(info->ptr),
+                                         static_cast<uint64_t>(info->size * info->itemsize));
+            return PyPendingRead(std::move(pending), dest, std::move(info));
+          },
+          py::arg("dest"), py::arg("files"), py::arg("arrays"), py::arg("starts"),
+          py::arg("extents"), py::arg("dest_offsets"), py::arg("dest_strides"),
+          "Read boxes of array layouts into `dest` (a writable C-contiguous buffer kept alive "
+          "until done): box i is [starts[i], starts[i] + extents[i]) of files.arrays[arrays[i]], "
+          "its element (j0, j1, ...) at byte dest_offsets[i] + sum(j_d * dest_strides[i, d]). "
+          "Each chunk the boxes touch is read and decoded once.");
 
   m.def(
       "bench_pread",

@@ -64,8 +64,42 @@ class ChunkFilter(enum.IntEnum):
     SHUFFLE = 4
     FLETCHER32 = 5
     CRC32C = 6
+    JPEG = 7
+    HORIZONTAL_PREDICTOR = 8
+
+#: JPEG's step params: the colour space the tiles store (TIFF photometric 6, converted
+#: to RGB; photometric 2, as Aperio writes, left as it is).
+JPEG_YCBCR: int
+JPEG_RGB: int
 
 class ArrayLayout:
+    """Where the elements of one chunked array lie (an HDF5 dataset, a Zarr array, the
+    tiles of a TIFF image): its chunk grid, each chunk's file, offset, size and filter
+    mask (in C order over the grid; offset 2**64-1 for a chunk never written, which reads
+    as `fill`), and the filters that encode them (`steps`, in the order the writer applied
+    them). Edge chunks are stored whole. A layout pickles.
+
+    Args:
+        order: The axis order of a decoded chunk's bytes, outermost first (Zarr's F order
+            or transpose); empty for C order.
+        byteswap: Elements are stored big-endian: swapped after decoding (before the
+            horizontal predictor, which works on values).
+        jpeg_tables: The tables a JPEG step's abbreviated tiles leave out (TIFF tag 347),
+            loaded before each tile; empty when each tile is a whole JPEG stream.
+        clipped_edge: The last chunks along axis 0 are stored clipped to the array
+            (TIFF's last strip holds only the image's remaining rows) instead of whole.
+
+    Steps: ``(JPEG, JPEG_YCBCR or JPEG_RGB)`` decodes a tile to its uint8 (rows,
+    columns, samples); ``(HORIZONTAL_PREDICTOR, element bytes)`` undoes TIFF's
+    horizontal differencing along rows of the chunk's last two axes (columns, then a
+    pixel's samples: give tiles of planes a last axis of 1).
+
+    Raises:
+        StokerError: The layout is inconsistent (named in the message), or a JPEG or
+            predictor step does not fit its array (JPEG: uint8 elements in C order;
+            predictor: its element size is the array's).
+    """
+
     def __init__(
         self,
         name: str,
@@ -81,6 +115,8 @@ class ArrayLayout:
         chunk_mask: npt.ArrayLike,
         order: Sequence[int] = ...,
         byteswap: bool = False,
+        jpeg_tables: bytes = b"",
+        clipped_edge: bool = False,
     ) -> None: ...
     @property
     def name(self) -> str: ...
@@ -94,6 +130,14 @@ class ArrayLayout:
     def paths(self) -> list[str]: ...
     @property
     def steps(self) -> list[tuple[ChunkFilter, int]]: ...
+    @property
+    def order(self) -> list[int]: ...
+    @property
+    def byteswap(self) -> bool: ...
+    @property
+    def jpeg_tables(self) -> bytes: ...
+    @property
+    def clipped_edge(self) -> bool: ...
     @property
     def row_bytes(self) -> int: ...
     @property
@@ -159,7 +203,8 @@ class FileTable:
         """The array layouts given."""
 
 class PendingRead:
-    """A batch being read, as `ShardReader.read` and `ShardReader.read_into` return it.
+    """A batch being read, as `ShardReader.read`, `ShardReader.read_into` and
+    `ShardReader.read_boxes_into` return it.
 
     A batch does not need its reader to stay alive: whoever waits on it finishes it.
     Dropping a handle before it is done cancels what has not started and waits for what
@@ -188,6 +233,10 @@ class PendingRead:
         """Skip the pieces not yet started; `wait` then raises StokerError."""
     def busy_seconds(self) -> float:
         """Thread time spent reading and decoding this batch, summed over threads."""
+    def bytes_read(self) -> int:
+        """Bytes read from files for this batch so far: whole merged runs (their gaps
+        included) and array chunks as stored; chunks the chunk cache served, and chunks
+        never written, count nothing."""
     def blanked(self) -> np.ndarray:
         """The requests whose image did not decode and were filled with zeros (with
         ``Image(on_error="blank")``)."""
@@ -248,6 +297,8 @@ class PinnedRing:
 class Event:
     def query(self) -> bool: ...
     def wait(self) -> None: ...
+    def make_wait(self, stream: int) -> None:
+        """Work queued on `stream` (a CUstream handle) from now on starts after this event."""
 
 class CopyStream:
     def __init__(self, device: int) -> None: ...
@@ -277,6 +328,29 @@ class CuFile:
 
 def cuda_driver_status() -> dict[str, Any]: ...
 def cufile_status(candidates: Sequence[str] = ...) -> dict[str, Any]: ...
+def gather_to_device(
+    files: Sequence[CuFile | None],
+    device: int,
+    dest: int,
+    dest_bytes: int,
+    scratch: int,
+    scratch_bytes: int,
+    file_ids: npt.ArrayLike,
+    offsets: npt.ArrayLike,
+    lengths: npt.ArrayLike,
+    dest_offsets: npt.ArrayLike,
+    stream: int,
+    consumer_stream: int | None = None,
+    threads: int = 0,
+    merge_gap: int = 8192,
+    align: int = 4096,
+) -> dict[str, Any]:
+    """Runs of bytes of `files` (by file id) into device memory [dest, dest + dest_bytes):
+    each span of a file (runs closer than `merge_gap` merged) read by cuFile into the
+    scratch, then each run copied to dest + dest_offsets[i] on `stream`, runs of one length
+    at constant strides in one 2-D copy. No copy out of the scratch may be pending at the
+    call. Returns spans, reads, bytes_read, copies, copies_2d, rounds and the "event"
+    recorded after the last copy (which `consumer_stream`, when given, waits for)."""
 
 class ShardReader:
     """Reads whole batches of (file, offset, length) ranges into one buffer on a pool of
@@ -395,6 +469,47 @@ class ShardReader:
             ValueError: `dest` is not C-contiguous, or the per-piece arguments differ in
                 length.
         """
+    def read_boxes_into(
+        self,
+        dest: Any,
+        files: FileTable,
+        arrays: npt.ArrayLike,
+        starts: npt.ArrayLike,
+        extents: npt.ArrayLike,
+        dest_offsets: npt.ArrayLike,
+        dest_strides: npt.ArrayLike,
+    ) -> PendingRead:
+        """Start reading boxes (patches) of chunked arrays into `dest`, a writable
+        C-contiguous buffer kept alive until the read is done.
+
+        Box i is ``[starts[i], starts[i] + extents[i])`` along each axis of
+        ``files.arrays[arrays[i]]``, inside the array (clip boxes at its edge and fill
+        their padding yourself); its element ``(j0, j1, ...)`` lands at byte
+        ``dest_offsets[i] + sum(j_d * dest_strides[i, d])`` of `dest`, so a box may go
+        into a C-order patch buffer or any other strided view. Only the chunks the boxes
+        touch are read and decoded, each once however many boxes share it, and decoded
+        chunks are kept for later batches (``chunk_cache_bytes``). Chunks never written
+        read as the fill value. Boxes of one call may be of different arrays of one rank.
+
+        Args:
+            dest: The buffer the boxes land in.
+            files: The table whose ``arrays`` the boxes name.
+            arrays: ``(n,)`` uint32: each box's array, an index into ``files.arrays``.
+            starts: ``(n, rank)`` int64 (or uint64): each box's first element.
+            extents: ``(n, rank)`` int64 (or uint64): each box's extent along each axis.
+            dest_offsets: ``(n,)`` int64: where each box's first element lands in `dest`.
+            dest_strides: ``(n, rank)`` int64: each box's byte strides in `dest`.
+
+        Returns:
+            The batch being read; ``wait()`` returns `dest`, ``bytes_read()`` the stored
+            bytes read for it.
+
+        Raises:
+            ValueError: `dest` is not C-contiguous, the arguments' shapes differ, or a
+                value is negative.
+            StokerError: A box is not inside its array, has another rank, or would write
+                outside `dest` (the message names the array).
+        """
 
 def index_shards(
     paths: Sequence[str], formats: Sequence[str], num_threads: int = 0
@@ -443,6 +558,7 @@ class Codec(enum.IntEnum):
     IMAGE = 4
     DEFLATE_IMAGE = 5
     ARRAY_ROW = 6
+    ARRAY_BOX = 7
 
 class FieldKind(enum.IntEnum):
     RAW = 0
@@ -548,3 +664,90 @@ def shrink_jpegs(
     names: Sequence[str],
 ) -> tuple[list[bytes | None], list[str | None]]: ...
 def bench_decode(images: Sequence[bytes], height: int, width: int, num_threads: int) -> float: ...
+
+# -- TIFF ---------------------------------------------------------------------------
+
+class TiffDirectory:
+    """One image directory (IFD) of a TIFF or BigTIFF file: its image, and where each of
+    its tiles (or strips) lies. Read-only; values are as the file stores them, with TIFF's
+    defaults where a tag is absent. Every tile (strip) lies inside the file, and there are
+    as many as the image's grid needs."""
+
+    @property
+    def offset(self) -> int:
+        """Where the IFD is in the file."""
+    @property
+    def big_endian(self) -> bool:
+        """The file is big-endian (``MM``)."""
+    @property
+    def big_tiff(self) -> bool:
+        """The file is a BigTIFF (8-byte offsets)."""
+    @property
+    def width(self) -> int:
+        """ImageWidth (tag 256), in pixels."""
+    @property
+    def length(self) -> int:
+        """ImageLength (tag 257), in pixels: the image's height."""
+    @property
+    def tile_width(self) -> int:
+        """TileWidth (tag 322); 0 when the image is in strips."""
+    @property
+    def tile_length(self) -> int:
+        """TileLength (tag 323); 0 when the image is in strips."""
+    @property
+    def rows_per_strip(self) -> int:
+        """RowsPerStrip (tag 278); the image's length when absent."""
+    @property
+    def samples_per_pixel(self) -> int:
+        """SamplesPerPixel (tag 277); 1 when absent."""
+    @property
+    def bits_per_sample(self) -> list[int]:
+        """BitsPerSample (tag 258), as many values as stored; ``[1]`` when absent."""
+    @property
+    def sample_format(self) -> int:
+        """SampleFormat (tag 339): 1 unsigned, 2 signed, 3 floating point; 1 when absent."""
+    @property
+    def compression(self) -> int:
+        """Compression (tag 259): 1 none, 5 LZW, 7 JPEG, 8 deflate, ...; 1 when absent."""
+    @property
+    def photometric(self) -> int | None:
+        """PhotometricInterpretation (tag 262); None when the file leaves it out."""
+    @property
+    def planar_config(self) -> int:
+        """PlanarConfiguration (tag 284): 1 samples together, 2 one plane per sample."""
+    @property
+    def predictor(self) -> int:
+        """Predictor (tag 317): 1 none, 2 horizontal differencing, 3 floating point."""
+    @property
+    def new_subfile_type(self) -> int:
+        """NewSubfileType (tag 254): bit 0 set for a reduced-resolution image."""
+    @property
+    def jpeg_tables(self) -> bytes:
+        """JPEGTables (tag 347), the tables every JPEG tile shares; empty when absent."""
+    @property
+    def ycbcr_subsampling(self) -> tuple[int, int]:
+        """YCbCrSubSampling (tag 530), horizontal and vertical; (2, 2) when absent."""
+    @property
+    def description(self) -> str:
+        """ImageDescription (tag 270) up to its first NUL; bytes that are not UTF-8 are
+        kept with surrogateescape."""
+    @property
+    def offsets(self) -> np.ndarray:
+        """Where each tile (strip) starts: a read-only uint64 array, tiles row by row,
+        each plane after the other when ``planar_config`` is 2."""
+    @property
+    def byte_counts(self) -> np.ndarray:
+        """How many bytes each tile (strip) has, as stored: a read-only uint64 array."""
+    @property
+    def sub_directories(self) -> list[TiffDirectory]:
+        """The directories its SubIFDs (tag 330) point at: a pyramid's lower levels."""
+    @property
+    def tiled(self) -> bool:
+        """The image is in tiles, not strips."""
+
+def read_tiff(path: str) -> list[TiffDirectory]:
+    """The directories of a TIFF or BigTIFF file's main IFD chain, in order, each with its
+    SubIFDs. Reads only the directories, never image data. Raises ShardFormatError, naming
+    the file and the byte offset, for anything malformed: a bad header, an IFD offset
+    outside the file or a chain that loops, values or tiles past the end of the file, tile
+    counts that do not match the image."""

@@ -1,14 +1,17 @@
 // libFuzzer target for the shard parsers and the reader on what they index.
 //
-// Input: one byte that picks the format (byte % 8: 0 tar, 1 zip, 2 npy, 3 a
+// Input: one byte that picks the format (byte % 9: 0 tar, 1 zip, 2 npy, 3 a
 // member index sidecar, 4 an image, 5 array chunks, 6 a gzip file, 7 an MDS
 // shard or LitData chunk: a first line with its record format, "mds|a:8|b:v",
-// then the shard), then the shard's (or the sidecar's, or the image's) bytes. A gzip file (a
-// .nii.gz) is read as a stream in uneven pieces, then finished (every trailer checked). An image is
-// decoded as Image fields decode it, directly and through the reader with blank_on_error. Array
+// then the shard, 8 a TIFF), then the shard's (or the sidecar's, or the image's) bytes. A gzip file
+// (a .nii.gz) is read as a stream in uneven pieces, then finished (every trailer checked). An image
+// is decoded as Image fields decode it, directly and through the reader with blank_on_error. Array
 // chunks are an array source's layout and its chunks (fuzz_chunks): every row is read through the
 // reader, and rows of chunks stored as they are used must equal a plain recomputation of where each
-// element lies. A sidecar is decoded, and what it says checked as any index is. A shard is
+// element lies. A TIFF's directories are parsed from memory and from a file, which must agree; each
+// must describe only bytes inside the input, as many tiles (strips) as its image's grid has, and
+// those read back through the reader as the input holds them. A sidecar is decoded, and what it
+// says checked as any index is. A shard is
 //   1. indexed from memory (a WindowReader over the bytes, with a small window
 //      so that headers straddle windows) and from a real file (a memfd opened
 //      by its /proc/self/fd path, as a Dataset opens a shard); the two must
@@ -37,6 +40,7 @@
 #include "stoker/errors.hpp"
 #include "stoker/format/shard_index.hpp"
 #include "stoker/format/sidecar.hpp"
+#include "stoker/format/tiff.hpp"
 #include "stoker/format/window_reader.hpp"
 #include "stoker/image/image.hpp"
 #include "stoker/io/array_layout.hpp"
@@ -50,7 +54,8 @@ using stoker::format::ShardIndex;
 using stoker::io::Codec;
 using stoker::io::ReadRequest;
 
-constexpr const char* kFormats[] = {"tar", "zip", "npy", "idx", "image", "chunk", "gzip", "record"};
+constexpr const char* kFormats[] = {"tar",   "zip",  "npy",    "idx", "image",
+                                    "chunk", "gzip", "record", "tiff"};
 constexpr size_t kNumFormats = sizeof kFormats / sizeof kFormats[0];
 // What one input may make the harness decode in all, and per batch of reads:
 // bounded, so memory stays far below libFuzzer's -rss_limit_mb.
@@ -479,6 +484,139 @@ void fuzz_gzip(const uint8_t* bytes, uint64_t size) {
   }
 }
 
+// What a patch reader assumes of every directory parse_tiff returns; `seen`
+// counts directories, SubIFDs included.
+void check_tiff(const stoker::format::TiffDirectory& d, uint64_t size, int depth, size_t& seen) {
+  if (++seen > 4096) bug("more than 4096 TIFF directories accepted");
+  if (depth > 8) bug("TIFF SubIFDs accepted " + std::to_string(depth) + " deep");
+  if (d.offset >= size)
+    bug("a TIFF directory at offset " + std::to_string(d.offset) + " of an input of " +
+        std::to_string(size) + " bytes");
+  if (d.width == 0 || d.length == 0) bug("a TIFF directory with an empty image");
+  if (d.tiled() ? d.tile_length == 0 : (d.tile_length != 0 || d.rows_per_strip == 0)) {
+    bug("a TIFF directory with empty tiles or strips");
+  }
+  if (d.samples_per_pixel == 0 || (d.planar_config != 1 && d.planar_config != 2)) {
+    bug("a TIFF directory with 0 samples or planar configuration " +
+        std::to_string(d.planar_config));
+  }
+  if (d.bits_per_sample.empty()) bug("a TIFF directory without bits per sample");
+  uint64_t needed = 0;
+  try {
+    needed = stoker::format::tiff_chunk_count(d, "memory.tiff");
+  } catch (const stoker::Error& e) {
+    bug(std::string("an accepted TIFF directory has no grid: ") + e.what());
+  }
+  if (d.offsets.size() != needed || d.byte_counts.size() != needed) {
+    bug("a TIFF directory with " + std::to_string(d.offsets.size()) + " offsets and " +
+        std::to_string(d.byte_counts.size()) + " byte counts for a grid of " +
+        std::to_string(needed));
+  }
+  for (size_t i = 0; i < needed; ++i) {
+    if (d.offsets[i] > size || d.byte_counts[i] > size - d.offsets[i]) {
+      bug("TIFF tile " + std::to_string(i) + " (" + std::to_string(d.byte_counts[i]) +
+          " bytes at " + std::to_string(d.offsets[i]) + ") lies outside the input of " +
+          std::to_string(size) + " bytes");
+    }
+  }
+  for (const auto& sub : d.sub_directories) check_tiff(sub, size, depth + 1, seen);
+}
+
+bool same_tiff(const stoker::format::TiffDirectory& a, const stoker::format::TiffDirectory& b) {
+  if (a.offset != b.offset || a.big_endian != b.big_endian || a.big_tiff != b.big_tiff ||
+      a.width != b.width || a.length != b.length || a.tile_width != b.tile_width ||
+      a.tile_length != b.tile_length || a.rows_per_strip != b.rows_per_strip ||
+      a.samples_per_pixel != b.samples_per_pixel || a.bits_per_sample != b.bits_per_sample ||
+      a.sample_format != b.sample_format || a.compression != b.compression ||
+      a.photometric != b.photometric || a.planar_config != b.planar_config ||
+      a.predictor != b.predictor || a.new_subfile_type != b.new_subfile_type ||
+      a.jpeg_tables != b.jpeg_tables || a.ycbcr_subsampling[0] != b.ycbcr_subsampling[0] ||
+      a.ycbcr_subsampling[1] != b.ycbcr_subsampling[1] || a.description != b.description ||
+      a.offsets != b.offsets || a.byte_counts != b.byte_counts ||
+      a.sub_directories.size() != b.sub_directories.size()) {
+    return false;
+  }
+  for (size_t i = 0; i < a.sub_directories.size(); ++i) {
+    if (!same_tiff(a.sub_directories[i], b.sub_directories[i])) return false;
+  }
+  return true;
+}
+
+// The tiles (strips) of `d` and its SubIFDs as stored members, up to kMaxMembers
+// and kMaxDecodedBytes in all.
+void tiff_requests(const stoker::format::TiffDirectory& d, std::vector<ReadRequest>& requests,
+                   uint64_t& total) {
+  for (size_t i = 0; i < d.offsets.size() && requests.size() < kMaxMembers; ++i) {
+    if (d.byte_counts[i] > kMaxDecodedBytes - total) return;
+    total += d.byte_counts[i];
+    ReadRequest r;
+    r.offset = d.offsets[i];
+    r.length = r.out_length = d.byte_counts[i];
+    requests.push_back(r);
+  }
+  for (const auto& sub : d.sub_directories) tiff_requests(sub, requests, total);
+}
+
+// A TIFF: parsed from memory (through a source that must be asked only for
+// bytes inside the input) and from a memfd; FormatError and ReadError are the
+// expected rejections, and both parses must end alike.
+void fuzz_tiff(const uint8_t* bytes, uint64_t size) {
+  using stoker::format::TiffDirectory;
+  auto from_memory = [bytes, size](uint8_t* dest, uint64_t length, uint64_t offset) {
+    if (offset > size || length > size - offset) {
+      bug("parse_tiff asked its source for " + std::to_string(length) + " bytes at " +
+          std::to_string(offset) + " of " + std::to_string(size));
+    }
+    if (length > 0) std::memcpy(dest, bytes + offset, length);
+  };
+  auto parse = [](const char* stage, auto run, std::vector<TiffDirectory>& out) -> std::string {
+    try {
+      out = run();
+      return "";
+    } catch (const stoker::FormatError& e) {
+      return "rejected at " + std::to_string(e.offset()) + ": " + e.detail();
+    } catch (const stoker::ReadError& e) {
+      return "failed at " + std::to_string(e.offset()) + ": " + e.detail();
+    } catch (const std::exception& e) {
+      bug(std::string(stage) + " threw " + typeid(e).name() + ": " + e.what());
+    } catch (...) {
+      bug(std::string(stage) + " threw something that is not a std::exception");
+    }
+  };
+  std::vector<TiffDirectory> memory, disk;
+  std::string memory_error = parse(
+      "parse_tiff (memory)",
+      [&] { return stoker::format::parse_tiff(from_memory, size, "memory.tiff"); }, memory);
+  MemFile file(bytes, size);
+  std::string disk_error = parse(
+      "read_tiff (file)", [&] { return stoker::format::read_tiff(file.path()); }, disk);
+  if (memory_error != disk_error) {
+    bug("TIFF parsed from memory and from a file end differently: '" + memory_error + "' vs '" +
+        disk_error + "'");
+  }
+  if (!memory_error.empty()) return;
+  if (memory.empty()) bug("a TIFF accepted without directories");
+  if (memory.size() != disk.size()) bug("TIFF directories from memory and from a file differ");
+  size_t seen = 0;
+  for (size_t i = 0; i < memory.size(); ++i) {
+    check_tiff(memory[i], size, 0, seen);
+    if (!same_tiff(memory[i], disk[i])) bug("TIFF directories from memory and from a file differ");
+  }
+  // The tiles read back through the reader, as a patch reader reads them.
+  std::vector<ReadRequest> requests;
+  uint64_t total = 0;
+  for (const auto& d : memory) tiff_requests(d, requests, total);
+  auto files = std::make_shared<stoker::io::FileTable>();
+  files->paths = {file.path()};
+  std::shared_ptr<const stoker::io::FileTable> table = files;
+  for (size_t first = 0; first < requests.size(); first += kBatchMembers) {
+    size_t last = std::min(requests.size(), first + kBatchMembers);
+    read_batch(table, std::vector<ReadRequest>(requests.begin() + first, requests.begin() + last),
+               bytes);
+  }
+  reader().forget(file.path());
+}
+
 // The decoders register their codes with the reader, as the Python module does.
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   stoker::image::register_decoders();
@@ -513,6 +651,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (format == "gzip") {
     fuzz_gzip(shard, shard_size);
+    return 0;
+  }
+  if (format == "tiff") {
+    fuzz_tiff(shard, shard_size);
     return 0;
   }
   if (format == "idx") {  // a member index sidecar: decoded, and believed only if plausible

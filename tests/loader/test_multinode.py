@@ -8,9 +8,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
-import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -18,6 +15,7 @@ import pytest
 from stoker.tools.cli import main as cli
 from tests.support.server import ShardServer
 from tests.support.shards import write_tar
+from tests.support.training import torchrun
 
 SHARDS, PER_SHARD, BATCH = 16, 40, 8
 
@@ -55,31 +53,6 @@ NODE_SCRIPT = textwrap.dedent(
 ).replace("BATCH", str(BATCH))
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _torchrun(script, args, *, nodes: int, per_node: int, timeout: float = 300) -> None:
-    """`nodes` torchrun agents at once, one per node, `per_node` processes each."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
-    port = _free_port()
-    agents = []
-    for node in range(nodes):
-        command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}"]
-        command += [f"--node_rank={node}", f"--nproc_per_node={per_node}"]
-        command += ["--master_addr=127.0.0.1", f"--master_port={port}", str(script), *args]
-        agents.append(
-            subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
-            )
-        )
-    for agent in agents:
-        _, err = agent.communicate(timeout=timeout)
-        assert agent.returncode == 0, err[-3000:]
-
-
 @pytest.fixture(scope="module", params=["manifest", "bare"])
 def served(tmp_path_factory, request):
     """SHARDS tar shards (tarfile) behind an HTTP server, and the source to open: their
@@ -115,7 +88,7 @@ def test_two_nodes_read_every_sample_once_and_resume(served, tmp_path):
     out = tmp_path / "out"
     out.mkdir()
     server.reset_counters()
-    _torchrun(script, [source, str(tmp_path / "cache"), str(out), "run"], nodes=2, per_node=2)
+    torchrun(script, [source, str(tmp_path / "cache"), str(out), "run"], nodes=2, per_node=2)
     run = _results(out, "run", 4)
     assert [r["world"] for r in run] == [4] * 4
     assert len({r["len"] for r in run}) == 1  # every rank steps as often (DDP needs it)
@@ -132,7 +105,7 @@ def test_two_nodes_read_every_sample_once_and_resume(served, tmp_path):
 
     # All 4 ranks, from the state one of them saved after 2 batches.
     (out / "state.json").write_text(json.dumps(run[1]["state"]))
-    _torchrun(script, [source, str(tmp_path / "cache"), str(out), "resume"], nodes=2, per_node=2)
+    torchrun(script, [source, str(tmp_path / "cache"), str(out), "resume"], nodes=2, per_node=2)
     resumed = _results(out, "resume", 4)
     for before, after in zip(run, resumed):
         assert after["keys"] == before["keys"][2:]
@@ -141,7 +114,7 @@ def test_two_nodes_read_every_sample_once_and_resume(served, tmp_path):
     elastic = tmp_path / "elastic"
     elastic.mkdir()
     (elastic / "state.json").write_text(json.dumps(run[0]["state"]))
-    _torchrun(
+    torchrun(
         script, [source, str(tmp_path / "cache"), str(elastic), "resume"], nodes=1, per_node=3
     )
     rest = _results(elastic, "resume", 3)

@@ -8,15 +8,18 @@
  *  - every stream (the NULL stream 0 included; the legacy/per-thread handles 1 and 2
  *    alias it) is a FIFO of operations run in order by the stream's own worker thread.
  *  - a copy sleeps the configured delay (env FAKE_CUDA_COPY_DELAY_US at load time,
- *    fake_cuda_set_copy_delay_us() later) and then copies, so copies finish late.
+ *    fake_cuda_set_copy_delay_us() later) and then copies, so copies finish late. A 2-D
+ *    copy (cuMemcpy2DAsync_v2) copies its rows one pitch apart; with env
+ *    FAKE_CUDA_REFUSE_2D=1 it is refused with INVALID_VALUE, as a driver may refuse pitches.
  *  - events carry generations: each cuEventRecord bumps the event's `recorded`
  *    counter and enqueues a marker that, when run, completes that generation.
  *    Query/synchronize look at the latest record; an event never recorded is complete.
  *  - cuStreamWaitEvent enqueues an op that blocks the stream until the generation
  *    current at the time of the call has completed.
- *  - integrity checks (see struct fake_cuda_stats): the source of a host-to-device
- *    copy is hashed when the copy is enqueued and again right before the memcpy; a
- *    difference means the host buffer was refilled before its copy ran.
+ *  - integrity checks (see struct fake_cuda_stats): the source of every copy is hashed
+ *    when the copy is enqueued and again right before the memcpy; for a host-to-device
+ *    copy a difference means the host buffer was refilled before its copy ran, for a
+ *    device-to-device or 2-D one that something wrote its source in between.
  *
  * The ABI is the real driver's: CUresult is int, CUdeviceptr unsigned long long,
  * handles are opaque pointers. Calls made before cuInit return 3 (NOT_INITIALIZED);
@@ -57,14 +60,20 @@ enum {
  * 10 register_overlaps    cuMemHostRegister of a range overlapping a registered one
  * 11 registrations        successful cuMemHostRegister calls
  * 12 no_context_calls     calls refused because the calling thread had no current context
- * 13 unpinned_at_copy     host-to-device copies whose source was unregistered before they ran */
+ * 13 unpinned_at_copy     host-to-device copies whose source was unregistered before they ran
+ * 14 copies_2d            2-D copies executed (cuMemcpy2DAsync_v2; also counted in copies)
+ * 15 changed_device_sources  device-to-device and 2-D copies whose source bytes changed
+ *                         between enqueue and copy: legitimate where stream-ordered work
+ *                         writes the source in between, a bug where only the host writes
+ *                         it before the copy is queued (the gather's scratch) */
 struct fake_cuda_stats {
     uint64_t copies, bytes_copied, overwritten_sources, pageable_copies, registered_bytes,
         max_registered_bytes, stream_waits, event_syncs, stream_syncs, unregister_errors,
-        register_overlaps, registrations, no_context_calls, unpinned_at_copy;
+        register_overlaps, registrations, no_context_calls, unpinned_at_copy, copies_2d,
+        changed_device_sources;
 };
 
-enum op_kind { OP_COPY_HTOD, OP_COPY_DTOD, OP_RECORD, OP_WAIT, OP_STOP };
+enum op_kind { OP_COPY_HTOD, OP_COPY_DTOD, OP_COPY_2D, OP_RECORD, OP_WAIT, OP_STOP };
 
 struct event {
     uint64_t recorded, completed; /* generations */
@@ -76,7 +85,8 @@ struct op {
     enum op_kind kind;
     char *dst;
     const char *src;
-    size_t n;
+    size_t n;                           /* bytes; for a 2-D copy, the width of a row */
+    size_t height, src_pitch, dst_pitch; /* 2-D copies only */
     uint64_t hash, gen;
     struct event *ev;
     struct op *next;
@@ -99,6 +109,7 @@ static struct event *g_events;
 static struct range *g_ranges;
 static size_t g_nranges, g_cap_ranges;
 static int g_initialised, g_forked;
+static int g_refuse_2d; /* FAKE_CUDA_REFUSE_2D=1: cuMemcpy2DAsync_v2 returns INVALID_VALUE */
 static unsigned g_delay_us;
 static int g_primary_ctx; /* its address is the primary context */
 static __thread CUcontext t_current;
@@ -109,6 +120,8 @@ static void on_fork_child(void) { g_forked = g_initialised; }
 __attribute__((constructor)) static void fake_cuda_load(void) {
     const char *d = getenv("FAKE_CUDA_COPY_DELAY_US");
     if (d) g_delay_us = (unsigned)strtoul(d, NULL, 10);
+    const char *r = getenv("FAKE_CUDA_REFUSE_2D");
+    g_refuse_2d = r && strcmp(r, "1") == 0;
     pthread_atfork(NULL, NULL, on_fork_child);
 }
 
@@ -128,9 +141,18 @@ void fake_cuda_reset(void) {
     pthread_mutex_unlock(&g_lock);
 }
 
-static uint64_t fnv1a(const char *p, size_t n) {
-    uint64_t h = 1469598103934665603ull;
+static uint64_t fnv1a_from(uint64_t h, const char *p, size_t n) {
     for (size_t i = 0; i < n; i++) h = (h ^ (unsigned char)p[i]) * 1099511628211ull;
+    return h;
+}
+
+static uint64_t fnv1a(const char *p, size_t n) { return fnv1a_from(1469598103934665603ull, p, n); }
+
+/* The hash of what an op reads: its rows, for a 2-D copy. */
+static uint64_t source_hash(const struct op *o) {
+    if (o->kind != OP_COPY_2D) return fnv1a(o->src, o->n);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t r = 0; r < o->height; r++) h = fnv1a_from(h, o->src + r * o->src_pitch, o->n);
     return h;
 }
 
@@ -180,16 +202,21 @@ static void sleep_us(unsigned us) {
 static void run_op(struct op *o) { /* g_lock held on entry and exit */
     switch (o->kind) {
     case OP_COPY_HTOD:
-    case OP_COPY_DTOD: {
+    case OP_COPY_DTOD:
+    case OP_COPY_2D: {
         pthread_mutex_unlock(&g_lock);
         sleep_us(__atomic_load_n(&g_delay_us, __ATOMIC_SEQ_CST));
-        int changed = o->kind == OP_COPY_HTOD && fnv1a(o->src, o->n) != o->hash;
-        memmove(o->dst, o->src, o->n);
+        int changed = source_hash(o) != o->hash;
+        size_t rows = o->kind == OP_COPY_2D ? o->height : 1;
+        for (size_t r = 0; r < rows; r++)
+            memmove(o->dst + r * o->dst_pitch, o->src + r * o->src_pitch, o->n);
         pthread_mutex_lock(&g_lock);
         if (o->kind == OP_COPY_HTOD && o->n && !registered(o->src, o->n)) g_stats.unpinned_at_copy++;
-        g_stats.overwritten_sources += changed;
+        if (o->kind == OP_COPY_HTOD) g_stats.overwritten_sources += changed;
+        else g_stats.changed_device_sources += changed;
         g_stats.copies++;
-        g_stats.bytes_copied += o->n;
+        g_stats.copies_2d += o->kind == OP_COPY_2D;
+        g_stats.bytes_copied += o->n * rows;
         break;
     }
     case OP_RECORD:
@@ -590,12 +617,9 @@ CUresult cuCtxSynchronize(void) {
 
 /* ---- copies ------------------------------------------------------------------- */
 
-static CUresult copy_op(enum op_kind kind, CUdeviceptr dst, const void *src, size_t n, void *h) {
-    if ((!dst || !src) && n) return INVALID_VALUE;
-    struct op *o = calloc(1, sizeof *o);
-    if (!o) return INVALID_VALUE;
-    *o = (struct op){.kind = kind, .dst = (char *)(uintptr_t)dst, .src = src, .n = n};
-    if (kind == OP_COPY_HTOD) o->hash = fnv1a(src, n);
+/* Queues copy `o` on stream h; frees it when it cannot. */
+static CUresult enqueue_copy(struct op *o, void *h) {
+    o->hash = source_hash(o);
     pthread_mutex_lock(&g_lock);
     struct stream *s = find_stream(h);
     if (!s) {
@@ -603,10 +627,18 @@ static CUresult copy_op(enum op_kind kind, CUdeviceptr dst, const void *src, siz
         free(o);
         return INVALID_HANDLE;
     }
-    if (kind == OP_COPY_HTOD && n && !registered(src, n)) g_stats.pageable_copies++;
+    if (o->kind == OP_COPY_HTOD && o->n && !registered(o->src, o->n)) g_stats.pageable_copies++;
     enqueue(s, o);
     pthread_mutex_unlock(&g_lock);
     return OK;
+}
+
+static CUresult copy_op(enum op_kind kind, CUdeviceptr dst, const void *src, size_t n, void *h) {
+    if ((!dst || !src) && n) return INVALID_VALUE;
+    struct op *o = calloc(1, sizeof *o);
+    if (!o) return INVALID_VALUE;
+    *o = (struct op){.kind = kind, .dst = (char *)(uintptr_t)dst, .src = src, .n = n};
+    return enqueue_copy(o, h);
 }
 
 CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *stream) {
@@ -617,4 +649,51 @@ CUresult cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void *src, size_t n, void *
 CUresult cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, size_t n, void *stream) {
     ENTER(1);
     return copy_op(OP_COPY_DTOD, dst, (const void *)(uintptr_t)src, n, stream);
+}
+
+/* cuda.h's CUDA_MEMCPY2D (the _v2 layout). */
+typedef struct {
+    size_t srcXInBytes, srcY;
+    int srcMemoryType;
+    const void *srcHost;
+    CUdeviceptr srcDevice;
+    void *srcArray;
+    size_t srcPitch;
+    size_t dstXInBytes, dstY;
+    int dstMemoryType;
+    void *dstHost;
+    CUdeviceptr dstDevice;
+    void *dstArray;
+    size_t dstPitch;
+    size_t WidthInBytes, Height;
+} CUDA_MEMCPY2D;
+
+enum { MEMORYTYPE_HOST = 1, MEMORYTYPE_DEVICE = 2, MEMORYTYPE_ARRAY = 3, MEMORYTYPE_UNIFIED = 4 };
+
+/* Where a side of a 2-D copy starts: host and device memory are both host memory here;
+ * arrays are not modelled (NULL). */
+static char *side(int type, const void *host, CUdeviceptr device, size_t x, size_t y, size_t pitch) {
+    char *base = type == MEMORYTYPE_HOST ? (char *)host
+                 : type == MEMORYTYPE_DEVICE || type == MEMORYTYPE_UNIFIED ? (char *)(uintptr_t)device
+                                                                           : NULL;
+    return base ? base + y * pitch + x : NULL;
+}
+
+/* Rows of WidthInBytes, Height of them, each pitch apart; as the driver does, a pitch under
+ * the width is refused. */
+CUresult cuMemcpy2DAsync_v2(const CUDA_MEMCPY2D *p, void *stream) {
+    ENTER(1);
+    if (!p) return INVALID_VALUE;
+    if (__atomic_load_n(&g_refuse_2d, __ATOMIC_SEQ_CST)) return INVALID_VALUE;
+    if (p->srcMemoryType == MEMORYTYPE_ARRAY || p->dstMemoryType == MEMORYTYPE_ARRAY) return NOT_SUPPORTED;
+    if (p->WidthInBytes == 0 || p->Height == 0) return OK;
+    if (p->srcPitch < p->WidthInBytes || p->dstPitch < p->WidthInBytes) return INVALID_VALUE;
+    const char *src = side(p->srcMemoryType, p->srcHost, p->srcDevice, p->srcXInBytes, p->srcY, p->srcPitch);
+    char *dst = side(p->dstMemoryType, p->dstHost, p->dstDevice, p->dstXInBytes, p->dstY, p->dstPitch);
+    if (!src || !dst) return INVALID_VALUE;
+    struct op *o = calloc(1, sizeof *o);
+    if (!o) return INVALID_VALUE;
+    *o = (struct op){.kind = OP_COPY_2D, .dst = dst, .src = src, .n = p->WidthInBytes,
+                     .height = p->Height, .src_pitch = p->srcPitch, .dst_pitch = p->dstPitch};
+    return enqueue_copy(o, stream);
 }

@@ -93,6 +93,8 @@ STAT_FIELDS = (
     "registrations",
     "no_context_calls",
     "unpinned_at_copy",
+    "copies_2d",
+    "changed_device_sources",
 )
 
 

@@ -1,5 +1,9 @@
 """Training scripts the tests run under torchrun, as users' own would be."""
 
+import os
+import socket
+import subprocess
+import sys
 import textwrap
 
 #: DDP on gloo over a stoker Loader: argv[1] a dataset, argv[2] a folder for rank<N>.json
@@ -34,3 +38,28 @@ DDP_SCRIPT = textwrap.dedent(
     dist.destroy_process_group()
     """
 )
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(script, args, *, nodes: int, per_node: int, timeout: float = 300) -> None:
+    """`nodes` torchrun agents at once, one per node, `per_node` processes each."""
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    port = free_port()
+    agents = []
+    for node in range(nodes):
+        command = [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}"]
+        command += [f"--node_rank={node}", f"--nproc_per_node={per_node}"]
+        command += ["--master_addr=127.0.0.1", f"--master_port={port}", str(script), *args]
+        agents.append(
+            subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+            )
+        )
+    for agent in agents:
+        _, err = agent.communicate(timeout=timeout)
+        assert agent.returncode == 0, err[-3000:]

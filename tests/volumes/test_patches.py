@@ -16,6 +16,7 @@ import stoker
 from stoker.volumes.boxes import patch_runs
 from tests.support.nifti_volumes import flip_byte, reference, write_nifti
 from tests.support.nifti_volumes import volume as random_volume
+from tests.support.patches import all_batches, check_batches, expected_patch
 
 nib = pytest.importorskip("nibabel")
 torch = pytest.importorskip("torch")
@@ -28,43 +29,8 @@ def nifti(path, data, affine=None, *, big_endian=False, gz=False, qform=False, v
     return write_nifti(name, data, version, big_endian=big_endian, qform_only=qform, **options)
 
 
-def expected_patch(data, start, size, pad=0):
-    """data[start : start + size] with what lies outside the array as `pad`."""
-    out = np.full(size + data.shape[len(size) :], pad, dtype=data.dtype)
-    src, dst = [], []
-    for st, p, s in zip(start, size, data.shape):
-        lo, hi = max(st, 0), min(st + p, s)
-        src.append(slice(lo, hi))
-        dst.append(slice(lo - st, hi - st))
-    out[tuple(dst)] = data[tuple(src)]
-    return out
-
-
 def volume(shape, dtype=np.int16, seed=0):
     return random_volume(dtype, shape, seed)
-
-
-def all_batches(loader):
-    return [b for b in loader]
-
-
-def check_batches(loader, truth, key="image", pad=0):
-    """Every patch equals numpy's slice of the truth arrays (channel axis first)."""
-    seen = 0
-    for batch in loader:
-        for b in range(len(batch["subject_index"])):
-            s = int(batch["subject_index"][b])
-            start = tuple(int(v) for v in batch["location"][b])
-            want = expected_patch(truth[s], start, loader.patch_size, pad)
-            want = np.moveaxis(want, range(len(start), want.ndim), range(want.ndim - len(start)))
-            got = batch[key][b].numpy()
-            assert (
-                got.shape
-                == (max(1, int(np.prod(want.shape[: want.ndim - len(start)]))),) + loader.patch_size
-            )
-            np.testing.assert_array_equal(got.reshape(want.shape), want)
-            seen += 1
-    return seen
 
 
 # -- layouts -----------------------------------------------------------------------------

@@ -95,6 +95,12 @@ void Event::wait() {
   check(api.EventSynchronize(event_), "cuEventSynchronize");
 }
 
+void Event::make_wait(CUstream stream) {
+  const DriverApi& api = driver();
+  DeviceScope scope(device_);
+  check(api.StreamWaitEvent(stream, event_, 0), "cuStreamWaitEvent");
+}
+
 CopyStream::CopyStream(int device) : device_(device), owner_(getpid()) {
   const DriverApi& api = driver();
   DeviceScope scope(device_);

@@ -47,6 +47,9 @@ class Event : public io::Fence {
 
   bool ready() override;
   void wait() override;
+  // Work queued on `stream` from now on starts after this event: a wait on the
+  // device, not on the host.
+  void make_wait(CUstream stream);
   CUevent handle() const { return event_; }
 
  private:

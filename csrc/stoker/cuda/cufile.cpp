@@ -1,6 +1,7 @@
 #include "stoker/cuda/cufile.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -199,6 +200,14 @@ CuFile::CuFile(std::string path, int device)
     int err = errno;
     throw ReadError(path_, 0, err, std::string("cannot open: ") + std::strerror(err));
   }
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) {
+    int err = errno;
+    ::close(fd_);
+    fd_ = -1;
+    throw ReadError(path_, 0, err, std::string("cannot stat: ") + std::strerror(err));
+  }
+  size_ = static_cast<uint64_t>(st.st_size);
   CUfileDescr descr{};
   descr.type = kHandleTypeFd;
   descr.handle.fd = fd_;

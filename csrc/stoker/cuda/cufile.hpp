@@ -8,6 +8,7 @@
 #include <sys/types.h>
 
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -39,7 +40,10 @@ class CuFile {
   CuFile& operator=(const CuFile&) = delete;
 
   const std::string& path() const { return path_; }
+  int device() const { return device_; }
   bool direct() const { return direct_; }
+  // The file's size when it was opened.
+  uint64_t size() const { return size_; }
   // Reads [offset, offset + size) into device address `dst`, in pieces of
   // `chunk_bytes` read concurrently by `num_threads` threads.
   void read(CUdeviceptr dst, size_t size, off_t offset, size_t num_threads, size_t chunk_bytes);
@@ -51,6 +55,7 @@ class CuFile {
   int fd_ = -1;
   void* handle_ = nullptr;
   bool direct_ = false;
+  uint64_t size_ = 0;
   pid_t owner_;
 };
 

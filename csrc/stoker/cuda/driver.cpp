@@ -66,6 +66,9 @@ Loaded& load() {
     library.bind("cuEventSynchronize", a.EventSynchronize);
     library.bind("cuStreamWaitEvent", a.StreamWaitEvent);
     library.bind("cuMemcpyHtoDAsync_v2", a.MemcpyHtoDAsync);
+    library.bind("cuMemcpyDtoDAsync_v2", a.MemcpyDtoDAsync);
+    library.bind("cuMemcpy2DAsync_v2", a.Memcpy2DAsync);
+    library.bind("cuStreamSynchronize", a.StreamSynchronize);
     if (!library.missing().empty()) {
       l->status.reason =
           l->status.library + " has no " + library.missing() + ": the driver is too old";

@@ -27,6 +27,28 @@ constexpr unsigned kEventBlockingSync = 1;
 constexpr unsigned kEventDisableTiming = 2;
 constexpr unsigned kHostRegisterPortable = 1;
 constexpr unsigned kHostAllocPortable = 1;
+constexpr int kMemoryTypeDevice = 2;  // CU_MEMORYTYPE_DEVICE
+
+// cuda.h's CUDA_MEMCPY2D (the _v2 layout, size_t fields), field for field.
+struct Memcpy2D {
+  size_t srcXInBytes;
+  size_t srcY;
+  int srcMemoryType;  // CUmemorytype, an enum
+  const void* srcHost;
+  CUdeviceptr srcDevice;
+  void* srcArray;  // CUarray
+  size_t srcPitch;
+  size_t dstXInBytes;
+  size_t dstY;
+  int dstMemoryType;
+  void* dstHost;
+  CUdeviceptr dstDevice;
+  void* dstArray;
+  size_t dstPitch;
+  size_t WidthInBytes;
+  size_t Height;
+};
+static_assert(sizeof(void*) != 8 || sizeof(Memcpy2D) == 128, "CUDA_MEMCPY2D is 128 bytes");
 
 struct DriverApi {
   CUresult (*Init)(unsigned);
@@ -50,6 +72,9 @@ struct DriverApi {
   CUresult (*EventSynchronize)(CUevent);
   CUresult (*StreamWaitEvent)(CUstream, CUevent, unsigned);
   CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void*, size_t, CUstream);
+  CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+  CUresult (*Memcpy2DAsync)(const Memcpy2D*, CUstream);
+  CUresult (*StreamSynchronize)(CUstream);
 };
 
 struct DriverStatus {

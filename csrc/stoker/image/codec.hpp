@@ -48,6 +48,29 @@ std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& c
 std::string decode_png(const uint8_t* src, uint64_t size, const ChooseRegion& choose,
                        Window& window);
 
+// Whether a JPEG tile of that size is the one the caller expects: an empty string,
+// else what is wrong with it. Asked after the header is read, before any pixel is
+// decoded, so that `dest` is never written past.
+using TileCheck = std::function<std::string(uint32_t width, uint32_t height, uint32_t components)>;
+
+// A TIFF tile (or strip) that is one JPEG stream, decoded whole into `dest` as
+// rows of width * components bytes: grey (one component) or RGB (three). The
+// stream may be abbreviated (tables left out): `tables` (TIFF's JPEGTables, may
+// be empty) are loaded first. `rgb`: three components are RGB as stored (Aperio's
+// photometric 2), not YCbCr to convert. Empty string on success.
+// The rows [row0, row1) and columns [col0, col1) of a tile a caller needs; the
+// default: all of it.
+struct TileRegion {
+  uint32_t row0 = 0, row1 = UINT32_MAX, col0 = 0, col1 = UINT32_MAX;
+};
+
+// `region`: only that part of dest is written (with the same values as a whole decode):
+// rows past it are never decoded and, with libjpeg-turbo's cropping and skipping, the
+// columns and rows before it are not transformed.
+std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const uint8_t* src,
+                             uint64_t size, bool rgb, const TileCheck& check, uint8_t* dest,
+                             const TileRegion& region = {});
+
 // A JPEG of RGB rows; empty string on success.
 std::string encode_jpeg(const uint8_t* rgb, uint32_t width, uint32_t height, int quality,
                         std::vector<uint8_t>& out);

@@ -93,6 +93,10 @@ bool supported() { return false; }
 namespace detail {
 std::string decode_jpeg(const uint8_t*, uint64_t, const ChooseRegion&, Window&) { unsupported(); }
 std::string decode_png(const uint8_t*, uint64_t, const ChooseRegion&, Window&) { unsupported(); }
+std::string decode_jpeg_tile(const uint8_t*, uint64_t, const uint8_t*, uint64_t, bool,
+                             const TileCheck&, uint8_t*, const TileRegion&) {
+  unsupported();
+}
 std::string encode_jpeg(const uint8_t*, uint32_t, uint32_t, int, std::vector<uint8_t>&) {
   unsupported();
 }

@@ -161,6 +161,102 @@ std::string decode_jpeg(const uint8_t* src, uint64_t size, const ChooseRegion& c
   return {};
 }
 
+std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const uint8_t* src,
+                             uint64_t size, bool rgb, const TileCheck& check, uint8_t* dest,
+                             const TileRegion& region) {
+  jpeg_decompress_struct cinfo;
+  std::memset(&cinfo, 0, sizeof cinfo);  // destroyable even if creating it fails
+  ErrorManager err;
+  std::memset(&err, 0, sizeof err);
+  install(err.base);
+  cinfo.err = &err.base;
+  // Which stream failed; a C string, so that the jump leaves nothing to destroy.
+  const char* volatile stage = "";
+  if (setjmp(err.jump)) {
+    jpeg_destroy_decompress(&cinfo);
+    return std::string(stage) + err.message;
+  }
+  jpeg_create_decompress(&cinfo);
+  cinfo.mem->max_memory_to_use = kMaxDecoderMemory;
+  if (tables_size > 0) {
+    stage = "its JPEG tables: ";
+    jpeg_mem_src(&cinfo, tables, static_cast<unsigned long>(tables_size));
+    // Tables only: libjpeg keeps them and goes back to waiting for a stream.
+    if (jpeg_read_header(&cinfo, FALSE) != JPEG_HEADER_TABLES_ONLY) {
+      jpeg_destroy_decompress(&cinfo);
+      return "its JPEG tables hold an image, not only tables";
+    }
+    stage = "";
+  }
+  jpeg_mem_src(&cinfo, src, static_cast<unsigned long>(size));
+  jpeg_read_header(&cinfo, TRUE);
+  // A TIFF says in its photometric tag what the stream holds; the stream's own
+  // markers (JFIF, Adobe) are usually absent, and libjpeg would guess.
+  if (cinfo.num_components == 3) {
+    cinfo.jpeg_color_space = rgb ? JCS_RGB : JCS_YCbCr;
+    cinfo.out_color_space = JCS_RGB;
+  } else if (cinfo.num_components == 1) {
+    cinfo.jpeg_color_space = JCS_GRAYSCALE;
+    cinfo.out_color_space = JCS_GRAYSCALE;
+  } else {
+    std::snprintf(err.message, sizeof err.message,
+                  "a JPEG of %d components (stoker reads grey or three-component tiles)",
+                  cinfo.num_components);
+    jpeg_destroy_decompress(&cinfo);
+    return err.message;
+  }
+  cinfo.dct_method = JDCT_ISLOW;
+  jpeg_calc_output_dimensions(&cinfo);
+  bool fits = false;
+  try {
+    std::string problem =
+        check(cinfo.output_width, cinfo.output_height, uint32_t(cinfo.output_components));
+    fits = problem.empty();
+    if (!fits) std::snprintf(err.message, sizeof err.message, "%s", problem.c_str());
+  } catch (...) {
+    jpeg_destroy_decompress(&cinfo);
+    throw;
+  }
+  if (!fits) {
+    jpeg_destroy_decompress(&cinfo);
+    return err.message;
+  }
+  jpeg_start_decompress(&cinfo);
+  const uint32_t width = cinfo.output_width;
+  const size_t components = size_t(cinfo.output_components);
+  const size_t row_bytes = size_t(width) * components;
+  // A margin of one MCU around the region, so that the pixels kept have the same
+  // neighbours (chroma upsampling reads them) as in a whole decode.
+  const uint32_t mcu_width = uint32_t(cinfo.max_h_samp_factor) * DCTSIZE;
+  const uint32_t mcu_height = uint32_t(cinfo.max_v_samp_factor) * DCTSIZE;
+  JDIMENSION x = 0, columns = width;
+  if (region.col0 > 0 || region.col1 < width) {
+    uint32_t lo = region.col0 > mcu_width ? region.col0 - mcu_width : 0;
+    uint32_t hi = uint32_t(std::min<uint64_t>(width, uint64_t(region.col1) + mcu_width));
+    if (lo < hi && hi - lo < width) {
+      x = lo;
+      columns = hi - lo;
+      jpeg_crop_scanline(&cinfo, &x, &columns);  // widened to whole iMCUs
+    }
+  }
+  const uint32_t last = std::min<uint32_t>(region.row1, cinfo.output_height);
+  const uint32_t skip = region.row0 > mcu_height ? region.row0 - mcu_height : 0;
+  if (skip > 0 && skip < last) jpeg_skip_scanlines(&cinfo, skip);
+  while (cinfo.output_scanline < last) {
+    JSAMPROW row = dest + size_t(cinfo.output_scanline) * row_bytes + size_t(x) * components;
+    if (jpeg_read_scanlines(&cinfo, &row, 1) != 1) {
+      std::snprintf(err.message, sizeof err.message, "decoding stopped at row %u",
+                    unsigned(cinfo.output_scanline));
+      jpeg_destroy_decompress(&cinfo);
+      return err.message;
+    }
+  }
+  jpeg_abort_decompress(&cinfo);
+  jpeg_destroy_decompress(&cinfo);
+  if (err.truncated) return "the data ends before the tile does (a truncated JPEG)";
+  return {};
+}
+
 namespace {
 
 // Compressed bytes go straight into the caller's vector (which is not of the

@@ -1,7 +1,8 @@
-// Where the rows of an array source (an HDF5 dataset, a Zarr array) lie: its
-// shape, its chunk grid, each chunk's bytes and the filters that encode them.
-// Learnt once at open (by Python: h5py for HDF5, the JSON for Zarr); reads
-// then need no HDF5 or Zarr library at all.
+// Where the elements of a chunked array (an HDF5 dataset, a Zarr array, the
+// tiles of a TIFF image) lie: its shape, its chunk grid, each chunk's bytes and
+// the filters that encode them. Learnt once at open (by Python: h5py for HDF5,
+// the JSON for Zarr, the directory for TIFF); reads then need no HDF5, Zarr or
+// TIFF library at all.
 #pragma once
 
 #include <cstdint>
@@ -20,7 +21,22 @@ enum class ChunkFilter : uint8_t {
   kShuffle = 4,     // HDF5's byte shuffle; param: the element size
   kFletcher32 = 5,  // HDF5's Fletcher-32 checksum, 4 bytes after the data
   kCrc32c = 6,      // Zarr's crc32c codec, 4 bytes after the data
+  // A TIFF tile (or strip) that is one JPEG stream (TIFF compression 7), its tables
+  // perhaps only in ArrayLayout::jpeg_tables; it decodes to the chunk's uint8
+  // (rows, columns, samples). param: kJpegYCbCr or kJpegRgb, the colour space stored.
+  kJpeg = 7,
+  // TIFF's horizontal differencing (predictor 2): each sample was stored as its
+  // difference from the same sample of the pixel before it in its row, a row being
+  // the chunk's last two axes (columns, then a pixel's samples: a tile of planes has
+  // a last axis of 1). param: the element's bytes (1, 2, 4 or 8).
+  kHorizontalPredictor = 8,
 };
+
+// kJpeg's params. YCbCr (photometric 6) is converted to RGB, as any JPEG decoder
+// does; RGB (photometric 2, as Aperio writes) is left as it is stored, where a
+// decoder left to guess would take it for YCbCr.
+constexpr uint32_t kJpegYCbCr = 0;
+constexpr uint32_t kJpegRgb = 1;
 
 struct ChunkStep {
   ChunkFilter filter;
@@ -39,9 +55,15 @@ struct ArrayLayout {
   // The axis order a decoded chunk's bytes are in, outermost first (Zarr's
   // order "F" or transpose codec); empty: C order.
   std::vector<uint32_t> order;
-  bool byteswap = false;      // stored big-endian: swapped after decoding
+  bool byteswap = false;  // stored big-endian: swapped after decoding
+  // The last chunks along axis 0 are stored clipped to the array, holding only its
+  // rows (TIFF's last strip), where other formats store edge chunks whole. Needs C order.
+  bool clipped_edge = false;
   std::vector<uint8_t> fill;  // one element, native byte order
   std::vector<ChunkStep> steps;
+  // The JPEG tables a kJpeg step's abbreviated streams leave out (TIFF's tag 347):
+  // loaded before each chunk is decoded. Empty: each stream is whole.
+  std::vector<uint8_t> jpeg_tables;
   std::vector<std::string> paths;  // the files the chunks are in
   // Per chunk, in C order over the chunk grid:
   std::vector<uint32_t> chunk_file;    // into paths
@@ -61,6 +83,11 @@ struct ArrayLayout {
     return n;
   }
   uint64_t chunk_bytes() const { return chunk_elements() * itemsize; }
+  // The bytes chunk `c` decodes to: chunk_bytes(), or fewer for a clipped edge's.
+  uint64_t decoded_bytes(uint64_t c) const {
+    if (!clipped_edge || c / chunks_per_row() + 1 < grid(0)) return chunk_bytes();
+    return (shape[0] - (grid(0) - 1) * chunk_shape[0]) * (chunk_bytes() / chunk_shape[0]);
+  }
   uint64_t grid(size_t d) const { return (shape[d] + chunk_shape[d] - 1) / chunk_shape[d]; }
   // Chunks per row: the product of the grid over axes 1..
   uint64_t chunks_per_row() const {
@@ -72,6 +99,15 @@ struct ArrayLayout {
 
   // Checks the layout is whole and consistent; throws Error naming it.
   void check() const;
+};
+
+// A box of an array (a Codec::kArrayBox request): [start, start + extent) along
+// each axis, inside the array (the caller clips a box at the edge and fills the
+// padding itself). Element (i0, i1, ...) of the box lands at the request's
+// dest_offset + sum(i_d * dest_strides[d]) bytes: the strides of the caller's
+// patch buffer, which need not be C order.
+struct ArrayBox {
+  std::vector<uint64_t> start, extent, dest_strides;
 };
 
 uint64_t next_layout_id();

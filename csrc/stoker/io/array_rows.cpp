@@ -28,32 +28,68 @@ struct Axis {
   uint64_t extent, src_stride, dst_stride;  // strides in bytes
 };
 
-// The part of a row a chunk holds, as nested loops over `outer` (outermost
-// first) around contiguous blocks of `block` bytes on both sides.
+// The part of a row or box a chunk holds, as nested loops over `outer`
+// (outermost first) around contiguous blocks of `block` bytes on both sides.
 struct Box {
   std::vector<Axis> outer;
-  uint64_t block;
-  uint64_t dst_start;  // where the box starts in the row
+  uint64_t block = 0;
+  uint64_t dst_start = 0;  // where the part starts in the row or box
+  uint64_t src_start = 0;  // where it starts in the chunk (a box's; a row's is its slab)
 };
+
+// Fewer, longer copies: an axis of extent 1 moves nothing; an axis that steps
+// over the whole of the next one on both sides is one axis with it; inner axes
+// contiguous on both sides become part of the block.
+void simplify(Box& box) {
+  std::vector<Axis> kept;
+  for (const Axis& axis : box.outer) {
+    if (axis.extent == 1) continue;
+    if (!kept.empty() && kept.back().src_stride == axis.src_stride * axis.extent &&
+        kept.back().dst_stride == axis.dst_stride * axis.extent) {
+      kept.back() = {kept.back().extent * axis.extent, axis.src_stride, axis.dst_stride};
+      continue;
+    }
+    kept.push_back(axis);
+  }
+  while (!kept.empty() && kept.back().src_stride == box.block &&
+         kept.back().dst_stride == box.block) {
+    box.block *= kept.back().extent;
+    kept.pop_back();
+  }
+  box.outer = std::move(kept);
+}
 
 Box box_of(const ArrayLayout& a, const std::vector<uint64_t>& grid_at,
            const std::vector<uint64_t>& chunk_strides) {
   const size_t rank = a.shape.size();
   std::vector<uint64_t> row_strides(rank, a.itemsize);
   for (size_t d = rank - 1; d > 1; --d) row_strides[d - 1] = row_strides[d] * a.shape[d];
-  Box box{{}, a.itemsize, 0};
+  Box box{{}, a.itemsize, 0, 0};
   for (size_t d = 1; d < rank; ++d) {
     uint64_t start = grid_at[d] * a.chunk_shape[d];
     uint64_t extent = std::min(a.chunk_shape[d], a.shape[d] - start);
     box.dst_start += start * row_strides[d];
     box.outer.push_back({extent, chunk_strides[d], row_strides[d]});
   }
-  // Inner axes contiguous on both sides become part of the block.
-  while (!box.outer.empty() && box.outer.back().src_stride == box.block &&
-         box.outer.back().dst_stride == box.block) {
-    box.block *= box.outer.back().extent;
-    box.outer.pop_back();
+  simplify(box);
+  return box;
+}
+
+// The part of box `b` that the chunk at `grid_at` holds (the plan lists only
+// chunks a box touches, so it holds some). An edge chunk is stored whole: the
+// box, inside the array, never reaches its padding.
+Box box_part(const ArrayLayout& a, const ArrayBox& b, const std::vector<uint64_t>& grid_at,
+             const std::vector<uint64_t>& chunk_strides) {
+  Box box{{}, a.itemsize, 0, 0};
+  for (size_t d = 0; d < a.shape.size(); ++d) {
+    uint64_t chunk_start = grid_at[d] * a.chunk_shape[d];
+    uint64_t lo = std::max(b.start[d], chunk_start);
+    uint64_t hi = std::min(b.start[d] + b.extent[d], chunk_start + a.chunk_shape[d]);
+    box.src_start += (lo - chunk_start) * chunk_strides[d];
+    box.dst_start += (lo - b.start[d]) * b.dest_strides[d];
+    box.outer.push_back({hi - lo, chunk_strides[d], b.dest_strides[d]});
   }
+  simplify(box);
   return box;
 }
 
@@ -149,6 +185,39 @@ void ArrayLayout::check() const {
     }
   }
   if (steps.size() > 32) throw bad("more than 32 filters");
+  for (size_t k = 0; k < steps.size(); ++k) {
+    const ChunkStep& step = steps[k];
+    if (step.filter == ChunkFilter::kJpeg) {
+      if (itemsize != 1)
+        throw bad("JPEG chunks hold 8-bit samples, not " + std::to_string(itemsize) + "-byte ones");
+      if (step.param != kJpegYCbCr && step.param != kJpegRgb) {
+        throw bad("a JPEG step's colour space is 0 (YCbCr) or 1 (RGB), not " +
+                  std::to_string(step.param));
+      }
+      if (!order.empty()) throw bad("JPEG chunks are in C order");
+    } else if (step.filter == ChunkFilter::kHorizontalPredictor) {
+      uint32_t bytes = step.param;
+      if (bytes != itemsize || (bytes != 1 && bytes != 2 && bytes != 4 && bytes != 8)) {
+        throw bad("the horizontal predictor's element size is " + std::to_string(bytes) +
+                  " bytes, but elements of this array are " + std::to_string(itemsize));
+      }
+      if (!order.empty()) throw bad("chunks with the horizontal predictor are in C order");
+      // Its differences are of values, which a big-endian file stores swapped: they are
+      // swapped back before the sums, and no earlier step may see swapped bytes.
+      if (byteswap && itemsize > 1 && k != 0) {
+        throw bad("the horizontal predictor of a big-endian array must be the first step");
+      }
+    } else if (static_cast<uint8_t>(step.filter) >
+               static_cast<uint8_t>(ChunkFilter::kHorizontalPredictor)) {
+      throw bad("unknown filter " + std::to_string(int(step.filter)));
+    }
+  }
+  if (clipped_edge && !order.empty()) throw bad("a clipped edge needs chunks in C order");
+  if (!jpeg_tables.empty() && std::none_of(steps.begin(), steps.end(), [](const ChunkStep& s) {
+        return s.filter == ChunkFilter::kJpeg;
+      })) {
+    throw bad("JPEG tables without a JPEG step");
+  }
   uint64_t n = num_chunks();
   if (chunk_file.size() != n || chunk_offset.size() != n || chunk_size.size() != n ||
       chunk_mask.size() != n) {
@@ -161,12 +230,27 @@ void ArrayLayout::check() const {
   }
 }
 
-void validate_array_row(const FileTable& files, const ReadRequest& r) {
+namespace {
+
+const ArrayLayout& array_of(const FileTable& files, const ReadRequest& r) {
   if (r.array >= files.arrays.size() || !files.arrays[r.array]) {
     throw Error("read request names array " + std::to_string(r.array) + " but the table has " +
                 std::to_string(files.arrays.size()));
   }
-  const ArrayLayout& a = *files.arrays[r.array];
+  return *files.arrays[r.array];
+}
+
+// a * b, or false where it overflows.
+bool multiply(uint64_t a, uint64_t b, uint64_t& out) {
+  if (a != 0 && b > UINT64_MAX / a) return false;
+  out = a * b;
+  return true;
+}
+
+}  // namespace
+
+void validate_array_row(const FileTable& files, const ReadRequest& r) {
+  const ArrayLayout& a = array_of(files, r);
   if (r.offset >= a.shape[0]) {
     throw Error(a.name + ": row " + std::to_string(r.offset) + " of an array of " +
                 std::to_string(a.shape[0]));
@@ -177,20 +261,90 @@ void validate_array_row(const FileTable& files, const ReadRequest& r) {
   }
 }
 
-ArrayPlan plan_array_rows(const FileTable& files, const std::vector<ReadRequest>& requests) {
+uint64_t validate_array_box(const FileTable& files, const ReadRequest& r, uint64_t dest_size) {
+  const ArrayLayout& a = array_of(files, r);
+  if (!r.box) throw Error(a.name + ": an ARRAY_BOX request without its box");
+  if (r.decoder) throw Error(a.name + ": an ARRAY_BOX request takes no decoder");
+  const ArrayBox& b = *r.box;
+  const size_t rank = a.shape.size();
+  if (b.start.size() != rank || b.extent.size() != rank || b.dest_strides.size() != rank) {
+    throw Error(a.name + ": a box with " + std::to_string(b.start.size()) + " starts, " +
+                std::to_string(b.extent.size()) + " extents and " +
+                std::to_string(b.dest_strides.size()) + " strides, of an array of rank " +
+                std::to_string(rank));
+  }
+  for (size_t d = 0; d < rank; ++d) {
+    if (b.extent[d] > a.shape[d] || b.start[d] > a.shape[d] - b.extent[d]) {
+      throw Error(a.name + ": the box from " + coordinates(b.start) + " of extent " +
+                  coordinates(b.extent) + " is not inside the array's shape " +
+                  coordinates(a.shape));
+    }
+  }
+  // Nothing to read, nothing written.
+  if (std::find(b.extent.begin(), b.extent.end(), 0) != b.extent.end()) return 0;
+  uint64_t chunks = 1;
+  uint64_t last = 0;  // the last element's byte offset past dest_offset
+  for (size_t d = 0; d < rank; ++d) {
+    uint64_t first = b.start[d] / a.chunk_shape[d];
+    uint64_t touched = (b.start[d] + b.extent[d] - 1) / a.chunk_shape[d] - first + 1;
+    if (!multiply(chunks, touched, chunks)) chunks = UINT64_MAX;
+    uint64_t step = 0;
+    if (!multiply(b.extent[d] - 1, b.dest_strides[d], step) || last + step < last) {
+      throw Error(a.name + ": the box's destination strides overflow");
+    }
+    last += step;
+  }
+  if (r.dest_offset > dest_size || last > dest_size - r.dest_offset ||
+      a.itemsize > dest_size - r.dest_offset - last) {
+    throw Error(a.name + ": a box at buffer offset " + std::to_string(r.dest_offset) +
+                " whose last element ends " + std::to_string(last + a.itemsize) +
+                " bytes further does not fit a buffer of " + std::to_string(dest_size));
+  }
+  return chunks;
+}
+
+ArrayPlan plan_arrays(const FileTable& files, const std::vector<ReadRequest>& requests) {
   struct Piece {
     uint32_t array;
     uint64_t chunk;
     uint32_t request;
   };
   std::vector<Piece> pieces;
+  std::vector<uint64_t> lo, hi, at;
   for (uint32_t i = 0; i < requests.size(); ++i) {
     const ReadRequest& r = requests[i];
-    if (r.codec != Codec::kArrayRow) continue;
-    const ArrayLayout& a = *files.arrays[r.array];
-    uint64_t per_row = a.chunks_per_row();
-    uint64_t first = (r.offset / a.chunk_shape[0]) * per_row;
-    for (uint64_t t = 0; t < per_row; ++t) pieces.push_back({r.array, first + t, i});
+    if (r.codec == Codec::kArrayRow) {
+      const ArrayLayout& a = *files.arrays[r.array];
+      uint64_t per_row = a.chunks_per_row();
+      uint64_t first = (r.offset / a.chunk_shape[0]) * per_row;
+      for (uint64_t t = 0; t < per_row; ++t) pieces.push_back({r.array, first + t, i});
+    } else if (r.codec == Codec::kArrayBox) {
+      const ArrayLayout& a = *files.arrays[r.array];
+      const ArrayBox& b = *r.box;
+      const size_t rank = a.shape.size();
+      if (std::find(b.extent.begin(), b.extent.end(), 0) != b.extent.end()) continue;
+      lo.resize(rank);
+      hi.resize(rank);
+      for (size_t d = 0; d < rank; ++d) {
+        lo[d] = b.start[d] / a.chunk_shape[d];
+        hi[d] = (b.start[d] + b.extent[d] - 1) / a.chunk_shape[d];
+      }
+      at = lo;
+      for (;;) {  // every chunk from lo to hi, in C order
+        uint64_t chunk = 0;
+        for (size_t d = 0; d < rank; ++d) chunk = chunk * a.grid(d) + at[d];
+        pieces.push_back({r.array, chunk, i});
+        size_t d = rank;
+        for (; d > 0; --d) {
+          if (at[d - 1] < hi[d - 1]) {
+            ++at[d - 1];
+            break;
+          }
+          at[d - 1] = lo[d - 1];
+        }
+        if (d == 0) break;
+      }
+    }
   }
   std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) {
     return x.array != y.array   ? x.array < y.array
@@ -198,21 +352,53 @@ ArrayPlan plan_array_rows(const FileTable& files, const std::vector<ReadRequest>
                                 : x.request < y.request;
   });
   ArrayPlan plan;
-  plan.rows.reserve(pieces.size());
+  plan.requests.reserve(pieces.size());
   for (const Piece& p : pieces) {
     if (plan.tasks.empty() || plan.tasks.back().array != p.array ||
         plan.tasks.back().chunk != p.chunk) {
-      plan.tasks.push_back({p.array, p.chunk, static_cast<uint32_t>(plan.rows.size()), 0});
+      plan.tasks.push_back({p.array, p.chunk, static_cast<uint32_t>(plan.requests.size()), 0});
     }
-    plan.rows.push_back(p.request);
+    plan.requests.push_back(p.request);
     ++plan.tasks.back().count;
   }
   return plan;
 }
 
-void execute_array_task(const FileTable& files, const std::vector<ReadRequest>& requests,
-                        const ArrayPlan& plan, const ArrayTask& task, uint8_t* dest,
-                        FileCache& cache, ChunkCache& decoded) {
+namespace {
+
+// Whether the task's boxes need less than about half of its JPEG tile (a layout of one JPEG
+// step, chunks of [rows, columns, samples] in their last three axes); if so, `region` is
+// the rows and columns that they do need, in the tile's own coordinates.
+bool jpeg_region(const ArrayLayout& a, const std::vector<ReadRequest>& requests,
+                 const ArrayPlan& plan, const ArrayTask& task, const std::vector<uint64_t>& grid_at,
+                 ChunkRegion& region) {
+  const size_t rank = a.shape.size();
+  if (a.steps.size() != 1 || a.steps[0].filter != ChunkFilter::kJpeg || rank < 3) return false;
+  const size_t row_axis = rank - 3, col_axis = rank - 2;
+  uint64_t lo[2] = {UINT64_MAX, UINT64_MAX}, hi[2] = {0, 0};
+  const size_t axes[2] = {row_axis, col_axis};
+  for (uint32_t k = task.first; k < task.first + task.count; ++k) {
+    const ArrayBox& b = *requests[plan.requests[k]].box;
+    for (int i = 0; i < 2; ++i) {
+      const size_t d = axes[i];
+      const uint64_t origin = grid_at[d] * a.chunk_shape[d];
+      const uint64_t first = std::max(b.start[d], origin) - origin;
+      const uint64_t end = std::min(b.start[d] + b.extent[d], origin + a.chunk_shape[d]) - origin;
+      lo[i] = std::min(lo[i], first);
+      hi[i] = std::max(hi[i], end);
+    }
+  }
+  const uint64_t area = (hi[0] - lo[0]) * (hi[1] - lo[1]);
+  if (2 * area > a.chunk_shape[row_axis] * a.chunk_shape[col_axis]) return false;
+  region = {uint32_t(lo[0]), uint32_t(hi[0]), uint32_t(lo[1]), uint32_t(hi[1])};
+  return true;
+}
+
+}  // namespace
+
+uint64_t execute_array_task(const FileTable& files, const std::vector<ReadRequest>& requests,
+                            const ArrayPlan& plan, const ArrayTask& task, uint8_t* dest,
+                            FileCache& cache, ChunkCache& decoded) {
   const ArrayLayout& a = *files.arrays[task.array];
   const size_t rank = a.shape.size();
   std::vector<uint64_t> grid_at(rank);
@@ -230,15 +416,31 @@ void execute_array_task(const FileTable& files, const std::vector<ReadRequest>& 
     stride *= a.chunk_shape[axis];
   }
 
-  Box box = box_of(a, grid_at, chunk_strides);
+  bool rows = false, boxes = false;
+  for (uint32_t k = task.first; k < task.first + task.count; ++k) {
+    (requests[plan.requests[k]].codec == Codec::kArrayBox ? boxes : rows) = true;
+  }
+  Box box = rows ? box_of(a, grid_at, chunk_strides) : Box{};
   const uint64_t first_row = grid_at[0] * a.chunk_shape[0];
+  const uint64_t slab = chunk_strides[0];  // one row's part of the chunk, when axis 0 is outermost
+  // Copies each request's part of the decoded `chunk` (nullptr: the fill value).
+  auto serve = [&](const uint8_t* chunk) {
+    for (uint32_t k = task.first; k < task.first + task.count; ++k) {
+      const ReadRequest& r = requests[plan.requests[k]];
+      if (r.codec == Codec::kArrayBox) {
+        Box part = box_part(a, *r.box, grid_at, chunk_strides);
+        copy_box(part, chunk ? chunk + part.src_start : nullptr,
+                 dest + r.dest_offset + part.dst_start, a);
+      } else {
+        copy_box(box, chunk ? chunk + (r.offset - first_row) * slab : nullptr,
+                 dest + r.dest_offset + box.dst_start, a);
+      }
+    }
+  };
   const uint64_t offset = a.chunk_offset[task.chunk];
   if (offset == kMissingChunk) {  // never written: the fill value
-    for (uint32_t k = task.first; k < task.first + task.count; ++k) {
-      const ReadRequest& r = requests[plan.rows[k]];
-      copy_box(box, nullptr, dest + r.dest_offset + box.dst_start, a);
-    }
-    return;
+    serve(nullptr);
+    return 0;
   }
   const std::string& path = a.paths[a.chunk_file[task.chunk]];
   const uint64_t size = a.chunk_size[task.chunk];
@@ -258,13 +460,14 @@ void execute_array_task(const FileTable& files, const std::vector<ReadRequest>& 
 
   bool filtered = a.byteswap;
   for (size_t k = 0; k < a.steps.size(); ++k) filtered |= !(k < 32 && (mask >> k) & 1);
-  const uint64_t slab = chunk_strides[0];  // one row's part of the chunk, when axis 0 is outermost
-  if (!filtered && size == a.chunk_bytes() && (a.order.empty() || a.order[0] == 0)) {
+  // A box takes the whole chunk, decoded once and kept for the next batch's boxes: patches
+  // of a volume overlap from batch to batch far more than rows of a shuffled epoch do.
+  if (!boxes && !filtered && size == a.chunk_bytes() && (a.order.empty() || a.order[0] == 0)) {
     // Stored as it is used: read only the rows' parts of the chunk, not all of it.
     open();
     if (raw.size() < slab) raw.resize(slab);
     for (uint32_t k = task.first; k < task.first + task.count; ++k) {
-      const ReadRequest& r = requests[plan.rows[k]];
+      const ReadRequest& r = requests[plan.requests[k]];
       uint64_t at = offset + (r.offset - first_row) * slab;
       uint8_t* into = dest + r.dest_offset + box.dst_start;
       if (box.outer.empty() && box.block == slab) {
@@ -274,9 +477,17 @@ void execute_array_task(const FileTable& files, const std::vector<ReadRequest>& 
         copy_box(box, raw.data(), into, a);
       }
     }
-    return;
+    return slab * task.count;
   }
-  ChunkCache::Bytes cached = decoded.find(a.id, task.chunk);
+  uint64_t read = 0;
+  // A chunk stored as it is used is not kept: the page cache holds its bytes already, and
+  // reading them again costs one copy, as keeping them would.
+  ChunkCache::Bytes cached = filtered ? decoded.find(a.id, task.chunk) : nullptr;
+  // A JPEG tile not kept from before, of which the boxes need a small part: only that part
+  // is decoded, and the tile is not kept (a random patch of a slide covers a quarter of each
+  // of its four tiles, on average; most tiles are never drawn again).
+  ChunkRegion region;
+  const bool partial = !cached && !rows && jpeg_region(a, requests, plan, task, grid_at, region);
   const uint8_t* chunk = cached ? cached->data() : nullptr;
   if (chunk == nullptr) {
     std::string where = coordinates(grid_at);
@@ -288,16 +499,19 @@ void execute_array_task(const FileTable& files, const std::vector<ReadRequest>& 
     if (raw.size() < size) raw.resize(size);
     open();
     pread_exact(fd->get(), path, raw.data(), size, offset);
-    chunk = decode_chunk(a, mask, raw.data(), size, scratch_a, scratch_b, path, offset, where);
-    if (a.chunk_bytes() <= decoded.capacity() / 4) {
+    read = size;
+    // A clipped edge's chunk is only the part inside the array, and only that is
+    // ever copied out: C order puts it first.
+    const uint64_t bytes = a.decoded_bytes(task.chunk);
+    chunk = decode_chunk(a, mask, raw.data(), size, bytes, scratch_a, scratch_b, path, offset,
+                         where, region);
+    if (filtered && !partial && bytes <= decoded.capacity() / 4) {
       decoded.put(a.id, task.chunk,
-                  std::make_shared<const std::vector<uint8_t>>(chunk, chunk + a.chunk_bytes()));
+                  std::make_shared<const std::vector<uint8_t>>(chunk, chunk + bytes));
     }
   }
-  for (uint32_t k = task.first; k < task.first + task.count; ++k) {
-    const ReadRequest& r = requests[plan.rows[k]];
-    copy_box(box, chunk + (r.offset - first_row) * slab, dest + r.dest_offset + box.dst_start, a);
-  }
+  serve(chunk);
+  return read;
 }
 
 }  // namespace stoker::io

@@ -1,7 +1,8 @@
-// Rows of array sources in a batch (Codec::kArrayRow): grouped by the chunks
-// they lie in, so that each chunk a batch touches is read and decoded once,
-// however many of the batch's rows share it, and each row is then copied out
-// of it (gathered from several chunks where chunks cut across a row).
+// Rows (Codec::kArrayRow) and boxes (Codec::kArrayBox, a patch of a volume or a
+// slide) of array sources in a batch: grouped by the chunks they lie in, so that
+// each chunk a batch touches is read and decoded once, however many of the
+// batch's rows and boxes share it, and each is then copied out of it (gathered
+// from several chunks where chunks cut across a row or a box).
 #pragma once
 
 #include <cstdint>
@@ -19,13 +20,13 @@ namespace stoker::io {
 struct ArrayTask {
   uint32_t array;  // into FileTable::arrays
   uint64_t chunk;  // in C order over its grid
-  uint32_t first;  // into ArrayPlan::rows
+  uint32_t first;  // into ArrayPlan::requests
   uint32_t count;
 };
 
 struct ArrayPlan {
   std::vector<ArrayTask> tasks;
-  std::vector<uint32_t> rows;  // request indices, task by task
+  std::vector<uint32_t> requests;  // the rows and boxes each task serves, task by task
 };
 
 // Decoded chunks kept across batches, least recently used dropped first: a
@@ -62,12 +63,19 @@ class ChunkCache {
 // Throws Error unless `r` (a kArrayRow request) names a row of an array of `files`.
 void validate_array_row(const FileTable& files, const ReadRequest& r);
 
-ArrayPlan plan_array_rows(const FileTable& files, const std::vector<ReadRequest>& requests);
+// Throws Error unless `r` (a kArrayBox request) names a box inside an array of
+// `files` whose every element lands inside a buffer of `dest_size` bytes. Returns
+// how many chunks the box touches.
+uint64_t validate_array_box(const FileTable& files, const ReadRequest& r, uint64_t dest_size);
+
+// The batch's array requests (rows and boxes), one task per chunk they touch.
+ArrayPlan plan_arrays(const FileTable& files, const std::vector<ReadRequest>& requests);
 
 // Reads and decodes the task's chunk (or takes the fill value, for a chunk
-// never written) and copies its part of each of the task's rows into `dest`.
-void execute_array_task(const FileTable& files, const std::vector<ReadRequest>& requests,
-                        const ArrayPlan& plan, const ArrayTask& task, uint8_t* dest,
-                        FileCache& cache, ChunkCache& decoded);
+// never written) and copies its part of each of the task's rows and boxes into
+// `dest`. Returns the bytes it read from the file (none when the cache had it).
+uint64_t execute_array_task(const FileTable& files, const std::vector<ReadRequest>& requests,
+                            const ArrayPlan& plan, const ArrayTask& task, uint8_t* dest,
+                            FileCache& cache, ChunkCache& decoded);
 
 }  // namespace stoker::io

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "stoker/errors.hpp"
+#include "stoker/image/codec.hpp"
 #include "stoker/io/inflate.hpp"
 #include "stoker/util/dynamic_library.hpp"
 #include "stoker/util/little_endian.hpp"
@@ -162,6 +163,56 @@ void unshuffle(const uint8_t* in, uint8_t* out, uint64_t length, uint32_t size) 
   std::memcpy(out + n * size, in + n * size, length - n * size);
 }
 
+// Stored big-endian: each element's bytes reversed, in place.
+void swap_elements(uint8_t* data, uint64_t n, uint32_t size) {
+  for (uint64_t at = 0; at + size <= n; at += size) {
+    for (uint32_t j = 0; j < size / 2; ++j) std::swap(data[at + j], data[at + size - 1 - j]);
+  }
+}
+
+// Each of a row's `count` elements (after the first `distance`) was stored as its
+// difference from the element `distance` before it; unsigned, so the sums wrap
+// as the writer's differences did.
+template <typename T>
+void undo_differences(uint8_t* data, uint64_t rows, uint64_t count, uint64_t distance) {
+  for (uint64_t r = 0; r < rows; ++r) {
+    uint8_t* row = data + r * count * sizeof(T);
+    for (uint64_t i = distance; i < count; ++i) {
+      T value, before;
+      std::memcpy(&value, row + i * sizeof(T), sizeof(T));
+      std::memcpy(&before, row + (i - distance) * sizeof(T), sizeof(T));
+      value = static_cast<T>(value + before);
+      std::memcpy(row + i * sizeof(T), &value, sizeof(T));
+    }
+  }
+}
+
+// TIFF's rows are along the chunk's last two axes: columns, then a pixel's samples.
+// False when `n` bytes are not whole rows (a clipped edge of a chunk of rank 2).
+bool undo_predictor(const ArrayLayout& layout, uint32_t param, uint8_t* data, uint64_t n) {
+  const auto& c = layout.chunk_shape;
+  const size_t rank = c.size();
+  uint64_t distance = c[rank - 1];
+  uint64_t count = rank < 2 ? c[0] : c[rank - 1] * c[rank - 2];
+  if (n % (count * param) != 0) return false;
+  uint64_t rows = n / (count * param);
+  switch (param) {
+    case 1:
+      undo_differences<uint8_t>(data, rows, count, distance);
+      break;
+    case 2:
+      undo_differences<uint16_t>(data, rows, count, distance);
+      break;
+    case 4:
+      undo_differences<uint32_t>(data, rows, count, distance);
+      break;
+    default:
+      undo_differences<uint64_t>(data, rows, count, distance);
+      break;
+  }
+  return true;
+}
+
 }  // namespace
 
 const char* filter_name(ChunkFilter filter) {
@@ -180,6 +231,10 @@ const char* filter_name(ChunkFilter filter) {
       return "fletcher32";
     case ChunkFilter::kCrc32c:
       return "crc32c";
+    case ChunkFilter::kJpeg:
+      return "jpeg";
+    case ChunkFilter::kHorizontalPredictor:
+      return "horizontal predictor";
   }
   return "?";
 }
@@ -203,6 +258,14 @@ std::string codec_library(ChunkFilter filter) {
 }
 
 std::string codec_unavailable(ChunkFilter filter) {
+#ifndef STOKER_HAVE_IMAGE
+  if (filter == ChunkFilter::kJpeg) {
+    return "JPEG tiles need libjpeg-turbo, and this build of stoker was made without it: "
+           "install its development files and libpng's (Debian: apt-get install "
+           "libjpeg62-turbo-dev libpng-dev; Ubuntu: libjpeg-turbo8-dev libpng-dev) and "
+           "reinstall stoker";
+  }
+#endif
   if (filter == ChunkFilter::kZstd && zstd_api() == nullptr) {
     std::lock_guard<std::mutex> lock(libraries().mutex);
     return libraries().zstd_error;
@@ -251,14 +314,17 @@ void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_
 }
 
 uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, uint64_t size,
-                      std::vector<uint8_t>& scratch_a, std::vector<uint8_t>& scratch_b,
-                      const std::string& path, uint64_t offset, const std::string& where) {
-  const uint64_t want = layout.chunk_bytes();
+                      uint64_t want, std::vector<uint8_t>& scratch_a,
+                      std::vector<uint8_t>& scratch_b, const std::string& path, uint64_t offset,
+                      const std::string& where, const ChunkRegion& region) {
   auto fail = [&](const std::string& what) -> FormatError {
     return FormatError(path, offset, layout.name + ", chunk " + where + ": " + what);
   };
   uint8_t* data = src;
   uint64_t n = size;
+  // The predictor needs values, so a big-endian chunk is swapped before it (it is the
+  // writer's first step: check()) rather than last.
+  bool swapped = layout.itemsize == 1;
   // The scratch buffer `data` is not in, with room for `bytes`.
   auto output = [&](uint64_t bytes) -> uint8_t* {
     std::vector<uint8_t>& into = data == scratch_a.data() ? scratch_b : scratch_a;
@@ -328,18 +394,52 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
         }
         break;
       }
+      case ChunkFilter::kJpeg: {
+        std::string why = codec_unavailable(ChunkFilter::kJpeg);
+        if (!why.empty()) throw Error(layout.name + ": " + why);
+        const auto& shape = layout.chunk_shape;
+        const size_t rank = shape.size();
+        // Rows of (columns, samples) in the chunk's last two axes, or, for one sample
+        // a pixel, of columns in its last.
+        auto check = [&](uint32_t width, uint32_t height, uint32_t components) -> std::string {
+          bool rows_fit =
+              (components == shape[rank - 1] && rank >= 2 && width == shape[rank - 2]) ||
+              (components == 1 && width == shape[rank - 1]);
+          if (rows_fit && uint64_t(width) * height * components == want) return "";
+          return "a JPEG tile of " + std::to_string(width) + " x " + std::to_string(height) +
+                 " pixels of " + std::to_string(components) + " samples, where the chunk is " +
+                 std::to_string(want) + " bytes";
+        };
+        uint8_t* out = output(want);
+        std::string problem = image::detail::decode_jpeg_tile(
+            layout.jpeg_tables.data(), layout.jpeg_tables.size(), data, n, step.param == kJpegRgb,
+            check, out, {region.row0, region.row1, region.col0, region.col1});
+        if (!problem.empty()) throw fail("JPEG: " + problem);
+        data = out;
+        n = want;
+        break;
+      }
+      case ChunkFilter::kHorizontalPredictor: {
+        if (n != want) {
+          throw fail("holds " + std::to_string(n) + " bytes where a chunk of " +
+                     std::to_string(want) + " was expected");
+        }
+        if (layout.byteswap && !swapped) {
+          swap_elements(data, n, layout.itemsize);
+          swapped = true;
+        }
+        if (!undo_predictor(layout, step.param, data, n)) {
+          throw fail("a clipped chunk of rank 2 does not hold whole rows to undo the predictor in");
+        }
+        break;
+      }
     }
   }
   if (n != want) {
     throw fail("holds " + std::to_string(n) + " bytes where a chunk of " + std::to_string(want) +
                " was expected");
   }
-  if (layout.byteswap && layout.itemsize > 1) {
-    const uint32_t s = layout.itemsize;
-    for (uint64_t at = 0; at + s <= n; at += s) {
-      for (uint32_t j = 0; j < s / 2; ++j) std::swap(data[at + j], data[at + s - 1 - j]);
-    }
-  }
+  if (layout.byteswap && !swapped) swap_elements(data, n, layout.itemsize);
   return data;
 }
 

@@ -13,13 +13,20 @@
 namespace stoker::io {
 
 // Decodes a stored chunk of `layout` (`size` bytes at `src`, which it may
-// overwrite) into its `layout.chunk_bytes()` decoded bytes, skipping the steps
+// overwrite) into exactly `want` decoded bytes (layout.decoded_bytes), skipping the steps
 // `mask` marks. Returns where they are: `src` itself or one of the two
 // scratch buffers. `path`, `offset` and `where` (the chunk's coordinates)
 // name the chunk in errors, which are FormatErrors.
+// A part of a JPEG tile's rows and columns, all a caller will copy out of it: only
+// that part is decoded (the rest of the chunk is left as it was).
+struct ChunkRegion {
+  uint32_t row0 = 0, row1 = UINT32_MAX, col0 = 0, col1 = UINT32_MAX;
+};
+
 uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, uint64_t size,
-                      std::vector<uint8_t>& scratch_a, std::vector<uint8_t>& scratch_b,
-                      const std::string& path, uint64_t offset, const std::string& where);
+                      uint64_t want, std::vector<uint8_t>& scratch_a,
+                      std::vector<uint8_t>& scratch_b, const std::string& path, uint64_t offset,
+                      const std::string& where, const ChunkRegion& region = {});
 
 // Decompresses `n` bytes of zlib, gzip or zstd data into exactly `size` bytes at
 // `dest`; anything else (corrupt data, another size) is a FormatError at `path`,

@@ -22,7 +22,8 @@ Registry& registry() {
     auto* fresh = new Registry;
     for (CodecEntry own : {CodecEntry{Codec::kStored, "STORED", false, nullptr, false},
                            CodecEntry{Codec::kDeflate, "DEFLATE", true, nullptr, false},
-                           CodecEntry{Codec::kArrayRow, "ARRAY_ROW", false, nullptr, false}}) {
+                           CodecEntry{Codec::kArrayRow, "ARRAY_ROW", false, nullptr, false},
+                           CodecEntry{Codec::kArrayBox, "ARRAY_BOX", false, nullptr, false}}) {
       fresh->entries[static_cast<uint8_t>(own.code)].store(new CodecEntry(own));
     }
     return fresh;

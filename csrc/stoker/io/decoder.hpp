@@ -1,5 +1,5 @@
 // Field decoders and the codes requests name them by. The reader reads bytes,
-// inflates deflated members and gathers array rows by itself; everything that
+// inflates deflated members and gathers array rows and boxes by itself; everything that
 // turns a member's bytes into a value (an integer from its text, an image
 // decoded and resized) is a decoder registered from above, so this layer knows
 // none of them.
@@ -47,6 +47,7 @@ enum class Codec : uint8_t {
   kStored = 0,    // bytes are used as they are on disk
   kDeflate = 1,   // raw deflate (zip method 8), inflated into the destination
   kArrayRow = 6,  // row `offset` of FileTable::arrays[array] (array_rows.hpp)
+  kArrayBox = 7,  // the box ReadRequest::box of FileTable::arrays[array] (array_rows.hpp)
 };
 
 struct CodecEntry {

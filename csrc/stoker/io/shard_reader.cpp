@@ -31,6 +31,9 @@ constexpr size_t kIdleSlots = 16;
 constexpr size_t kIdleSlotBytes = 256 * 1024 * 1024;
 // A thread's scratch buffer is given back when a read needed more than this.
 constexpr size_t kScratchKeep = 8 * 1024 * 1024;
+// The chunks a batch's boxes may touch in all: the plan holds one entry (16
+// bytes) per box and chunk, and a box of many tiny chunks is a wrong layout.
+constexpr uint64_t kMaxBoxChunks = uint64_t(1) << 24;
 // Decoded array chunks kept across batches, per process.
 constexpr size_t kChunkCacheBytes = 256 * 1024 * 1024;
 
@@ -54,7 +57,7 @@ struct ReadPlan {
   std::vector<uint32_t> order;  // requests sorted by (file, offset)
   std::vector<Run> runs;
   std::vector<std::pair<size_t, size_t>> chunks;  // [first, last) runs, a unit of work
-  ArrayPlan arrays;  // rows of array sources: each of its tasks is a unit of work too
+  ArrayPlan arrays;  // rows and boxes of array sources: each of its tasks is a unit of work too
   uint8_t* dest = nullptr;
 };
 
@@ -64,7 +67,9 @@ void plan_runs(ReadPlan& plan) {
   const auto& req = plan.requests;
   plan.order.reserve(req.size());
   for (uint32_t i = 0; i < req.size(); ++i) {
-    if (req[i].codec != Codec::kArrayRow) plan.order.push_back(i);
+    if (req[i].codec != Codec::kArrayRow && req[i].codec != Codec::kArrayBox) {
+      plan.order.push_back(i);
+    }
   }
   std::sort(plan.order.begin(), plan.order.end(), [&](uint32_t a, uint32_t b) {
     return req[a].file != req[b].file ? req[a].file < req[b].file : req[a].offset < req[b].offset;
@@ -187,8 +192,10 @@ struct OpenFile {
   std::shared_ptr<const FileDescriptor> fd;
 };
 
-void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
-                 std::vector<uint8_t>& scratch, OpenFile& open, std::vector<uint32_t>& blanked) {
+// Returns the bytes it read.
+uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
+                     std::vector<uint8_t>& scratch, OpenFile& open,
+                     std::vector<uint32_t>& blanked) {
   const FileTable& table = *plan.files;
   const std::string& path = table.paths[run.file];
   if (open.file != run.file) {
@@ -213,7 +220,7 @@ void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
       }
     }
     if (scratch.size() > kScratchKeep) std::vector<uint8_t>().swap(scratch);
-    return;
+    return run.end - run.start;
   }
   uint64_t span = run.end - run.start;
   if (scratch.size() < span) scratch.resize(span);
@@ -223,11 +230,23 @@ void execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
     decode_or_blank(plan, plan.order[k], scratch.data() + (r.offset - run.start), path, blanked);
   }
   if (scratch.size() > kScratchKeep) std::vector<uint8_t>().swap(scratch);
+  return span;
 }
 
 void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
               uint64_t dest_size) {
+  uint64_t box_chunks = 0;
   for (const ReadRequest& r : requests) {
+    if (r.codec == Codec::kArrayBox) {  // of no file of the table: of its array's
+      uint64_t chunks = validate_array_box(files, r, dest_size);
+      box_chunks = chunks > kMaxBoxChunks - box_chunks ? kMaxBoxChunks + 1 : box_chunks + chunks;
+      if (box_chunks > kMaxBoxChunks) {
+        throw Error(files.arrays[r.array]->name + ": the batch's boxes touch more than " +
+                    std::to_string(kMaxBoxChunks) + " chunks");
+      }
+      continue;
+    }
+    if (r.box) throw Error("only an ARRAY_BOX read request has a box");
     if (r.file >= files.paths.size()) {
       throw Error("read request names file " + std::to_string(r.file) + " but the table has " +
                   std::to_string(files.paths.size()));
@@ -320,20 +339,22 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
       auto started = std::chrono::steady_clock::now();
       thread_local std::vector<uint32_t> blanked;
       blanked.clear();
+      uint64_t read = 0;
       try {
         if (c < tasks) {
-          execute_array_task(*plan_->files, plan_->requests, plan_->arrays, plan_->arrays.tasks[c],
-                             plan_->dest, *files_, *chunks_);
+          read = execute_array_task(*plan_->files, plan_->requests, plan_->arrays,
+                                    plan_->arrays.tasks[c], plan_->dest, *files_, *chunks_);
         } else {
           auto [first, last] = plan_->chunks[c - tasks];
           OpenFile open;
           for (size_t i = first; i < last; ++i) {
-            execute_run(*plan_, plan_->runs[i], *files_, scratch, open, blanked);
+            read += execute_run(*plan_, plan_->runs[i], *files_, scratch, open, blanked);
           }
         }
       } catch (...) {
         fail(std::current_exception());
       }
+      bytes_read_.fetch_add(read, std::memory_order_relaxed);
       if (!blanked.empty()) {
         std::lock_guard<std::mutex> lock(mutex_);
         blanked_.insert(blanked_.end(), blanked.begin(), blanked.end());
@@ -466,7 +487,7 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
   plan->dest = dest;
   plan_runs(*plan);
   plan_chunks(*plan, num_threads_);
-  plan->arrays = plan_array_rows(*plan->files, plan->requests);
+  plan->arrays = plan_arrays(*plan->files, plan->requests);
 
   size_t helpers = std::min(plan->arrays.tasks.size() + plan->chunks.size(), num_threads_);
   auto pending = std::make_shared<PendingRead>(pid_, std::move(plan), process.files, process.chunks,

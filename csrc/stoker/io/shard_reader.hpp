@@ -48,7 +48,9 @@ struct ReadRequest {
   // for other decoded codes the reader fills in the registered one.
   std::shared_ptr<const FieldDecoder> decoder;
   uint64_t seed = 0;   // handed to the decoder (an image's random crop)
-  uint32_t array = 0;  // kArrayRow: into FileTable::arrays
+  uint32_t array = 0;  // kArrayRow, kArrayBox: into FileTable::arrays
+  // kArrayBox: the box to read; its elements land from dest_offset on, at its strides.
+  std::shared_ptr<const ArrayBox> box;
 };
 
 class ChunkCache;  // decoded chunks of array sources (array_rows.hpp)
@@ -75,6 +77,9 @@ class PendingRead {
   // The requests (by index) whose member did not decode and were filled with
   // zeros instead (FieldDecoder::blank_on_error), in no particular order.
   std::vector<uint32_t> blanked() const;
+  // Bytes read from files for this batch so far: whole runs, gaps merged into them
+  // included, and array chunks as stored; chunks the ChunkCache served count nothing.
+  uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
   // The buffer the batch was read into, when the reader allocated it.
   const std::shared_ptr<AlignedBuffer>& buffer() const { return buffer_; }
 
@@ -97,6 +102,7 @@ class PendingRead {
   std::atomic<size_t> remaining_;
   std::atomic<bool> failed_{false};
   std::atomic<int64_t> busy_ns_{0};
+  std::atomic<uint64_t> bytes_read_{0};
   mutable std::mutex mutex_;
   std::condition_variable finished_;
   std::exception_ptr error_;

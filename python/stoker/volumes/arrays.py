@@ -1,10 +1,13 @@
 """One array of a subject, as patches read it: where its voxels lie in which file, in which
 order, and what they mean in space.
 
-A ``.npy`` and a ``.nii`` are read where they are. A ``.nii.gz`` is one gzip stream, which
-cannot be entered in the middle: it is inflated once, on first use, into the node cache
-(beside remote shards, under ``volumes/``), and its patches are read from that copy, which
-every process and rank of the node shares and later runs find again.
+A ``.npy``, a ``.nii`` and an HDF5 dataset stored contiguous are read where they are, a
+patch as runs of bytes. A ``.nii.gz`` is one gzip stream, which cannot be entered in the
+middle: it is inflated once, on first use, into the node cache (beside remote shards, under
+``volumes/``), and its patches are read from that copy, which every process and rank of the
+node shares and later runs find again. Chunked arrays (Zarr, chunked HDF5) and tiled TIFF
+(stoker.volumes.stores, stoker.volumes.slides) carry an ArrayLayout instead: a patch reads
+and decodes only the chunks or tiles it touches.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -21,9 +24,18 @@ from stoker._files import default_cache_root
 from stoker.arrays import nifti
 from stoker.errors import ReadError, ShardFormatError, UsageError, located
 from stoker.npy_pages import npy_layout
+from stoker.remote.cache import cache_for
 
+#: File name endings of arrays read as runs of bytes.
+RAW_SUFFIXES = (".npy", ".nii", ".nii.gz")
+#: Containers of named arrays: ``"ct.h5:/image"``, ``"ct.zarr:/image"`` (or the container
+#: alone, when it holds one array).
+HDF5_SUFFIXES = (".h5", ".hdf5", ".hdf", ".he5")
+ZARR_SUFFIXES = (".zarr",)
+#: Tiled TIFF, whole-slide images among them (a pyramid's level is chosen by level=).
+TIFF_SUFFIXES = (".tif", ".tiff", ".svs", ".btf", ".tf8")
 #: File name endings a subject's arrays may have.
-VOLUME_SUFFIXES = (".npy", ".nii", ".nii.gz")
+VOLUME_SUFFIXES = RAW_SUFFIXES + HDF5_SUFFIXES + ZARR_SUFFIXES + TIFF_SUFFIXES
 
 #: Bytes inflated per step into the cache's copy of a .nii.gz.
 _INFLATE_STEP = 16 << 20
@@ -49,6 +61,15 @@ class VolumeArray:
     affine: np.ndarray | None  # 4x4 voxel-to-world, where the file has one (NIfTI)
     spacing: tuple[float, ...]
     swap_unit: int  # bytes to reverse per group for a big-endian file; 0: native
+    # Chunked or tiled: where each chunk is and how it is encoded (the C++ reader reads and
+    # decodes the chunks a patch touches, swapped to native order). None: runs of bytes.
+    layout: Any = field(default=None, compare=False)
+    # Runs of bytes whose stored axis 0 is not evenly spaced (an HDF5 dataset chunked by
+    # whole slices): each index's offset in the file. None: `offset` plus the index times
+    # the stride.
+    row_offsets: np.ndarray | None = field(default=None, compare=False)
+    # The file whose size and modification time key what the cache keeps for this array.
+    identity_path: str = ""
 
     @property
     def spatial_shape(self) -> tuple[int, ...]:
@@ -63,26 +84,26 @@ class VolumeArray:
         return int(np.prod([self.stored_shape[a] for a in self.channel_axes], dtype=np.int64))
 
 
+def split_source(value: str) -> tuple[str, str]:
+    """A subject's value as (file, array inside it): ``"ct.h5:/image"`` is ``("ct.h5",
+    "image")``; a plain file has no inner name."""
+    head, sep, inner = value.partition(":/")
+    if sep and head.lower().endswith(HDF5_SUFFIXES + ZARR_SUFFIXES):
+        return head, inner.strip("/")
+    return value, ""
+
+
 def is_volume_path(value: object) -> bool:
-    """Whether a subject's value names an array file (by its name's ending)."""
-    return isinstance(value, (str, os.PathLike)) and os.fspath(value).lower().endswith(
-        VOLUME_SUFFIXES
-    )
+    """Whether a subject's value names an array (by its file name's ending)."""
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    file, _ = split_source(os.fspath(value))
+    return file.lower().rstrip("/").endswith(VOLUME_SUFFIXES)
 
 
-def open_volume_array(path: str, spatial_dims: int, cache_dir: str | None) -> VolumeArray:
-    """The layout of the array at `path` whose first `spatial_dims` axes (as patches index
-    them) are spatial: a .npy's leading axes unless it has one more, which is then its
-    channels (channel-first, as MONAI keeps arrays); a NIfTI volume's dims, any further
-    dims and RGB components being channels."""
-    path = os.fspath(path)
-    if path.lower().endswith(".npy"):
-        return _npy(path, spatial_dims)
-    return _nifti(path, spatial_dims, cache_dir)
-
-
-def _npy(path: str, spatial_dims: int) -> VolumeArray:
-    dtype, shape, offset, _, fortran = npy_layout(path, fortran_ok=True)
+def channel_first_axes(path: str, shape: tuple[int, ...], spatial_dims: int) -> tuple[int, ...]:
+    """The spatial axes of a C-order array of `shape`: all of them, or all but a first
+    channel axis; else ShardFormatError naming `path`."""
     if len(shape) not in (spatial_dims, spatial_dims + 1):
         raise located(
             ShardFormatError,
@@ -91,6 +112,13 @@ def _npy(path: str, spatial_dims: int) -> VolumeArray:
             f"an array of shape {shape} for {spatial_dims}-D patches: it needs "
             f"{spatial_dims} spatial axes, and at most one channel axis before them",
         )
+    return tuple(range(len(shape) - spatial_dims, len(shape)))
+
+
+def open_npy(path: str, spatial_dims: int) -> VolumeArray:
+    """A .npy's layout (see open_volume_array)."""
+    dtype, shape, offset, _, fortran = npy_layout(path, fortran_ok=True)
+    channel_first_axes(path, tuple(shape), spatial_dims)
     first = len(shape) - spatial_dims  # a channel axis, if any, comes first
     if fortran:  # stored with the first index fastest: the C-order array of reversed shape
         stored = shape[::-1]
@@ -108,10 +136,12 @@ def _npy(path: str, spatial_dims: int) -> VolumeArray:
         affine=None,
         spacing=(1.0,) * spatial_dims,
         swap_unit=0,
+        identity_path=path,
     )
 
 
-def _nifti(path: str, spatial_dims: int, cache_dir: str | None) -> VolumeArray:
+def open_nifti(path: str, spatial_dims: int, cache_dir: str | None) -> VolumeArray:
+    """A .nii's or .nii.gz's layout (see open_volume_array)."""
     header, stream = nifti.open_header(path)
     if len(header.dims) < spatial_dims:
         raise located(
@@ -136,6 +166,7 @@ def _nifti(path: str, spatial_dims: int, cache_dir: str | None) -> VolumeArray:
         affine=header.affine,
         spacing=header.spacing[:spatial_dims],
         swap_unit=header.swap_unit,
+        identity_path=path,
     )
 
 
@@ -148,8 +179,7 @@ def _inflated_copy(header: nifti.NiftiHeader, stream: Any, cache_dir: str | None
         st = os.stat(header.path)
     except OSError as e:
         raise located(ReadError, header.path, 0, f"cannot read: {e.strerror or e}") from e
-    folder = os.path.join(cache_dir or default_cache_root(), "volumes")
-    os.makedirs(folder, exist_ok=True)
+    folder = cache_folder(cache_dir)
     key = f"{os.path.realpath(header.path)}\0{st.st_size}\0{st.st_mtime_ns}".encode()
     name = hashlib.sha256(key).hexdigest()[:24]
     out = os.path.join(folder, f"{name}-{os.path.basename(header.path)[:80]}.raw")
@@ -186,6 +216,18 @@ def _inflated_copy(header: nifti.NiftiHeader, stream: Any, cache_dir: str | None
             if os.path.exists(tmp):
                 os.unlink(tmp)
     return out
+
+
+def cache_folder(cache_dir: str | None, *parts: str) -> str:
+    """The folder of the node cache (`cache_dir`, else the default) where volumes keep what
+    they make, made now: under ``volumes/`` of a folder marked as stoker's cache, which
+    remote shards share (a cache folder is claimed by a marker before anything is put in
+    it, so a Dataset opened on the same cache later finds one of stoker's)."""
+    root = cache_dir or default_cache_root()
+    cache_for(root)
+    folder = os.path.join(root, "volumes", *parts)
+    os.makedirs(folder, exist_ok=True)
+    return folder
 
 
 def _complete(path: str, nbytes: int) -> bool:

@@ -15,11 +15,14 @@ import numpy as np
 
 import stoker._core as _core
 import stoker.cuda as cuda
-from stoker._process import shared_reader
 from stoker.errors import UsageError
 from stoker.loader import resolve_rank
 from stoker.volumes.arrays import VolumeArray
-from stoker.volumes.boxes import PatchRuns, bytes_read, patch_runs, stored_box_shape
+from stoker.volumes.boxes import (
+    stored_box_shape,
+)
+from stoker.volumes.device_reads import DevicePatchReader, read_patches_to_device
+from stoker.volumes.reads import PatchReads
 from stoker.volumes.samplers import (
     GridSampler,
     LabelSampler,
@@ -63,9 +66,11 @@ class PatchStats:
 
 class PatchLoader:
     """Batches of patches from `volumes`: a dict of ``(B, C, *patch_size)`` tensors, one
-    per array key, plus ``"subject"`` (each patch's subject name), ``"subject_index"``,
-    ``"location"`` (``(B, D)`` int64: each patch's first voxel, which may be negative or run
-    past the end for a padded patch) and, where every subject's files have one,
+    per array key (contiguous; channels_last in memory, with no copy made, for arrays
+    that interleave their channels, as RGB slides do), plus ``"subject"`` (each patch's
+    subject name), ``"subject_index"``, ``"location"`` (``(B, D)`` int64: each patch's
+    first voxel, which may be negative or run past the end for a padded patch) and, where
+    every subject's files have one,
     ``"affine"`` (``(B, 4, 4)`` float64: the patch's own voxel-to-world matrix).
 
     Only the bytes a patch needs are read (see stoker.volumes.boxes), by the C++ reader's
@@ -97,6 +102,11 @@ class PatchLoader:
         rank, world_size: As for ``stoker.Loader`` (default: torch.distributed's).
         prefetch: Batches read ahead.
         pinned_bytes: Page-locked memory a device loader's batches go through.
+        gds: A device loader reads patches of uncompressed files with cuFile (GPUDirect
+            Storage) straight into device memory: None (the default) where cuFile reads
+            the files' file system directly, True always (an error where it cannot), False
+            never. Batches with padded patches, big-endian files or chunked arrays go
+            through pinned memory either way.
 
     ``DataLoader(loader.iterable_dataset(), batch_size=None, num_workers=N)`` runs it in
     N worker processes, each reading its own share of the batches.
@@ -120,6 +130,7 @@ class PatchLoader:
         world_size: int | None = None,
         prefetch: int = 2,
         pinned_bytes: int = 256 << 20,
+        gds: bool | None = None,
     ) -> None:
         dims = volumes.spatial_dims
         size = (patch_size,) * dims if isinstance(patch_size, int) else tuple(patch_size)
@@ -166,20 +177,39 @@ class PatchLoader:
                     f"pad_value={pad_value} does not fit {key!r}'s {dtype} "
                     f"({volumes.arrays[0][key].path})"
                 )
-        self._files = _core.FileTable(volumes.files(), _identities(volumes.files()))
-        # volumes.files() lists subject by subject, key by key: this is each one's place.
+        # volumes.files() lists subject by subject, key by key: this is each one's place;
+        # chunked arrays are read through their layouts, numbered in the same order.
         self._file_ids = {
             (s, k): s * len(volumes.keys) + j
             for s in range(len(volumes))
             for j, k in enumerate(volumes.keys)
         }
+        layouts = [
+            volumes.arrays[s][k].layout
+            for s, k in self._file_ids
+            if volumes.arrays[s][k].layout is not None
+        ]
+        self._array_ids = {
+            (s, k): i
+            for i, (s, k) in enumerate(
+                (s, k) for s, k in self._file_ids if volumes.arrays[s][k].layout is not None
+            )
+        }
+        self._files = _core.FileTable(volumes.files(), _identities(volumes.files()), arrays=layouts)
         self._affines = all(volumes.affine(i) is not None for i in range(len(volumes)))
         index = cuda.device_index(device)
         self.device = "cpu" if index is None else f"cuda:{index}"
         self._stage: cuda.DeviceStage | None = None
+        self._gather: DevicePatchReader | None = None
         if index is not None:
             cuda.require_cuda(index)
             self._stage = cuda.DeviceStage(index, pinned_bytes, max(2, prefetch + 1))
+            if gds is not False:
+                gather = DevicePatchReader(index, volumes.files())
+                if gather.available():
+                    self._gather = gather
+                elif gds:
+                    raise UsageError(f"PatchLoader(gds=True): cuFile cannot: {gather.reason}")
 
     def _refuse_small_volumes(self) -> None:
         for s in range(len(self.volumes)):
@@ -329,13 +359,16 @@ class PatchLoader:
         out = []
         for s, first, extent in boxes:
             array = self.volumes.arrays[s][key]
-            runs = patch_runs(array, first, extent)
-            buffer = np.empty(int(np.prod(runs.shape)) * array.dtype.itemsize, np.uint8)
-            ids = np.full(runs.offsets.shape, self._file_ids[(s, key)], np.int64)
-            shared_reader().read_into(
-                buffer, self._files, ids, runs.offsets, runs.lengths, runs.dest_offsets
-            ).wait()
-            values = _to_patch_order(buffer, array, runs.shape)
+            shape = stored_box_shape(array, extent)
+            buffer = np.empty(int(np.prod(shape)) * array.dtype.itemsize, np.uint8)
+            reads = PatchReads()
+            reads.add(
+                array, self._file_ids[(s, key)], self._array_ids.get((s, key)), first, extent, 0
+            )
+            for pending in reads.submit(buffer, self._files):
+                pending.wait()
+            reads.finish(buffer)
+            values = _to_patch_order(buffer, array, shape)
             out.append(values.reshape(-1, *extent)[0])
         return out
 
@@ -352,10 +385,13 @@ class PatchLoader:
             per_patch = int(np.prod(shape)) * array.dtype.itemsize
             layouts.append((total, per_patch, shape, array.dtype))
             total += -(-per_patch * len(batch) // _ALIGN) * _ALIGN
+        if self._gather is not None:
+            direct = self._submit_direct(batch, starts, layouts, total)
+            if direct is not None:
+                return direct
         slot = self._stage.acquire(total) if self._stage is not None else None
         buffer = slot if slot is not None else np.empty(total, np.uint8)
-        pieces: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
-        patch_bytes = 0
+        reads = PatchReads()
         for (base, per_patch, shape, dtype), key in zip(layouts, keys):
             for i, ((s, _), start) in enumerate(zip(batch, starts)):
                 array = self.volumes.arrays[s][key]
@@ -365,27 +401,53 @@ class PatchLoader:
                         f"{array.dtype} of channels {array.channels}, other subjects' "
                         f"{dtype}: patches of one batch need one type and channel count"
                     )
-                runs: PatchRuns = patch_runs(array, start, self.patch_size)
                 at = base + i * per_patch
-                if runs.padded:  # in the file's byte order: the batch is swapped after the read
+                array_id = self._array_ids.get((s, key))
+                if reads.add(array, self._file_ids[(s, key)], array_id, start, self.patch_size, at):
+                    # In the file's byte order: the batch is swapped after the read.
                     stored_type = dtype.newbyteorder(">") if array.swap_unit else dtype
                     buffer[at : at + per_patch].view(stored_type)[:] = self.pad_value
-                ids = np.full(runs.offsets.shape, self._file_ids[(s, key)], np.int64)
-                pieces.append((ids, runs.offsets, runs.lengths, runs.dest_offsets + at))
-                patch_bytes += int(runs.lengths.sum())
-        ids, offsets, lengths, dests = (np.concatenate(p) for p in zip(*pieces))
-        pending = shared_reader().read_into(buffer, self._files, ids, offsets, lengths, dests)
-        self._stats.patch_bytes += patch_bytes
-        read = bytes_read(ids, offsets, lengths)
-        self._stats.bytes_read += read
-        return _PendingBatch(pending, buffer, slot, batch, starts, layouts)
+        pending = reads.submit(buffer, self._files)
+        self._stats.patch_bytes += reads.patch_bytes
+        self._stats.bytes_read += reads.run_bytes()
+        return _PendingBatch(pending, reads, buffer, slot, batch, starts, layouts)
+
+    def _submit_direct(
+        self,
+        batch: list[tuple[int, int]],
+        starts: list[tuple[int, ...]],
+        layouts: list[tuple[int, int, tuple[int, ...], np.dtype]],
+        total: int,
+    ) -> _PendingBatch | None:
+        """The batch read by cuFile into device memory, or None (see read_patches_to_device)."""
+        assert self._gather is not None
+        arrays, ids, places = [], [], []
+        for (base, per_patch, _, _), key in zip(layouts, self.volumes.keys):
+            for i, (s, _) in enumerate(batch):
+                arrays.append(self.volumes.arrays[s][key])
+                ids.append(self._file_ids[(s, key)])
+                places.append(base + i * per_patch)
+        done = read_patches_to_device(
+            self._gather, arrays, ids, starts * len(layouts), places, self.patch_size, total
+        )
+        if done is None:
+            return None
+        buffer, counts = done
+        self._stats.bytes_read += counts["bytes_read"]
+        self._stats.patch_bytes += sum(per * len(batch) for _, per, _, _ in layouts)
+        return _PendingBatch([], None, buffer, None, batch, starts, layouts)
 
     def _finish(self, pending: _PendingBatch) -> dict[str, Any]:
         torch = cuda.require_torch()
-        pending.read.wait()
-        self._stats.read_seconds += pending.read.busy_seconds()
-        batch, starts, n = pending.batch, pending.starts, len(pending.batch)
-        out: dict[str, Any] = {}
+        if pending.plan is None:  # read by cuFile into device memory
+            return self._arrange(pending, self._device_views(pending))
+        for read in pending.reads:
+            read.wait()
+            self._stats.read_seconds += read.busy_seconds()
+        for read in pending.reads[pending.plan.box_reads_from :]:
+            self._stats.bytes_read += read.bytes_read()
+        pending.plan.finish(pending.buffer)
+        batch, n = pending.batch, len(pending.batch)
         stored: dict[str, Any] = {}
         for (base, per_patch, shape, dtype), key in zip(pending.layouts, self.volumes.keys):
             view = pending.buffer[base : base + per_patch * n].view(dtype).reshape(n, *shape)
@@ -395,11 +457,37 @@ class PatchLoader:
             stored[key] = torch.from_numpy(view)
         if self._stage is not None:
             stored = self._stage.to_device(stored, pending.slot)
+        return self._arrange(pending, stored)
+
+    def _device_views(self, pending: _PendingBatch) -> dict[str, Any]:
+        """The device buffer's parts, one (B, *stored box) tensor per key."""
+        torch = cuda.require_torch()
+        mem, n = cuda.memory(), len(pending.batch)
+        index = cuda.device_index(self.device)
+        assert index is not None
+        mem.hand_over(pending.buffer, index)
+        views = {}
+        for (base, per_patch, shape, dtype), key in zip(pending.layouts, self.volumes.keys):
+            kind = torch.from_numpy(np.empty(0, dtype)).dtype
+            views[key] = mem.view(pending.buffer, base, per_patch * n, kind, (n, *shape))
+        return views
+
+    def _arrange(self, pending: _PendingBatch, stored: dict[str, Any]) -> dict[str, Any]:
+        """The batch's dict: each key's stored boxes in patch order, and what says where
+        each patch is."""
+        torch = cuda.require_torch()
+        batch, starts, n = pending.batch, pending.starts, len(pending.batch)
+        out: dict[str, Any] = {}
         for key in self.volumes.keys:
             array = self.volumes.arrays[batch[0][0]][key]
             order = [0] + [1 + a for a in (*array.channel_axes, *array.spatial_axes)]
             tensor = stored[key].permute(*order)
-            out[key] = tensor.reshape(n, array.channels, *self.patch_size).contiguous()
+            if _channels_last(array):
+                # Samples stored interleaved (an RGB slide): the permuted view is already
+                # torch's channels_last layout, which convolutions prefer; no copy.
+                out[key] = tensor
+            else:
+                out[key] = tensor.reshape(n, array.channels, *self.patch_size).contiguous()
         out["subject"] = [self.volumes.name(s) for s, _ in batch]
         out["subject_index"] = torch.tensor([s for s, _ in batch], dtype=torch.int64)
         out["location"] = torch.tensor(starts, dtype=torch.int64).reshape(n, -1)
@@ -422,22 +510,19 @@ class PatchLoader:
         if worker is not None:  # each DataLoader worker reads its own share
             numbers = numbers[worker[0] :: worker[1]]
         self._handed = skip
-        ended = False
-        queue: deque[_PendingBatch] = deque()
-        upcoming = iter(numbers)
+        queue: deque[tuple[int, _PendingBatch]] = deque()
+        last = len(batches) - 1
         try:
-            for number in upcoming:
-                queue.append(self._submit(epoch, batches[number]))
+            for number in numbers:
+                queue.append((number, self._submit(epoch, batches[number])))
                 if len(queue) > self.prefetch:
-                    yield self._deliver(queue.popleft())
+                    yield self._deliver(*queue.popleft(), last if worker is None else -1)
             while queue:
-                yield self._deliver(queue.popleft())
-            ended = True
+                yield self._deliver(*queue.popleft(), last if worker is None else -1)
         finally:
-            for left in queue:
-                left.read.cancel()
-        if ended and worker is None:
-            self.epoch, self._handed = epoch + 1, 0
+            for _, left in queue:
+                for read in left.reads:
+                    read.cancel()
 
     def iterable_dataset(self) -> Any:
         """This loader as a ``torch.utils.data.IterableDataset``, for a DataLoader's worker
@@ -445,20 +530,37 @@ class PatchLoader:
         every ``num_workers``-th batch of the epoch."""
         return _iterable_dataset_class()(self)
 
-    def _deliver(self, pending: _PendingBatch) -> dict[str, Any]:
+    def _deliver(self, number: int, pending: _PendingBatch, last: int) -> dict[str, Any]:
+        """The batch; once the epoch's last one is handed out, the loader is at the next
+        epoch's start (a loop that stops after len() batches, as Lightning's does, never
+        asks the iterator for its end)."""
         batch = self._finish(pending)
         self._handed += 1
+        if number == last:
+            self.epoch, self._handed = self.epoch + 1, 0
         return batch
 
 
 @dataclass
 class _PendingBatch:
-    read: Any  # _core.PendingRead
+    reads: list[Any]  # _core.PendingRead each
+    plan: PatchReads | None  # what they read and what is left; None: read by cuFile
     buffer: np.ndarray
     slot: np.ndarray | None
     batch: list[tuple[int, int]]
     starts: list[tuple[int, ...]]
     layouts: list[tuple[int, int, tuple[int, ...], np.dtype]]
+
+
+def _channels_last(array: VolumeArray) -> bool:
+    """Whether the array is stored as (*spatial, channels) with more than one channel: its
+    patches are then handed out as channels_last tensors rather than copied."""
+    n = len(array.stored_shape)
+    return (
+        array.channels > 1
+        and array.channel_axes == (n - 1,)
+        and array.spatial_axes == tuple(range(n - 1))
+    )
 
 
 def _to_patch_order(buffer: np.ndarray, array: VolumeArray, shape: tuple[int, ...]) -> np.ndarray:

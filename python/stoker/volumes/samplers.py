@@ -22,9 +22,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from stoker._files import default_cache_root, write_atomically
-from stoker.errors import UsageError
-from stoker.volumes.arrays import VolumeArray
+from stoker._files import write_atomically
+from stoker.errors import StokerError, UsageError
+from stoker.volumes.arrays import VolumeArray, cache_folder
 
 
 class PatchSampler:
@@ -138,9 +138,10 @@ def uniform_start(
     rng: np.random.Generator, shape: tuple[int, ...], patch_size: tuple[int, ...]
 ) -> tuple[int, ...]:
     """A start drawn uniformly among those where the patch fits (centred where it cannot)."""
+    draws = rng.random(len(shape))  # one call: a call per axis costs more than the draw
     return tuple(
-        int(rng.integers(0, s - p + 1)) if s >= p else (s - p) // 2
-        for s, p in zip(shape, patch_size)
+        min(int(u * (s - p + 1)), s - p) if s >= p else (s - p) // 2
+        for u, s, p in zip(draws.tolist(), shape, patch_size)
     )
 
 
@@ -184,11 +185,14 @@ def occupancy(
     order) are `labels`, from the cache where a process computed it before (keyed by the
     file's path, size, modification time and the block), else computed and kept."""
     try:
-        st = os.stat(label.path)
-        key = f"{os.path.realpath(label.path)}\0{st.st_size}\0{st.st_mtime_ns}\0{block}"
+        st = os.stat(label.identity_path)
+        key = (
+            f"{os.path.realpath(label.identity_path)}\0{label.path}\0{st.st_size}"
+            f"\0{st.st_mtime_ns}\0{block}\0{label.stored_shape}"
+        )
         name = hashlib.sha256(key.encode()).hexdigest()[:24] + ".npz"
-        path = os.path.join(cache_dir or default_cache_root(), "volumes", "occupancy", name)
-    except OSError:
+        path = os.path.join(cache_folder(cache_dir, "occupancy"), name)
+    except (OSError, StokerError):  # no cache to keep it in: computed each time
         path = None
     if path is not None and os.path.exists(path):
         try:
@@ -198,7 +202,7 @@ def occupancy(
                 )
         except (OSError, ValueError, KeyError):
             pass  # a copy that cannot be read is made again
-    values = np.unique(labels)
+    values = _label_values(labels)
     shape = label.spatial_shape
     grid = tuple(-(-s // block) for s in shape)
     # Per value, its voxels as a mask padded to whole blocks, each block summed: one pass
@@ -212,13 +216,23 @@ def occupancy(
     result = Occupancy([int(v) for v in values], counts, block, shape)
     if path is not None:
         try:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
             out = io.BytesIO()
             np.savez(out, values=values, counts=result.counts)
             write_atomically(path, [out.getbuffer()])
         except OSError:
             pass  # the cache is full or read-only: the grid is used without being kept
     return result
+
+
+def _label_values(labels: np.ndarray) -> np.ndarray:
+    """The values present, ascending: counted (one pass) for labels of one or two bytes,
+    which is what label maps are, rather than sorted (a sort of every voxel)."""
+    if labels.dtype.kind in "ui" and labels.dtype.itemsize <= 2 and labels.size:
+        flat = labels.reshape(-1)
+        low = int(flat.min()) if flat.dtype.kind == "i" else 0
+        counts = np.bincount(flat.astype(np.int32) - low if low else flat)
+        return (np.flatnonzero(counts) + low).astype(labels.dtype)
+    return np.unique(labels)
 
 
 def block_bounds(

@@ -17,21 +17,26 @@ from stoker.volumes.arrays import (
     VolumeArray,
     check_same_space,
     is_volume_path,
-    open_volume_array,
 )
+from stoker.volumes.opening import open_volume_array
 
 
 class Volumes:
     """Subjects whose arrays patches are read from.
 
-    Each subject is a dict of array files (``.npy``, ``.nii``, ``.nii.gz``) by key, as in
-    MONAI's data lists: ``{"image": "ct_001.nii.gz", "label": "seg_001.nii.gz"}``. Values
-    that are not array files (an ``"id"``, an age) are kept as the subject's metadata.
-    Every subject has the same keys. Headers are read when the Volumes are made: shapes
-    and affines are checked then, and an error names the subject and the file.
+    Each subject is a dict of arrays by key, as in MONAI's data lists: ``{"image":
+    "ct_001.nii.gz", "label": "seg_001.nii.gz"}``. An array is a ``.npy``, ``.nii`` or
+    ``.nii.gz`` file; a Zarr array or an HDF5 dataset (``"ct_001.zarr:/image"``,
+    ``"ct_001.h5:/image"``, or the store alone when it holds one array); or a TIFF
+    (``.tif``, ``.tiff``, ``.svs``: tiled or stripped, a pyramid's level chosen by
+    `level`). Values that are not arrays (an ``"id"``, an age) are kept as the subject's
+    metadata. Every subject has the same keys. Headers are read when the Volumes are
+    made: shapes and affines are checked then, and an error names the subject and the
+    file.
 
     A ``.nii.gz`` is inflated once into the node cache (``cache_dir``), on first use, and
-    patches are read from that copy.
+    patches are read from that copy. Chunked arrays and tiled images are read by chunk or
+    tile: a patch decodes only those it touches.
 
     Args:
         subjects: A list of such dicts; or the path of a CSV file whose header names the
@@ -39,6 +44,8 @@ class Volumes:
         spatial_dims: 3 for volumes, 2 for images; patch sizes must have as many.
         cache_dir: The node cache (default ``$STOKER_CACHE``, else ``~/.cache/stoker``).
         affine_tolerance: How far two arrays' affines may differ, per element.
+        level: The pyramid level of TIFF arrays (0: full resolution); other arrays have
+            one level.
 
     Raises:
         UsageError: Subjects with other keys, arrays of one subject on different grids.
@@ -53,6 +60,7 @@ class Volumes:
         spatial_dims: int = 3,
         cache_dir: str | os.PathLike[str] | None = None,
         affine_tolerance: float = 1e-3,
+        level: int = 0,
     ) -> None:
         if isinstance(subjects, (str, os.PathLike)):
             subjects = _read_csv(os.fspath(subjects))
@@ -79,7 +87,7 @@ class Volumes:
                     f"{sorted(self.keys)}: every subject needs the same keys"
                 )
             arrays = {
-                k: open_volume_array(os.fspath(row[k]), spatial_dims, self.cache_dir)
+                k: open_volume_array(os.fspath(row[k]), spatial_dims, self.cache_dir, level)
                 for k in self.keys
             }
             check_same_space(_name(row, i), arrays, affine_tolerance)
@@ -166,7 +174,7 @@ class Volumes:
 def _stem(name: str) -> str:
     """A file name without its array suffix: ``case_001.nii.gz`` is ``case_001``."""
     lower = name.lower()
-    for suffix in VOLUME_SUFFIXES[::-1]:  # .nii.gz before .nii
+    for suffix in sorted(VOLUME_SUFFIXES, key=len, reverse=True):  # .nii.gz before .nii
         if lower.endswith(suffix):
             return name[: -len(suffix)]
     return name

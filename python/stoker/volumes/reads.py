@@ -1,0 +1,137 @@
+"""The reads that fill one buffer of patches: runs of bytes of arrays read in place, boxes of
+chunked or tiled ones, each started on the process's shared C++ reader."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from stoker._process import shared_reader
+from stoker.volumes.arrays import VolumeArray
+from stoker.volumes.boxes import (
+    PatchSpans,
+    byte_strides,
+    bytes_read,
+    patch_runs,
+    patch_spans,
+    stored_box,
+    stored_box_shape,
+)
+
+
+class PatchReads:
+    """What one buffer needs read: runs of bytes of arrays read in place (merged into spans
+    read into scratch memory where their gaps are short, see patch_spans), boxes of
+    chunked ones (each chunk a box touches read and decoded once by the C++ reader).
+    After the reads, `finish` moves the spans' boxes into the buffer."""
+
+    def __init__(self) -> None:
+        self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
+        self.spans: list[tuple[int, PatchSpans, int, np.dtype]] = []  # file, spans, at, dtype
+        self.scratch: np.ndarray | None = None
+        self.boxes: list[tuple[int, list[int], list[int], int, list[int]]] = []
+        self.patch_bytes = 0  # the patches' own bytes inside their arrays
+        self.box_reads_from = 0  # where the box reads start in submit()'s list
+
+    def add(
+        self,
+        array: VolumeArray,
+        file_id: int,
+        array_id: int | None,
+        start: tuple[int, ...],
+        size: tuple[int, ...],
+        at: int,
+    ) -> bool:
+        """Reads the patch of `size` at spatial `start` into the buffer at `at`; True when
+        part of it lies outside the array (the caller fills the buffer's part first)."""
+        if array.layout is None:
+            spans = patch_spans(array, start, size)
+            if spans is not None:
+                self.spans.append((file_id, spans, at, array.dtype))
+                inner = np.prod(spans.outer_shape + spans.inner_shape, dtype=np.int64)
+                self.patch_bytes += int(inner) * array.dtype.itemsize
+                return spans.padded
+            runs = patch_runs(array, start, size)
+            ids = np.full(runs.offsets.shape, file_id, np.int64)
+            self.runs.append((ids, runs.offsets, runs.lengths, runs.dest_offsets + at))
+            self.patch_bytes += int(runs.lengths.sum())
+            return runs.padded
+        assert array_id is not None
+        first, extent, dest_first, padded = stored_box(array, start, size)
+        if min(extent) > 0:
+            strides = byte_strides(stored_box_shape(array, size), array.dtype.itemsize)
+            dest = at + sum(f * st for f, st in zip(dest_first, strides))
+            self.boxes.append((array_id, first, extent, dest, strides))
+            self.patch_bytes += int(np.prod(extent)) * array.dtype.itemsize
+        return padded
+
+    def run_bytes(self) -> int:
+        """What the reader reads for the runs and spans, gaps it merges included."""
+        pieces = [(ids, offsets, lengths) for ids, offsets, lengths, _ in self.runs]
+        for file_id, spans, _, _ in self.spans:
+            count = spans.offsets.size
+            pieces.append(
+                (np.full(count, file_id), spans.offsets, np.full(count, spans.span, np.int64))
+            )
+        if not pieces:
+            return 0
+        ids, offsets, lengths = (np.concatenate(p) for p in zip(*pieces))
+        return bytes_read(ids, offsets, lengths)
+
+    def finish(self, buffer: np.ndarray) -> None:
+        """Once the reads are done: each span's box, its gaps left behind, into its place."""
+        at_scratch = 0
+        for _, spans, at, dtype in self.spans:
+            assert self.scratch is not None
+            unit = np.dtype(f"u{dtype.itemsize}") if dtype.itemsize in (1, 2, 4, 8) else dtype
+            outer_pitch = byte_strides(spans.outer_shape, spans.span)
+            shape = spans.outer_shape + spans.inner_shape
+            source = np.ndarray(
+                shape,
+                unit,
+                buffer=self.scratch,
+                offset=at_scratch,
+                strides=(*outer_pitch, *spans.inner_strides),
+            )
+            where, strides = at + spans.dest_offset, spans.dest_strides
+            target = np.ndarray(shape, unit, buffer=buffer, offset=where, strides=strides)
+            np.copyto(target, source)
+            at_scratch += spans.offsets.size * spans.span
+
+    def submit(self, buffer: np.ndarray, files: Any) -> list[Any]:
+        """The reads, started: runs first, then the boxes (the reader groups those by
+        chunk); each a _core.PendingRead."""
+        reader = shared_reader()
+        pending = []
+        if self.runs:
+            ids, offsets, lengths, dests = (np.concatenate(p) for p in zip(*self.runs))
+            pending.append(reader.read_into(buffer, files, ids, offsets, lengths, dests))
+        if self.spans:
+            total = sum(spans.offsets.size * spans.span for _, spans, _, _ in self.spans)
+            self.scratch = np.empty(total, np.uint8)
+            ids = np.concatenate([np.full(sp.offsets.size, f) for f, sp, _, _ in self.spans])
+            offsets = np.concatenate([sp.offsets for _, sp, _, _ in self.spans])
+            lengths = np.concatenate(
+                [np.full(sp.offsets.size, sp.span, np.int64) for _, sp, _, _ in self.spans]
+            )
+            dests = np.cumsum(lengths) - lengths
+            pending.append(reader.read_into(self.scratch, files, ids, offsets, lengths, dests))
+        self.box_reads_from = len(pending)
+        by_rank: dict[int, list[tuple[int, list[int], list[int], int, list[int]]]] = {}
+        for box in self.boxes:
+            by_rank.setdefault(len(box[1]), []).append(box)
+        for boxes in by_rank.values():
+            box_arrays, firsts, extents, box_dests, strides = zip(*boxes)
+            pending.append(
+                reader.read_boxes_into(
+                    buffer,
+                    files,
+                    np.array(box_arrays, np.uint32),
+                    np.array(firsts, np.int64),
+                    np.array(extents, np.int64),
+                    np.array(box_dests, np.int64),
+                    np.array(strides, np.int64),
+                )
+            )
+        return pending
