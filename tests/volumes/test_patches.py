@@ -314,13 +314,16 @@ def test_runs_merge_rows_as_the_reader_does(tmp_path):
     assert whole_rows.offsets.size == 16 and (whole_rows.lengths == 16 * 64 * 2).all()
 
 
+# The peak is the process's own (VmHWM, see peak_rss_bytes): getrusage's ru_maxrss carries
+# over an exec the parent's size at the fork, and a pytest worker's is large by then.
 MEMORY_CHILD = r"""
-import resource, sys, numpy as np, stoker
+import sys, numpy as np, stoker
+from stoker.tools.measure import peak_rss_bytes
 vols = stoker.Volumes([{"image": sys.argv[1]}])
 loader = stoker.PatchLoader(vols, 64, 4, patches_per_subject=64)
 for batch in loader:
     pass
-print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+print(peak_rss_bytes())
 """
 
 
