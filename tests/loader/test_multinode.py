@@ -114,9 +114,7 @@ def test_two_nodes_read_every_sample_once_and_resume(served, tmp_path):
     elastic = tmp_path / "elastic"
     elastic.mkdir()
     (elastic / "state.json").write_text(json.dumps(run[0]["state"]))
-    torchrun(
-        script, [source, str(tmp_path / "cache"), str(elastic), "resume"], nodes=1, per_node=3
-    )
+    torchrun(script, [source, str(tmp_path / "cache"), str(elastic), "resume"], nodes=1, per_node=3)
     rest = _results(elastic, "resume", 3)
     assert len({len(r["keys"]) for r in rest}) == 1
     done = [k for r in run for batch in r["keys"][:2] for k in batch]
