@@ -57,45 +57,53 @@ def patch_runs(
     """The runs of the patch at spatial `start` (which may lie partly outside the array:
     only the part inside is read) of `patch_size` voxels."""
     stored = array.stored_shape
-    n = len(stored)
     dest_shape = stored_box_shape(array, patch_size)
-    first = [0] * n  # the part inside the array, in stored coordinates
-    last = list(stored)
-    dest_first = [0] * n  # where that part starts in the patch
-    for k, axis in enumerate(array.spatial_axes):
-        lo, hi = start[k], start[k] + patch_size[k]
-        first[axis], last[axis] = max(lo, 0), min(hi, stored[axis])
-        dest_first[axis] = first[axis] - lo
-    extent = [last[a] - first[a] for a in range(n)]
-    padded = any(extent[a] != dest_shape[a] for a in range(n))
-    if any(e <= 0 for e in extent):
+    first, extent, dest_first, padded = stored_box(array, start, patch_size)
+    if min(extent) <= 0:
         empty = np.empty(0, np.int64)
         return PatchRuns(empty, empty, empty, dest_shape, True)
     item = array.dtype.itemsize
     src_strides = byte_strides(stored, item)
     dest_strides = byte_strides(dest_shape, item)
-    # The runs go over axis k and every axis after it, which lie whole in both the file
-    # and the patch; k is the outermost such axis' parent.
-    # Where axis 0's positions are not evenly spaced (row_offsets), runs stop short of it.
-    lowest = 0 if array.row_offsets is None else 1
-    k = n - 1
-    while k > lowest and extent[k] == stored[k] == dest_shape[k]:
-        k -= 1
+    k = _run_axis(array, extent, dest_shape)
     run = extent[k] * src_strides[k]
-    base = array.offset if array.row_offsets is None or k == 0 else 0
-    offsets = np.array([base + first[k] * src_strides[k]], np.int64)
+    offsets = _file_offsets(array, first, extent, src_strides, k)
     dests = np.array([dest_first[k] * dest_strides[k]], np.int64)
     for axis in range(k - 1, -1, -1):  # outer axes: one run per position
+        steps = np.arange(extent[axis], dtype=np.int64)
+        dests = ((dest_first[axis] + steps) * dest_strides[axis])[:, None] + dests[None, :]
+        dests = dests.reshape(-1)
+    lengths = np.full(offsets.shape, run, np.int64)
+    return PatchRuns(offsets, lengths, dests, dest_shape, padded)
+
+
+def _run_axis(array: VolumeArray, extent: list[int], dest_shape: tuple[int, ...]) -> int:
+    """The axis k of a box's contiguous runs: they go over k and every axis after it, which
+    lie whole in both the file and the patch. Where axis 0's positions are not evenly spaced
+    (row_offsets), runs stop short of it."""
+    stored = array.stored_shape
+    lowest = 0 if array.row_offsets is None else 1
+    k = len(stored) - 1
+    while k > lowest and extent[k] == stored[k] == dest_shape[k]:
+        k -= 1
+    return k
+
+
+def _file_offsets(
+    array: VolumeArray, first: list[int], extent: list[int], src: list[int], j: int
+) -> np.ndarray:
+    """The file offset of each piece of the box holding axes j and after, one per position
+    of the axes before j, in C order over them."""
+    base = array.offset if array.row_offsets is None or j == 0 else 0
+    offsets = np.array([base + sum(first[a] * src[a] for a in range(j, len(src)))], np.int64)
+    for axis in range(j - 1, -1, -1):
         steps = np.arange(extent[axis], dtype=np.int64)
         if axis == 0 and array.row_offsets is not None:
             starts = array.row_offsets[first[0] + steps]
         else:
-            starts = (first[axis] + steps) * src_strides[axis]
-        offsets = starts[:, None] + offsets[None, :]
-        dests = ((dest_first[axis] + steps) * dest_strides[axis])[:, None] + dests[None, :]
-        offsets, dests = offsets.reshape(-1), dests.reshape(-1)
-    lengths = np.full(offsets.shape, run, np.int64)
-    return PatchRuns(offsets, lengths, dests, dest_shape, padded)
+            starts = (first[axis] + steps) * src[axis]
+        offsets = (starts[:, None] + offsets[None, :]).reshape(-1)
+    return offsets
 
 
 def byte_strides(shape: tuple[int, ...] | list[int], item: int) -> list[int]:
@@ -132,7 +140,6 @@ def patch_spans(
     (a 64^3 patch of a 256^3 int16 volume: 64 requests of 32 KiB, not 4,096 of 128 bytes),
     the gaps dropped afterwards by one strided copy."""
     stored = array.stored_shape
-    n = len(stored)
     dest_shape = stored_box_shape(array, patch_size)
     first, extent, dest_first, padded = stored_box(array, start, patch_size)
     if min(extent) <= 0:
@@ -141,9 +148,7 @@ def patch_spans(
     src = byte_strides(stored, item)
     dst = byte_strides(dest_shape, item)
     lowest = 0 if array.row_offsets is None else 1
-    k = n - 1  # the run axis: it and the axes inside it lie whole in file and patch
-    while k > lowest and extent[k] == stored[k] == dest_shape[k]:
-        k -= 1
+    k = _run_axis(array, extent, dest_shape)
     span = extent[k] * src[k]
     useful = span
     j = k
@@ -155,17 +160,8 @@ def patch_spans(
         j -= 1
     if j == k:
         return None
-    base = array.offset if array.row_offsets is None or j == 0 else 0
-    offsets = np.array([base + sum(first[a] * src[a] for a in range(j, n))], np.int64)
-    for axis in range(j - 1, -1, -1):
-        steps = np.arange(extent[axis], dtype=np.int64)
-        if axis == 0 and array.row_offsets is not None:
-            starts = array.row_offsets[first[0] + steps]
-        else:
-            starts = (first[axis] + steps) * src[axis]
-        offsets = (starts[:, None] + offsets[None, :]).reshape(-1)
     return PatchSpans(
-        offsets=offsets,
+        offsets=_file_offsets(array, first, extent, src, j),
         span=span,
         outer_shape=tuple(extent[:j]),
         inner_shape=tuple(extent[j:]),
