@@ -4,7 +4,8 @@
 # reader on what they index, the member index sidecars, the JPEG and PNG
 # decoders behind stoker.Image(), the chunk decoders and row gathering of array
 # sources (HDF5, Zarr), gzip streams as NIfTI volumes are read, MDS shards and
-# LitData chunks, and TIFF / BigTIFF directories, for SECONDS each (default 60).
+# LitData chunks, TIFF / BigTIFF directories, and Parquet footers and pages, for
+# SECONDS each (default 60).
 #
 #   scripts/fuzz.sh [SECONDS]
 #
@@ -100,6 +101,12 @@ cat >"$dict" <<'EOF'
 "()"
 ".cls"
 ".json"
+"PAR1"
+"PARE"
+"\x15\x00\x15"
+"\x19\x1c"
+"\x19\x0c"
+"\x2c\x15"
 EOF
 
 artifacts="$build/artifacts"
@@ -119,6 +126,7 @@ fuzz_format() {
     gzip) byte='\x06' ;;   # gzip streams as .nii.gz volumes are read (seeds: tests/data/gzip-seeds)
     record) byte='\x07' ;; # MDS shards and LitData chunks (seeds: tests/data/record-seeds)
     tiff) byte='\x08' ;;   # TIFF / BigTIFF directories (seeds: tests/data/tiff-seeds)
+    parquet) byte='\x09' ;; # Parquet footers and pages (seeds: tests/data/parquet-seeds)
   esac
   corpus="$build/corpus-$format"
   mkdir -p "$corpus"
@@ -129,6 +137,7 @@ fuzz_format() {
   [[ $format == gzip ]] && seeds=(tests/data/gzip-seeds/*)
   [[ $format == record ]] && seeds=(tests/data/record-seeds/*)
   [[ $format == tiff ]] && seeds=(tests/data/tiff-seeds/*.tif)
+  [[ $format == parquet ]] && seeds=(tests/data/parquet-seeds/*.parquet)
   local file name
   for file in "${seeds[@]}"; do
     [[ -e $file ]] || continue
@@ -148,7 +157,7 @@ fuzz_format() {
 # One fuzzer per core at a time (each is single-threaded): every format still gets its
 # full $seconds, in less wall time. FUZZ_JOBS overrides the count.
 jobs=${FUZZ_JOBS:-$(nproc)}
-formats=(tar zip npy idx image chunk gzip record tiff)
+formats=(tar zip npy idx image chunk gzip record tiff parquet)
 running=0
 for format in "${formats[@]}"; do
   echo "== fuzzing $format for ${seconds}s (corpus $build/corpus-$format, log $build/fuzz-$format.log)"

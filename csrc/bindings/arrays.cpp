@@ -89,7 +89,9 @@ void register_arrays(py::module_& m) {
       .value("FLETCHER32", io::ChunkFilter::kFletcher32)
       .value("CRC32C", io::ChunkFilter::kCrc32c)
       .value("JPEG", io::ChunkFilter::kJpeg)
-      .value("HORIZONTAL_PREDICTOR", io::ChunkFilter::kHorizontalPredictor);
+      .value("HORIZONTAL_PREDICTOR", io::ChunkFilter::kHorizontalPredictor)
+      .value("SNAPPY", io::ChunkFilter::kSnappy)
+      .value("LZ4_RAW", io::ChunkFilter::kLz4Raw);
   m.attr("JPEG_YCBCR") = io::kJpegYCbCr;
   m.attr("JPEG_RGB") = io::kJpegRgb;
 
@@ -142,7 +144,8 @@ void register_arrays(py::module_& m) {
       }));
 
   m.def("set_codec_search_dirs", &io::set_codec_search_dirs, py::arg("dirs"),
-        "Folders searched for libzstd and libblosc before the dynamic loader's path.");
+        "Folders searched for libzstd, libblosc, libsnappy and liblz4 before the dynamic "
+        "loader's path.");
   m.def("codec_library", &io::codec_library, py::arg("filter"),
         "The file `filter`'s library was loaded from ('' when none is needed or found).");
   m.def("codec_unavailable", &io::codec_unavailable, py::arg("filter"),
@@ -161,8 +164,8 @@ void register_arrays(py::module_& m) {
         return bytes_to_numpy(out->data(), out->size(), out);
       },
       py::arg("data"), py::arg("size"), py::arg("filter"), py::arg("path"),
-      "`data` (zlib, gzip or zstd: a ChunkFilter) decompressed into exactly `size` bytes, as a "
-      "uint8 array (GIL released); a ShardFormatError naming `path` otherwise.");
+      "`data` (zlib, gzip, zstd, snappy or lz4: a ChunkFilter) decompressed into exactly `size` "
+      "bytes, as a uint8 array (GIL released); a ShardFormatError naming `path` otherwise.");
   m.def(
       "crc32c",
       [](py::buffer data) {

@@ -19,5 +19,7 @@ void register_plan(pybind11::module_& m);
 void register_image(pybind11::module_& m);
 void register_arrays(pybind11::module_& m);
 void register_tiff(pybind11::module_& m);
+void register_parquet(pybind11::module_& m);
+void register_columns(pybind11::module_& m);
 
 }  // namespace stoker::bindings

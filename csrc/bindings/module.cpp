@@ -9,7 +9,8 @@ PYBIND11_MODULE(_core, m) {
   stoker::image::register_decoders();
   stoker::text::register_decoders();
   stoker::bindings::register_errors(m);
-  stoker::bindings::register_arrays(m);  // before the FileTable that holds ArrayLayouts
+  stoker::bindings::register_arrays(m);   // before the FileTable that holds ArrayLayouts
+  stoker::bindings::register_columns(m);  // and ColumnLayouts
   stoker::bindings::register_reader(m);
   stoker::bindings::register_ring(m);
   stoker::bindings::register_formats(m);
@@ -17,4 +18,5 @@ PYBIND11_MODULE(_core, m) {
   stoker::bindings::register_plan(m);
   stoker::bindings::register_image(m);
   stoker::bindings::register_tiff(m);
+  stoker::bindings::register_parquet(m);
 }

@@ -12,6 +12,7 @@
 #include "numpy_util.hpp"
 #include "pending.hpp"
 #include "stoker/errors.hpp"
+#include "stoker/io/column_rows.hpp"
 #include "stoker/io/shard_reader.hpp"
 
 namespace py = pybind11;
@@ -118,12 +119,28 @@ std::vector<io::ReadRequest> make_box_requests(const Column<uint32_t>& arrays, c
 }
 
 using Arrays = std::vector<std::shared_ptr<io::ArrayLayout>>;
+using Columns = std::vector<std::shared_ptr<io::ColumnLayout>>;
+
+template <typename T>
+std::vector<std::shared_ptr<T>> unconst(const std::vector<std::shared_ptr<const T>>& held) {
+  std::vector<std::shared_ptr<T>> out;
+  out.reserve(held.size());
+  for (const auto& a : held) out.push_back(std::const_pointer_cast<T>(a));
+  return out;
+}
 
 std::shared_ptr<io::FileTable> make_file_table(std::vector<std::string> paths,
                                                const std::optional<Column<int64_t>>& identities,
-                                               const Arrays& arrays) {
+                                               const Arrays& arrays, const Columns& columns) {
   auto table = std::make_shared<io::FileTable>();
   table->arrays.assign(arrays.begin(), arrays.end());
+  for (const auto& c : columns) {
+    if (c->file >= paths.size()) {
+      throw py::value_error(c->name + ": names file " + std::to_string(c->file) +
+                            " but the table has " + std::to_string(paths.size()));
+    }
+  }
+  table->columns.assign(columns.begin(), columns.end());
   if (identities && identities->size() > 0) {
     if (identities->ndim() != 2 || identities->shape(1) != 3 ||
         identities->shape(0) != static_cast<py::ssize_t>(paths.size())) {
@@ -156,13 +173,15 @@ void register_reader(py::module_& m) {
   py::class_<io::FileTable, std::shared_ptr<io::FileTable>>(
       m, "FileTable", "The files a dataset's read requests refer to by index.")
       .def(py::init([](std::vector<std::string> paths, std::optional<Column<int64_t>> identities,
-                       const Arrays& arrays) {
-             return make_file_table(std::move(paths), identities, arrays);
+                       const Arrays& arrays, const Columns& columns) {
+             return make_file_table(std::move(paths), identities, arrays, columns);
            }),
            py::arg("paths"), py::arg("identities") = py::none(), py::arg("arrays") = Arrays{},
+           py::arg("columns") = Columns{},
            "identities: optional (n, 3) int64 array of (inode, size, mtime_ns) as indexed; "
            "reads of a file that no longer matches fail instead of reading other bytes. "
-           "arrays: the ArrayLayouts that ARRAY_ROW requests name by index.")
+           "arrays: the ArrayLayouts that ARRAY_ROW requests name by index; columns: the "
+           "ColumnLayouts that COLUMN_VALUE requests name by index.")
       .def("__len__", [](const io::FileTable& t) { return t.paths.size(); })
       .def("__getitem__",
            [](const io::FileTable& t, size_t i) {
@@ -171,25 +190,17 @@ void register_reader(py::module_& m) {
            })
       .def_property_readonly("paths", [](const io::FileTable& t) { return t.paths; })
       .def_property_readonly("identities", identities_array)
-      .def_property_readonly("arrays",
-                             [](const io::FileTable& t) {
-                               Arrays out;
-                               for (const auto& a : t.arrays) {
-                                 out.push_back(std::const_pointer_cast<io::ArrayLayout>(a));
-                               }
-                               return out;
-                             })
+      .def_property_readonly("arrays", [](const io::FileTable& t) { return unconst(t.arrays); })
+      .def_property_readonly("columns", [](const io::FileTable& t) { return unconst(t.columns); })
       .def(py::pickle(
           [](const io::FileTable& t) {
-            Arrays arrays;
-            for (const auto& a : t.arrays) {
-              arrays.push_back(std::const_pointer_cast<io::ArrayLayout>(a));
-            }
-            return py::make_tuple(t.paths, identities_array(t), arrays);
+            return py::make_tuple(t.paths, identities_array(t), unconst(t.arrays),
+                                  unconst(t.columns));
           },
           [](py::tuple state) {
             return make_file_table(state[0].cast<std::vector<std::string>>(),
-                                   state[1].cast<Column<int64_t>>(), state[2].cast<Arrays>());
+                                   state[1].cast<Column<int64_t>>(), state[2].cast<Arrays>(),
+                                   state[3].cast<Columns>());
           }));
 
   py::class_<PyPendingRead>(m, "PendingRead", "A batch being read; wait() returns its buffer.")
@@ -266,6 +277,35 @@ void register_reader(py::module_& m) {
           py::arg("check_crc") = py::none(), py::arg("arrays") = py::none(),
           "Read the pieces into `dest` (a writable C-contiguous buffer kept alive until done). "
           "If the read fails, `dest` may hold some of the pieces.")
+      .def(
+          "read_value_sizes",
+          [](io::ShardReader& reader, std::shared_ptr<io::FileTable> files,
+             const Column<uint32_t>& columns, const Column<uint64_t>& rows) {
+            if (columns.size() != rows.size()) {
+              throw py::value_error("columns and rows differ in length");
+            }
+            const py::ssize_t n = rows.size();
+            std::vector<io::ReadRequest> requests(n);
+            auto sizes = io::value_size_decoder();
+            for (py::ssize_t i = 0; i < n; ++i) {
+              io::ReadRequest& r = requests[i];
+              r.codec = io::Codec::kColumnValue;
+              r.array = columns.data()[i];
+              r.offset = rows.data()[i];
+              r.dest_offset = static_cast<uint64_t>(i) * sizeof(uint64_t);
+              r.out_length = sizeof(uint64_t);
+              r.decoder = sizes;
+            }
+            const uint64_t size = static_cast<uint64_t>(n) * sizeof(uint64_t);
+            auto pending = reader.submit(std::move(files), std::move(requests), size);
+            const auto& buffer = pending->buffer();
+            py::object array = bytes_to_numpy(buffer->data(), size, buffer);
+            return PyPendingRead(std::move(pending), std::move(array));
+          },
+          py::arg("files"), py::arg("columns"), py::arg("rows"),
+          "Read the size in bytes of row rows[i] of column files.columns[columns[i]], as "
+          "uint64 i of the buffer (2**64 - 1: the value is null). Each unit the rows lie in is "
+          "decoded once, and kept for the reads of the values themselves.")
       .def(
           "read_boxes_into",
           [](io::ShardReader& reader, py::buffer dest, std::shared_ptr<io::FileTable> files,

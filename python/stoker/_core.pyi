@@ -66,11 +66,60 @@ class ChunkFilter(enum.IntEnum):
     CRC32C = 6
     JPEG = 7
     HORIZONTAL_PREDICTOR = 8
+    SNAPPY = 9
+    LZ4_RAW = 10
 
 #: JPEG's step params: the colour space the tiles store (TIFF photometric 6, converted
 #: to RGB; photometric 2, as Aperio writes, left as it is).
 JPEG_YCBCR: int
 JPEG_RGB: int
+
+class ColumnLayout:
+    """Where the values of one Parquet leaf column of one file lie: its units (column
+    chunks, or runs of their pages after the chunk's dictionary page), each read and
+    decoded whole by the reader, kept in its decoded-chunk cache, and its rows copied out.
+    Pickles.
+
+    Args:
+        name: For messages: ``"data.parquet: column image.bytes"``.
+        file: The column's file, by its index in the FileTable.
+        rows: The file's rows.
+        width: Bytes of every value that is not null (0: they vary).
+        integer: 1: signed, 2: unsigned integers of `width` bytes, which Int() widens to
+            int64; 0: Int() parses values as text.
+        units: ``(n, 7)`` uint64 rows of (first row, rows, offset, size, dictionary
+            offset, dictionary size, row group), covering the rows in order.
+        physical_type, type_length, max_definition, max_repetition, repeated_definition,
+            codec: The column's Parquet type, levels and compression codec.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        file: int,
+        rows: int,
+        width: int,
+        integer: int,
+        units: npt.ArrayLike,
+        physical_type: int,
+        type_length: int,
+        max_definition: int,
+        max_repetition: int,
+        repeated_definition: int,
+        codec: int,
+    ) -> None: ...
+    @property
+    def name(self) -> str: ...
+    @property
+    def file(self) -> int: ...
+    @property
+    def rows(self) -> int: ...
+    @property
+    def width(self) -> int: ...
+    @property
+    def units(self) -> np.ndarray: ...
+    @property
+    def stored_bytes(self) -> int: ...
 
 class ArrayLayout:
     """Where the elements of one chunked array lie (an HDF5 dataset, a Zarr array, the
@@ -177,9 +226,12 @@ class FileTable:
             matches fails instead of reading other bytes.
         arrays: The array layouts that array-row requests name by index (for HDF5 and
             Zarr sources).
+        columns: The column layouts that column-value requests name by index (for
+            Parquet sources).
 
     Raises:
-        ValueError: `identities` does not have shape ``(len(paths), 3)``.
+        ValueError: `identities` does not have shape ``(len(paths), 3)``, or a column
+            names a file the table does not have.
     """
 
     def __init__(
@@ -187,6 +239,7 @@ class FileTable:
         paths: Sequence[str],
         identities: npt.ArrayLike | None = None,
         arrays: Sequence[ArrayLayout] = ...,
+        columns: Sequence[ColumnLayout] = ...,
     ) -> None: ...
     def __len__(self) -> int:
         """How many files."""
@@ -201,6 +254,9 @@ class FileTable:
     @property
     def arrays(self) -> list[ArrayLayout]:
         """The array layouts given."""
+    @property
+    def columns(self) -> list[ColumnLayout]:
+        """The column layouts given."""
 
 class PendingRead:
     """A batch being read, as `ShardReader.read`, `ShardReader.read_into` and
@@ -469,6 +525,12 @@ class ShardReader:
             ValueError: `dest` is not C-contiguous, or the per-piece arguments differ in
                 length.
         """
+    def read_value_sizes(
+        self, files: FileTable, columns: npt.ArrayLike, rows: npt.ArrayLike
+    ) -> PendingRead:
+        """Read the size in bytes of row ``rows[i]`` of column ``files.columns[columns[i]]``
+        as uint64 `i` of the buffer (``2**64 - 1``: the value is null). Each unit the rows
+        lie in is decoded once, and kept for the reads of the values themselves."""
     def read_boxes_into(
         self,
         dest: Any,
@@ -559,6 +621,7 @@ class Codec(enum.IntEnum):
     DEFLATE_IMAGE = 5
     ARRAY_ROW = 6
     ARRAY_BOX = 7
+    COLUMN_VALUE = 8
 
 class FieldKind(enum.IntEnum):
     RAW = 0
@@ -751,3 +814,46 @@ def read_tiff(path: str) -> list[TiffDirectory]:
     the file and the byte offset, for anything malformed: a bad header, an IFD offset
     outside the file or a chain that loops, values or tiles past the end of the file, tile
     counts that do not match the image."""
+
+# -- Parquet (csrc/stoker/format/parquet.hpp) ---------------------------------------
+
+def parquet_footer(tail: Any, file_size: int, path: str) -> tuple[int, int]:
+    """(offset, size) of the FileMetaData of a Parquet file of `file_size` bytes, from its
+    last bytes `tail` (at least 8; the whole file, and its leading PAR1 is checked too).
+    ShardFormatError for a file that is not Parquet, is cut off, or has an encrypted
+    footer ("PARE")."""
+
+def parquet_metadata(data: Any, path: str, offset: int) -> dict[str, Any]:
+    """The FileMetaData in `data` (found at file offset `offset`) as plain dicts and lists,
+    keyed by the C++ structs' field names: version, num_rows, schema, row_groups (each
+    with num_rows, total_byte_size and columns: path, type, codec, encodings, offsets and
+    sizes), key_value (a list of (key, value)), created_by, encrypted; and leaves, each
+    leaf column's path, schema_index, physical_type, type_length, max_definition,
+    max_repetition and repeated_definition, in column-chunk order."""
+
+def parquet_offset_index(data: Any, path: str, offset: int) -> dict[str, np.ndarray]:
+    """A column chunk's offset index: "offset" (int64), "compressed_page_size" (int32,
+    header included) and "first_row_index" (int64), one entry a page."""
+
+def decode_parquet_chunk(
+    data: Any,
+    file_offset: int,
+    rows: int,
+    physical_type: int,
+    type_length: int,
+    max_definition: int,
+    max_repetition: int,
+    codec: int,
+    name: str,
+    path: str,
+    repeated_definition: int = -1,
+    max_decoded_bytes: int = ...,
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
+    """A whole column chunk (an optional dictionary page, then data pages, which start at
+    file offset `file_offset`) of exactly `rows` rows, decoded: (offsets uint64[rows + 1],
+    nulls uint8[rows] or None when no row is null, data uint8), read-only views of one
+    buffer; row r is data[offsets[r]:offsets[r + 1]]: one little-endian value of the
+    physical type (BOOLEAN one byte), a byte array's bytes, or a list's elements back to
+    back. `repeated_definition` (lists): the definition level at which an element is
+    present, -1 for max_definition - 1. ShardFormatError naming `path`, the page header's
+    offset, `name` and the page for anything damaged or unsupported."""

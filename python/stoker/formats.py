@@ -11,7 +11,16 @@ from stoker._work import WORK_FOLDER
 from stoker.errors import ShardFormatError, located
 
 #: File name endings stoker reads, and the index parser for each.
-SHARD_FORMATS = {".tar": "tar", ".zip": "zip", ".npy": "npy"}
+SHARD_FORMATS = {
+    ".tar": "tar",
+    ".zip": "zip",
+    ".npy": "npy",
+    ".parquet": "parquet",
+    ".arrow": "arrow",
+}
+#: The formats of table sources (indexed by ``stoker.tables`` from their metadata, not by
+#: the C++ indexer): their rows are samples, their columns fields.
+TABLE_SOURCES = ("parquet", "arrow")
 
 _COMPRESSED_TAR = (".tar.gz", ".tgz", ".tar.bz2", ".tar.xz", ".tar.zst")
 
@@ -148,4 +157,7 @@ def samples_and_fields(index: dict, fmt: str) -> tuple[int, list[str]]:
         return int(index["shape"][0]), ["npy"]
     if index.get("format") == "array":
         return int(index["rows"]), [field.name for field in index["fields"]]
+    if index.get("format") == "table":
+        usable = [field.name.lower() for field in index["fields"] if not field.unusable]
+        return int(index["rows"]), usable
     return len(index["keys"]), list(index["field_names"])

@@ -23,6 +23,7 @@ from stoker.formats import (
 from stoker.manifest import MANIFEST_NAME, parse_manifest, read_local_manifest
 from stoker.peers import INDEX_NAME, is_peer_index, peer_shards, read_peer_index
 from stoker.remote.stores import is_object_url
+from stoker.tables.arrow import is_saved_dataset, saved_dataset_files
 
 Source = Union[str, "os.PathLike[str]", Sequence[Union[str, "os.PathLike[str]"]]]
 
@@ -126,6 +127,13 @@ def resolve(
     if is_zarr_store(text):
         return [(text, None)]
     if os.path.isdir(text):
+        if is_saved_dataset(text):  # datasets' save_to_disk: its Arrow files, in its order
+            return [(path, None) for path in saved_dataset_files(text)]
+        if os.path.isfile(os.path.join(text, "dataset_dict.json")):
+            raise StokerError(
+                f"{text}: a datasets DatasetDict (save_to_disk of several splits); open one "
+                "split's folder: " + os.path.join(text, "train")
+            )
         manifest = os.path.join(text, MANIFEST_NAME)
         if os.path.isfile(manifest):
             return list(read_local_manifest(manifest, note_drift))

@@ -79,8 +79,11 @@ def test_bad_sources(tmp_path):
         stoker.Dataset(str(tmp_path / "*.tar"))
     with pytest.raises(stoker.StokerError, match="no shards in this folder"):
         stoker.Dataset(str(tmp_path))
-    (tmp_path / "x.parquet").write_bytes(b"")
+    (tmp_path / "x.orc").write_bytes(b"")
     with pytest.raises(stoker.ShardFormatError, match="unknown shard format"):
+        stoker.Dataset(str(tmp_path / "x.orc"))
+    (tmp_path / "x.parquet").write_bytes(b"")
+    with pytest.raises(stoker.ShardFormatError, match="not a Parquet file"):
         stoker.Dataset(str(tmp_path / "x.parquet"))
     (tmp_path / "x.tar.gz").write_bytes(b"")
     with pytest.raises(stoker.ShardFormatError, match="compressed tar"):

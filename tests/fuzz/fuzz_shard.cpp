@@ -1,6 +1,6 @@
 // libFuzzer target for the shard parsers and the reader on what they index.
 //
-// Input: one byte that picks the format (byte % 9: 0 tar, 1 zip, 2 npy, 3 a
+// Input: one byte that picks the format (byte % 10: 0 tar, 1 zip, 2 npy, 3 a
 // member index sidecar, 4 an image, 5 array chunks, 6 a gzip file, 7 an MDS
 // shard or LitData chunk: a first line with its record format, "mds|a:8|b:v",
 // then the shard, 8 a TIFF), then the shard's (or the sidecar's, or the image's) bytes. A gzip file
@@ -23,6 +23,9 @@
 // input. Anything else (another exception, a crash, a sanitizer report, a
 // hang, an index that points outside the file, wrong bytes) is a bug: the
 // harness aborts with a message so that libFuzzer saves the input.
+//
+// Format 9 is a Parquet file: its footer is located and parsed, and every column chunk it
+// names decoded from the input; each decoded buffer must be what view_decoded promises.
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -38,6 +41,7 @@
 #include <vector>
 
 #include "stoker/errors.hpp"
+#include "stoker/format/parquet.hpp"
 #include "stoker/format/shard_index.hpp"
 #include "stoker/format/sidecar.hpp"
 #include "stoker/format/tiff.hpp"
@@ -54,8 +58,8 @@ using stoker::format::ShardIndex;
 using stoker::io::Codec;
 using stoker::io::ReadRequest;
 
-constexpr const char* kFormats[] = {"tar",   "zip",  "npy",    "idx", "image",
-                                    "chunk", "gzip", "record", "tiff"};
+constexpr const char* kFormats[] = {"tar",   "zip",  "npy",    "idx",  "image",
+                                    "chunk", "gzip", "record", "tiff", "parquet"};
 constexpr size_t kNumFormats = sizeof kFormats / sizeof kFormats[0];
 // What one input may make the harness decode in all, and per batch of reads:
 // bounded, so memory stays far below libFuzzer's -rss_limit_mb.
@@ -617,6 +621,118 @@ void fuzz_tiff(const uint8_t* bytes, uint64_t size) {
   reader().forget(file.path());
 }
 
+// What the reader assumes of a decoded Parquet chunk: `rows` rows whose offsets rise to
+// the end of the data, empty values for null rows, one value's width for a fixed-width
+// scalar that is not null.
+void check_parquet_rows(const std::vector<uint8_t>& decoded, uint64_t rows,
+                        const stoker::format::parquet::ColumnSpec& spec) {
+  using stoker::format::parquet::PhysicalType;
+  stoker::format::parquet::DecodedView v;
+  try {
+    v = stoker::format::parquet::view_decoded(decoded);
+  } catch (const stoker::Error& e) {
+    bug(std::string("decode_column_chunk made a buffer view_decoded refuses: ") + e.what());
+  }
+  if (v.rows != rows)
+    bug("a Parquet chunk decoded to " + std::to_string(v.rows) + " rows, not " +
+        std::to_string(rows));
+  if (v.offsets[0] != 0) bug("a decoded Parquet chunk's first offset is not 0");
+  uint64_t width = 0;
+  switch (spec.type) {
+    case PhysicalType::kBoolean:
+      width = 1;
+      break;
+    case PhysicalType::kInt32:
+    case PhysicalType::kFloat:
+      width = 4;
+      break;
+    case PhysicalType::kInt64:
+    case PhysicalType::kDouble:
+      width = 8;
+      break;
+    case PhysicalType::kFixedLenByteArray:
+      width = static_cast<uint64_t>(spec.type_length);
+      break;
+    default:
+      break;
+  }
+  for (uint64_t r = 0; r < rows; ++r) {
+    if (v.offsets[r + 1] < v.offsets[r])
+      bug("decoded Parquet offsets fall at row " + std::to_string(r));
+    uint64_t length = v.offsets[r + 1] - v.offsets[r];
+    bool null = v.nulls != nullptr && v.nulls[r] != 0;
+    if (null && length != 0) bug("a null Parquet row with a value");
+    if (!null && width != 0 && length % width != 0) bug("a Parquet value of a partial width");
+    if (!null && width != 0 && spec.max_repetition == 0 && length != width) {
+      bug("a fixed-width Parquet value of " + std::to_string(length) + " bytes");
+    }
+    if (spec.type == PhysicalType::kBoolean) {
+      for (uint64_t i = v.offsets[r]; i < v.offsets[r + 1]; ++i) {
+        if (v.data[i] > 1) bug("a decoded Parquet boolean that is not 0 or 1");
+      }
+    }
+  }
+}
+
+// A Parquet file held whole in memory: its footer, its schema's leaves, then each column
+// chunk the metadata names (up to a few, each bounded to the input and to a small decode
+// budget), and each offset index. FormatError is the expected rejection.
+void fuzz_parquet(const uint8_t* bytes, uint64_t size) {
+  namespace pq = stoker::format::parquet;
+  const std::string path = "memory.parquet";
+  auto expected = [](const char* stage, auto run) {
+    try {
+      run();
+    } catch (const stoker::FormatError&) {
+    } catch (const std::exception& e) {
+      bug(std::string(stage) + " threw " + typeid(e).name() + ": " + e.what());
+    }
+  };
+  pq::FileMetaData metadata;
+  std::vector<pq::LeafColumn> leaves;
+  bool parsed = false;
+  expected("the Parquet footer", [&] {
+    if (size < 8) return;
+    pq::FooterSpan span = pq::locate_footer(bytes, size, size, path);
+    if (span.offset + span.size > size - 8) bug("locate_footer gave a span outside the file");
+    metadata = pq::parse_file_metadata(bytes + span.offset, span.size, path, span.offset);
+    leaves = pq::leaf_columns(metadata, path, span.offset);
+    parsed = true;
+  });
+  if (!parsed) return;
+  size_t decoded = 0;
+  for (size_t g = 0; g < metadata.row_groups.size(); ++g) {
+    const pq::RowGroupMeta& group = metadata.row_groups[g];
+    for (size_t c = 0; c < group.columns.size() && c < leaves.size(); ++c) {
+      if (++decoded > 16) return;
+      const pq::ColumnChunkMeta& chunk = group.columns[c];
+      const int64_t start =
+          chunk.dictionary_page_offset >= 0 ? chunk.dictionary_page_offset : chunk.data_page_offset;
+      if (start >= 0 && static_cast<uint64_t>(start) <= size) {
+        pq::ColumnSpec spec = leaves[c].spec;
+        spec.codec = chunk.codec;
+        spec.name = "row group " + std::to_string(g) + ", " + spec.name;
+        spec.max_decoded_bytes = 8u << 20;
+        const uint64_t length =
+            std::min<uint64_t>(chunk.total_compressed_size, size - static_cast<uint64_t>(start));
+        const uint64_t rows = static_cast<uint64_t>(group.num_rows);
+        expected("decode_column_chunk", [&] {
+          std::vector<uint8_t> out = pq::decode_column_chunk(
+              bytes + start, length, static_cast<uint64_t>(start), spec, rows, path);
+          check_parquet_rows(out, rows, spec);
+        });
+      }
+      if (chunk.offset_index_offset >= 0) {
+        const uint64_t at = static_cast<uint64_t>(chunk.offset_index_offset);
+        const uint64_t n = static_cast<uint64_t>(chunk.offset_index_length);
+        if (at <= size && n <= size - at) {
+          expected("parse_offset_index", [&] { pq::parse_offset_index(bytes + at, n, path, at); });
+        }
+      }
+    }
+  }
+}
+
 // The decoders register their codes with the reader, as the Python module does.
 extern "C" int LLVMFuzzerInitialize(int* /*argc*/, char*** /*argv*/) {
   stoker::image::register_decoders();
@@ -655,6 +771,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   if (format == "tiff") {
     fuzz_tiff(shard, shard_size);
+    return 0;
+  }
+  if (format == "parquet") {
+    fuzz_parquet(shard, shard_size);
     return 0;
   }
   if (format == "idx") {  // a member index sidecar: decoded, and believed only if plausible

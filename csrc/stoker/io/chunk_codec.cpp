@@ -28,14 +28,58 @@ struct BloscApi {
   void (*sizes)(const void*, size_t*, size_t*, size_t*) = nullptr;
 };
 
+// snappy-c.h: a snappy_status, 0 for success.
+struct SnappyApi {
+  int (*uncompress)(const char*, size_t, char*, size_t*) = nullptr;
+  int (*uncompressed_length)(const char*, size_t, size_t*) = nullptr;
+};
+
+struct Lz4Api {
+  int (*decompress_safe)(const char*, char*, int, int) = nullptr;
+};
+
+// How one library is found and described, and where it stands.
+struct LibraryState {
+  LibraryState(std::vector<std::string> sonames, const char* needs_text, const char* install_text,
+               const char* too_old_text)
+      : names(std::move(sonames)),
+        needs(needs_text),
+        install(install_text),
+        too_old(too_old_text) {}
+
+  std::vector<std::string> names;  // sonames, the first in messages
+  const char* needs;               // "the zstd codec needs libzstd"
+  const char* install;             // how to get it
+  const char* too_old;             // after "<library> has no <symbol>: it is too old"
+  bool ready = false;
+  std::string error;
+  std::string path;  // the file the loader actually mapped
+};
+
 struct Libraries {
   std::mutex mutex;
   std::vector<std::string> dirs;
   ZstdApi zstd;
   BloscApi blosc;
-  bool zstd_ready = false, blosc_ready = false;
-  std::string zstd_error, blosc_error;
-  std::string zstd_path, blosc_path;  // the files the loader actually mapped
+  SnappyApi snappy;
+  Lz4Api lz4;
+  LibraryState zstd_state{{"libzstd.so.1", "libzstd.so"},
+                          "the zstd codec needs libzstd",
+                          "Debian/Ubuntu: apt-get install libzstd1",
+                          ""};
+  LibraryState blosc_state{{"libblosc.so.1", "libblosc.so"},
+                           "the blosc codec needs libblosc (c-blosc 1.x)",
+                           "Debian/Ubuntu: apt-get install libblosc1; or pip install blosc, whose "
+                           "wheel carries the library",
+                           " (1.x from 1.10 on)"};
+  LibraryState snappy_state{{"libsnappy.so.1", "libsnappy.so"},
+                            "the snappy codec needs libsnappy",
+                            "Debian/Ubuntu: apt-get install libsnappy1v5",
+                            ""};
+  LibraryState lz4_state{{"liblz4.so.1", "liblz4.so"},
+                         "the lz4 codec needs liblz4",
+                         "Debian/Ubuntu: apt-get install liblz4-1",
+                         ""};
 };
 
 Libraries& libraries() {
@@ -66,59 +110,132 @@ util::DynamicLibrary open_library(const std::vector<std::string>& names,
   return library;
 }
 
-const ZstdApi* zstd_api() {
+// `api`, its entry points bound by `bind` on first use; null (and state.error says
+// why) while the library cannot be found or is too old. Looked for again on each call
+// until found, so set_codec_search_dirs can still help.
+template <typename Api, typename Bind>
+const Api* library_api(Api& api, LibraryState& state, Bind bind) {
   Libraries& libs = libraries();
   std::lock_guard<std::mutex> lock(libs.mutex);
-  if (!libs.zstd_ready) {
+  if (!state.ready) {
     std::string tried;
-    auto library = open_library({"libzstd.so.1", "libzstd.so"}, libs.dirs, tried, libs.zstd_path);
+    auto library = open_library(state.names, libs.dirs, tried, state.path);
     if (!library.loaded()) {
-      libs.zstd_error = "the zstd codec needs libzstd, which was not found (tried " + tried +
-                        "): install it (Debian/Ubuntu: apt-get install libzstd1)";
+      state.error = std::string(state.needs) + ", which was not found (tried " + tried +
+                    "): install it (" + state.install + ")";
       return nullptr;
     }
-    ZstdApi api;
+    Api bound;
+    bind(library, bound);
+    if (!library.missing().empty()) {
+      std::string soname = state.names.front();
+      state.error = soname.substr(0, soname.find('.')) + " has no " + library.missing() +
+                    ": it is too old" + state.too_old;
+      return nullptr;
+    }
+    api = bound;
+    state.ready = true;
+  }
+  return &api;
+}
+
+const ZstdApi* zstd_api() {
+  Libraries& libs = libraries();
+  return library_api(libs.zstd, libs.zstd_state, [](util::DynamicLibrary& library, ZstdApi& api) {
     library.bind("ZSTD_createDCtx", api.create);
     library.bind("ZSTD_freeDCtx", api.free_context);
     library.bind("ZSTD_decompressDCtx", api.decompress);
     library.bind("ZSTD_isError", api.is_error);
     library.bind("ZSTD_getErrorName", api.error_name);
-    if (!library.missing().empty()) {
-      libs.zstd_error = "libzstd has no " + library.missing() + ": it is too old";
-      return nullptr;
-    }
-    libs.zstd = api;
-    libs.zstd_ready = true;
-  }
-  return &libs.zstd;
+  });
 }
 
 const BloscApi* blosc_api() {
   Libraries& libs = libraries();
-  std::lock_guard<std::mutex> lock(libs.mutex);
-  if (!libs.blosc_ready) {
-    std::string tried;
-    auto library =
-        open_library({"libblosc.so.1", "libblosc.so"}, libs.dirs, tried, libs.blosc_path);
-    if (!library.loaded()) {
-      libs.blosc_error =
-          "the blosc codec needs libblosc (c-blosc 1.x), which was not found (tried " + tried +
-          "): install it (Debian/Ubuntu: apt-get install libblosc1; or pip install blosc, "
-          "whose wheel carries the library)";
+  return library_api(libs.blosc, libs.blosc_state,
+                     [](util::DynamicLibrary& library, BloscApi& api) {
+                       library.bind("blosc_decompress_ctx", api.decompress);
+                       library.bind("blosc_cbuffer_sizes", api.sizes);
+                     });
+}
+
+const SnappyApi* snappy_api() {
+  Libraries& libs = libraries();
+  return library_api(libs.snappy, libs.snappy_state,
+                     [](util::DynamicLibrary& library, SnappyApi& api) {
+                       library.bind("snappy_uncompress", api.uncompress);
+                       library.bind("snappy_uncompressed_length", api.uncompressed_length);
+                     });
+}
+
+const Lz4Api* lz4_api() {
+  Libraries& libs = libraries();
+  return library_api(libs.lz4, libs.lz4_state, [](util::DynamicLibrary& library, Lz4Api& api) {
+    library.bind("LZ4_decompress_safe", api.decompress_safe);
+  });
+}
+
+// The state of the library `filter` needs, once it has been looked for; null for a
+// filter that needs none.
+LibraryState* library_state(ChunkFilter filter) {
+  Libraries& libs = libraries();
+  switch (filter) {
+    case ChunkFilter::kZstd:
+      zstd_api();
+      return &libs.zstd_state;
+    case ChunkFilter::kBlosc:
+      blosc_api();
+      return &libs.blosc_state;
+    case ChunkFilter::kSnappy:
+      snappy_api();
+      return &libs.snappy_state;
+    case ChunkFilter::kLz4Raw:
+      lz4_api();
+      return &libs.lz4_state;
+    default:
       return nullptr;
-    }
-    BloscApi api;
-    library.bind("blosc_decompress_ctx", api.decompress);
-    library.bind("blosc_cbuffer_sizes", api.sizes);
-    if (!library.missing().empty()) {
-      libs.blosc_error =
-          "libblosc has no " + library.missing() + ": it is too old (1.x from 1.10 on)";
-      return nullptr;
-    }
-    libs.blosc = api;
-    libs.blosc_ready = true;
   }
-  return &libs.blosc;
+}
+
+void decompress_snappy(const uint8_t* src, uint64_t n, uint8_t* dest, uint64_t size,
+                       const std::string& path, uint64_t offset) {
+  const SnappyApi* api = snappy_api();
+  if (api == nullptr) throw FormatError(path, offset, codec_unavailable(ChunkFilter::kSnappy));
+  const char* in = reinterpret_cast<const char*>(src);
+  size_t length = 0;
+  if (api->uncompressed_length(in, n, &length) != 0) {
+    throw FormatError(path, offset, "corrupt snappy data: its length header is damaged");
+  }
+  if (length != size) {
+    throw FormatError(path, offset,
+                      "snappy data decodes to " + std::to_string(length) + " bytes, but " +
+                          std::to_string(size) + " were expected");
+  }
+  size_t got = size;
+  if (api->uncompress(in, n, reinterpret_cast<char*>(dest), &got) != 0 || got != size) {
+    throw FormatError(path, offset, "corrupt snappy data");
+  }
+}
+
+void decompress_lz4(const uint8_t* src, uint64_t n, uint8_t* dest, uint64_t size,
+                    const std::string& path, uint64_t offset) {
+  const Lz4Api* api = lz4_api();
+  if (api == nullptr) throw FormatError(path, offset, codec_unavailable(ChunkFilter::kLz4Raw));
+  if (n > INT32_MAX || size > INT32_MAX) {
+    throw FormatError(path, offset, "an lz4 block of more than 2 GiB");
+  }
+  int got = api->decompress_safe(reinterpret_cast<const char*>(src), reinterpret_cast<char*>(dest),
+                                 static_cast<int>(n), static_cast<int>(size));
+  if (got < 0) {
+    throw FormatError(path, offset,
+                      "corrupt lz4 data (or data that decodes to more than the " +
+                          std::to_string(size) + " bytes expected)");
+  }
+  if (static_cast<uint64_t>(got) != size) {
+    throw FormatError(path, offset,
+                      "lz4 data decodes to " + std::to_string(got) + " bytes, but " +
+                          std::to_string(size) + " were expected");
+  }
 }
 
 // -- the steps ----------------------------------------------------------------------
@@ -235,6 +352,10 @@ const char* filter_name(ChunkFilter filter) {
       return "jpeg";
     case ChunkFilter::kHorizontalPredictor:
       return "horizontal predictor";
+    case ChunkFilter::kSnappy:
+      return "snappy";
+    case ChunkFilter::kLz4Raw:
+      return "lz4";
   }
   return "?";
 }
@@ -246,15 +367,10 @@ void set_codec_search_dirs(std::vector<std::string> dirs) {
 }
 
 std::string codec_library(ChunkFilter filter) {
-  if (filter == ChunkFilter::kZstd && zstd_api() != nullptr) {
-    std::lock_guard<std::mutex> lock(libraries().mutex);
-    return libraries().zstd_path;
-  }
-  if (filter == ChunkFilter::kBlosc && blosc_api() != nullptr) {
-    std::lock_guard<std::mutex> lock(libraries().mutex);
-    return libraries().blosc_path;
-  }
-  return "";
+  LibraryState* state = library_state(filter);
+  if (state == nullptr) return "";
+  std::lock_guard<std::mutex> lock(libraries().mutex);
+  return state->ready ? state->path : "";
 }
 
 std::string codec_unavailable(ChunkFilter filter) {
@@ -266,15 +382,10 @@ std::string codec_unavailable(ChunkFilter filter) {
            "reinstall stoker";
   }
 #endif
-  if (filter == ChunkFilter::kZstd && zstd_api() == nullptr) {
-    std::lock_guard<std::mutex> lock(libraries().mutex);
-    return libraries().zstd_error;
-  }
-  if (filter == ChunkFilter::kBlosc && blosc_api() == nullptr) {
-    std::lock_guard<std::mutex> lock(libraries().mutex);
-    return libraries().blosc_error;
-  }
-  return "";
+  LibraryState* state = library_state(filter);
+  if (state == nullptr) return "";
+  std::lock_guard<std::mutex> lock(libraries().mutex);
+  return state->ready ? "" : state->error;
 }
 
 void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_t* dest,
@@ -284,7 +395,11 @@ void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_
                   filter == ChunkFilter::kZlib ? Wrapper::kZlib : Wrapper::kGzip);
     return;
   }
-  if (filter != ChunkFilter::kZstd) throw Error("decompress_exact: zlib, gzip or zstd");
+  if (filter == ChunkFilter::kSnappy) return decompress_snappy(src, n, dest, size, path, offset);
+  if (filter == ChunkFilter::kLz4Raw) return decompress_lz4(src, n, dest, size, path, offset);
+  if (filter != ChunkFilter::kZstd) {
+    throw Error("decompress_exact: zlib, gzip, zstd, snappy or lz4");
+  }
   const ZstdApi* api = zstd_api();
   if (api == nullptr) throw FormatError(path, offset, codec_unavailable(ChunkFilter::kZstd));
   struct Context {  // one per thread, freed with it
@@ -354,7 +469,9 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
       }
       case ChunkFilter::kZlib:
       case ChunkFilter::kGzip:
-      case ChunkFilter::kZstd: {
+      case ChunkFilter::kZstd:
+      case ChunkFilter::kSnappy:
+      case ChunkFilter::kLz4Raw: {
         uint8_t* out = output(want);
         try {
           decompress_exact(step.filter, data, n, out, want, path, offset);

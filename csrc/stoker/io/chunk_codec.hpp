@@ -1,7 +1,7 @@
 // Undoing an array chunk's filter pipeline (array_layout.hpp): inflate with
-// zlib (linked), Zstandard and Blosc with libzstd and libblosc (opened with
-// dlopen on first use, so neither is needed to build or to import), HDF5's
-// shuffle and checksums, Zarr's crc32c.
+// zlib (linked), Zstandard, Blosc, Snappy and LZ4 with their libraries (opened with
+// dlopen on first use, so none is needed to build or to import), HDF5's
+// shuffle and checksums, Zarr's crc32c. Parquet pages use the same decompressors.
 #pragma once
 
 #include <cstdint>
@@ -28,14 +28,15 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
                       std::vector<uint8_t>& scratch_b, const std::string& path, uint64_t offset,
                       const std::string& where, const ChunkRegion& region = {});
 
-// Decompresses `n` bytes of zlib, gzip or zstd data into exactly `size` bytes at
-// `dest`; anything else (corrupt data, another size) is a FormatError at `path`,
-// `offset`. zstd needs libzstd, found at run time.
+// Decompresses `n` bytes of zlib, gzip, zstd, snappy or raw lz4 data into exactly
+// `size` bytes at `dest`; anything else (corrupt data, another size) is a FormatError at
+// `path`, `offset`. zstd, snappy and lz4 need libzstd, libsnappy and liblz4, found at
+// run time.
 void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_t* dest,
                       uint64_t size, const std::string& path, uint64_t offset);
 
-// Folders searched for libzstd and libblosc before the loader's default path
-// (Python passes the folder where the `blosc` distribution put its libblosc).
+// Folders searched for libzstd, libblosc, libsnappy and liblz4 before the loader's
+// default path (Python passes the folder where the `blosc` distribution put its libblosc).
 // Takes effect for a library not yet found.
 void set_codec_search_dirs(std::vector<std::string> dirs);
 

@@ -48,6 +48,9 @@ enum class Codec : uint8_t {
   kDeflate = 1,   // raw deflate (zip method 8), inflated into the destination
   kArrayRow = 6,  // row `offset` of FileTable::arrays[array] (array_rows.hpp)
   kArrayBox = 7,  // the box ReadRequest::box of FileTable::arrays[array] (array_rows.hpp)
+  // Row `offset` of column FileTable::columns[array] (column_rows.hpp): its value copied,
+  // or handed to the request's decoder (an image's, an integer's).
+  kColumnValue = 8,
 };
 
 struct CodecEntry {

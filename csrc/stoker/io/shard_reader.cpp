@@ -10,6 +10,7 @@
 
 #include "stoker/errors.hpp"
 #include "stoker/io/array_rows.hpp"
+#include "stoker/io/column_rows.hpp"
 #include "stoker/io/inflate.hpp"
 
 namespace stoker::io {
@@ -57,7 +58,8 @@ struct ReadPlan {
   std::vector<uint32_t> order;  // requests sorted by (file, offset)
   std::vector<Run> runs;
   std::vector<std::pair<size_t, size_t>> chunks;  // [first, last) runs, a unit of work
-  ArrayPlan arrays;  // rows and boxes of array sources: each of its tasks is a unit of work too
+  ArrayPlan arrays;    // rows and boxes of array sources: each of its tasks is a unit of work too
+  ColumnPlan columns;  // values of table sources: so is each of its tasks
   uint8_t* dest = nullptr;
 };
 
@@ -67,7 +69,8 @@ void plan_runs(ReadPlan& plan) {
   const auto& req = plan.requests;
   plan.order.reserve(req.size());
   for (uint32_t i = 0; i < req.size(); ++i) {
-    if (req[i].codec != Codec::kArrayRow && req[i].codec != Codec::kArrayBox) {
+    if (req[i].codec != Codec::kArrayRow && req[i].codec != Codec::kArrayBox &&
+        req[i].codec != Codec::kColumnValue) {
       plan.order.push_back(i);
     }
   }
@@ -247,6 +250,10 @@ void validate(const FileTable& files, const std::vector<ReadRequest>& requests,
       continue;
     }
     if (r.box) throw Error("only an ARRAY_BOX read request has a box");
+    if (r.codec == Codec::kColumnValue) {  // of its column's file, with its own decoder
+      validate_column_value(files, r, dest_size);
+      continue;
+    }
     if (r.file >= files.paths.size()) {
       throw Error("read request names file " + std::to_string(r.file) + " but the table has " +
                   std::to_string(files.paths.size()));
@@ -322,13 +329,14 @@ PendingRead::PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan,
       files_(std::move(files)),
       chunks_(std::move(chunks)),
       buffer_(std::move(buffer)),
-      remaining_(plan_->arrays.tasks.size() + plan_->chunks.size()) {}
+      remaining_(plan_->arrays.tasks.size() + plan_->columns.tasks.size() + plan_->chunks.size()) {}
 
 void PendingRead::work(std::chrono::steady_clock::time_point deadline,
                        const std::atomic<bool>* stop) {
   thread_local std::vector<uint8_t> scratch;
-  // Array tasks come first: each decodes a chunk, the longest units a batch has.
-  const size_t tasks = plan_->arrays.tasks.size();
+  // Array and column tasks come first: each decodes a chunk, the longest units a batch has.
+  const size_t arrays = plan_->arrays.tasks.size();
+  const size_t tasks = arrays + plan_->columns.tasks.size();
   const size_t chunks = tasks + plan_->chunks.size();
   while (next_chunk_.load(std::memory_order_relaxed) < chunks &&
          std::chrono::steady_clock::now() < deadline &&
@@ -341,9 +349,13 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
       blanked.clear();
       uint64_t read = 0;
       try {
-        if (c < tasks) {
+        if (c < arrays) {
           read = execute_array_task(*plan_->files, plan_->requests, plan_->arrays,
                                     plan_->arrays.tasks[c], plan_->dest, *files_, *chunks_);
+        } else if (c < tasks) {
+          read = execute_column_task(*plan_->files, plan_->requests, plan_->columns,
+                                     plan_->columns.tasks[c - arrays], plan_->dest, *files_,
+                                     *chunks_, blanked);
         } else {
           auto [first, last] = plan_->chunks[c - tasks];
           OpenFile open;
@@ -488,8 +500,10 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
   plan_runs(*plan);
   plan_chunks(*plan, num_threads_);
   plan->arrays = plan_arrays(*plan->files, plan->requests);
+  plan->columns = plan_columns(*plan->files, plan->requests);
 
-  size_t helpers = std::min(plan->arrays.tasks.size() + plan->chunks.size(), num_threads_);
+  size_t helpers = std::min(
+      plan->arrays.tasks.size() + plan->columns.tasks.size() + plan->chunks.size(), num_threads_);
   auto pending = std::make_shared<PendingRead>(pid_, std::move(plan), process.files, process.chunks,
                                                std::move(buffer));
   // A batch outlives its pool if it must: whoever waits on it finishes it.

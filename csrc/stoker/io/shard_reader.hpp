@@ -18,6 +18,7 @@
 
 #include "stoker/io/aligned_buffer.hpp"
 #include "stoker/io/array_layout.hpp"
+#include "stoker/io/column_layout.hpp"
 #include "stoker/io/decoder.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/pinned_ring.hpp"
@@ -31,6 +32,7 @@ struct FileTable {
   std::vector<std::string> paths;
   std::vector<FileIdentity> identities;                    // as indexed; empty or one per path
   std::vector<std::shared_ptr<const ArrayLayout>> arrays;  // of array sources' rows
+  std::vector<std::shared_ptr<const ColumnLayout>> columns;  // of table sources' values
 };
 
 struct ReadRequest {
@@ -48,7 +50,7 @@ struct ReadRequest {
   // for other decoded codes the reader fills in the registered one.
   std::shared_ptr<const FieldDecoder> decoder;
   uint64_t seed = 0;   // handed to the decoder (an image's random crop)
-  uint32_t array = 0;  // kArrayRow, kArrayBox: into FileTable::arrays
+  uint32_t array = 0;  // kArrayRow, kArrayBox: into FileTable::arrays; kColumnValue: columns
   // kArrayBox: the box to read; its elements land from dest_offset on, at its strides.
   std::shared_ptr<const ArrayBox> box;
 };

@@ -6,6 +6,7 @@
 
 #include "stoker/errors.hpp"
 #include "stoker/format/window_reader.hpp"
+#include "stoker/io/column_rows.hpp"
 #include "stoker/text/ascii_int.hpp"
 
 namespace stoker::plan {
@@ -110,7 +111,8 @@ ReadRequest request_for(const MemberRef& m, uint64_t dest) {
   r.crc32 = s.crc[row];
   r.array = s.array[row];
   // Stored bytes are served as they are on disk; inflating touches every byte anyway.
-  r.check_crc = r.codec != Codec::kStored && r.codec != Codec::kArrayRow;
+  r.check_crc =
+      r.codec != Codec::kStored && r.codec != Codec::kArrayRow && r.codec != Codec::kColumnValue;
   return r;
 }
 
@@ -147,7 +149,13 @@ void plan_int(const FieldSpec& f, const std::vector<MemberRef>& rows, const Memb
   for (size_t i = 0; i < n; ++i) {
     const MemberRef& row = rows[i];
     ReadRequest r = request_for(row, out.offset + i * sizeof(int64_t));
-    if (r.codec == Codec::kStored) {
+    if (r.codec == Codec::kColumnValue) {
+      // A table's integers are widened as they are; its text is parsed as a member's is.
+      const io::ColumnLayout& c = *m.files->columns[r.array];
+      r.decoder = c.integer == io::ColumnInteger::kNone
+                      ? io::find_codec(text::kAsciiInt)->decoder
+                      : io::integer_decoder(c.width, c.integer == io::ColumnInteger::kSigned);
+    } else if (r.codec == Codec::kStored) {
       r.codec = text::kAsciiInt;  // parsed straight from the bytes on disk
     } else {
       if (r.out_length > text::kMaxIntText) {
@@ -189,7 +197,9 @@ void plan_image(const FieldSpec& f, const std::vector<MemberRef>& rows, uint64_t
   out.offset = regions.take(n * nbytes);
   for (size_t i = 0; i < n; ++i) {
     ReadRequest r = request_for(rows[i], out.offset + i * nbytes);
-    if (r.codec == Codec::kStored) {
+    if (r.codec == Codec::kColumnValue) {
+      // (the value, decoded from its column's pages, is handed to the image decoder)
+    } else if (r.codec == Codec::kStored) {
       r.codec = image::kImage;
     } else {
       r.codec = image::kDeflateImage;

@@ -278,9 +278,11 @@ class Dataset(IndexedSamples):
             bad = int(idx[(idx < -n) | (idx >= n)][0])
             raise IndexError(f"sample {bad} out of range for a dataset of {n}")
         idx = np.where(idx < 0, idx + n, idx)
+        reader = shared_reader(self.num_threads)
         with self.holding(idx):
+            self.size_values(idx, None, reader)
             members = self.members.gather(idx)
-            buffer = self.read_members(members, shared_reader(self.num_threads)).wait()
+            buffer = self.read_members(members, reader).wait()
             return self.samples_of(buffer, idx, members)
 
     def sample_bytes(self, cost: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:

@@ -55,6 +55,7 @@ class IndexedSamples:
         formats: list[str],
         indexes: list[dict],
         member_files: np.ndarray | None = None,
+        tables: dict[int, dict] | None = None,
     ) -> None:
         """The member table of `indexes` (one per shard), as .opening.member_table makes
         it."""
@@ -62,7 +63,7 @@ class IndexedSamples:
         shard_names = names if member_files is None else [str(self.source)] * len(indexes)
         self._pending = None
         self._members, notes = member_table(
-            shard_names, paths, identities, formats, indexes, member_files
+            shard_names, paths, identities, formats, indexes, member_files, tables
         )
         self._holds = None
         self._said: set[str] = set()
@@ -81,7 +82,7 @@ class IndexedSamples:
             return
         self._pending = None
         paths, indexes = p.finished()
-        self._open(p.names, paths, p.identities, p.formats, indexes)
+        self._open(p.names, paths, p.identities, p.formats, indexes, tables=p.tables)
         if p.remote is not None:
             remote_of = {i: r for r, i in enumerate(p.remote_ids)}
             self._holds = ShardHolds(p.remote, remote_of, self.members)
@@ -172,6 +173,20 @@ class IndexedSamples:
         """The dataset's integer columns (a CSV's labels): one value per sample."""
         return self.members.extras
 
+    def table_dtype(self, name: str, listed: bool = False) -> np.dtype | None:
+        """The type of a table source's field `name` where its values are numbers (or,
+        `listed`, lists of numbers) of one type; else None."""
+        return (self.members.table_lists if listed else self.members.table_dtypes).get(name)
+
+    def unusable_field(self, name: str) -> str | None:
+        """Why a table source's column `name` (or a struct or list it names, whose leaves
+        are columns) cannot be read; None: it is no such column."""
+        unusable = self.members.unusable
+        found = unusable.get(name)
+        if found is None:
+            found = next((why for key, why in unusable.items() if key.startswith(name + ".")), None)
+        return found
+
     def field_ids(self, names: Sequence[str]) -> list[int]:
         """The ids of field `names` as a BatchPlan names them (-1: none yet)."""
         return self.members.field_ids(names)
@@ -183,6 +198,15 @@ class IndexedSamples:
     def plan_columns(self) -> _core.MemberColumns:
         """The index as a BatchPlan reads a batch (inside `indexed` for it)."""
         return self.members.plan_columns()
+
+    def size_values(
+        self, indices: np.ndarray, field_ids: Sequence[int] | None, reader: _core.ShardReader
+    ) -> None:
+        """Learn the sizes of the table values (Parquet text, bytes and lists) of samples
+        `indices`, fields `field_ids` (None: all), that are not known yet: before they are
+        gathered or planned, inside `indexed` for them. `reader`: the one that then reads
+        them (its cache keeps the pages this decodes)."""
+        self.members.size_values(indices, field_ids, reader)
 
     def gather(self, indices: np.ndarray) -> Gathered:
         """The members of samples `indices` (inside `indexed` for them), in order."""

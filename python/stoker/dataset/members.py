@@ -38,13 +38,21 @@ from stoker.dataset.shard_rows import (
     dtype_of,
     shard_index,
 )
+from stoker.errors import ShardFormatError, located
+from stoker.formats import TABLE_SOURCES
+from stoker.tables import index_table_source
 
 #: Indexed shards kept beyond those in use, at the least (a Loader asks for more when its
 #: shuffle window and read-ahead span more). About 2 MB each for shards of 10,000 samples.
 DEFAULT_RESIDENT = 32
 
 #: Formats whose index can be made again from the shard's file (or its sidecar).
-_REINDEXABLE = ("tar", "zip", "npy", "mds", "litdata")
+_REINDEXABLE = ("tar", "zip", "npy", "mds", "litdata", "parquet", "arrow")
+
+#: A table's values whose size is not known until their pages are decoded (see size_values).
+UNSIZED = np.uint64(np.iinfo(np.uint64).max)
+#: The length of a table's value that size_values found null: nothing is read for it.
+NULL_VALUE = np.uint64(np.iinfo(np.uint64).max - 1)
 
 _ROW_BITS = 32
 _ROW_MASK = (1 << _ROW_BITS) - 1
@@ -127,6 +135,18 @@ class MemberTable:
         self.identities = identities
         #: The layouts of array sources' chunked arrays, which ARRAY_ROW members name.
         self.arrays: list[_core.ArrayLayout] = []
+        #: The layouts of Parquet files' columns, which COLUMN_VALUE members name: made once
+        #: per (shard, field), as a table shard let go of is indexed again.
+        self.columns: list[_core.ColumnLayout] = []
+        self._column_ids: dict[tuple[int, str], int] = {}
+        #: Table sources' indexes (their fields, from each file's metadata), by shard: read
+        #: once at open, the members made from them whenever the shard is indexed.
+        self.tables: dict[int, dict] = {}
+        #: Columns of table sources that cannot be read, and why (for a fields= message).
+        self.unusable: dict[str, str] = {}
+        #: Table sources' fields of numbers, and their type: scalars', lists' elements'.
+        self.table_dtypes: dict[str, np.dtype] = {}
+        self.table_lists: dict[str, np.dtype] = {}
         self.files = _core.FileTable(paths, identities)  # reads check each file is as indexed
         self.shard_start = np.zeros(len(shard_counts) + 1, np.int64)
         np.cumsum(np.asarray(shard_counts, np.int64), out=self.shard_start[1:])
@@ -145,7 +165,8 @@ class MemberTable:
         self._decoder_ids: dict[tuple[str, tuple[int, ...]], int] = {}
         #: Integer columns of the dataset (a CSV's labels): one value per sample.
         self.extras: dict[str, np.ndarray] = {}
-        self._group_rows: dict[int, int] = {}  # array sources read by chunk: rows per group
+        # Array sources read by chunk: rows per group; table sources: their row groups.
+        self._group_rows: dict[int, int | np.ndarray] = {}
         self._lock = ProcessLocal(threading.RLock)
         self._plan_columns: tuple[int, Any] | None = None
         self._version = 0  # moves on whenever the indexed shards, files or decoders change
@@ -192,6 +213,42 @@ class MemberTable:
             self.decoders.append((dtype, row_shape))
             self._version += 1
         return self._decoder_ids[key]
+
+    def column_id(self, shard: int, field: Any) -> int:
+        """The COLUMN_VALUE layout of `field` (a TableField) of table shard `shard`."""
+        key = (shard, field.name)
+        found = self._column_ids.get(key)
+        if found is None:
+            units = field.units
+            found = self._column_ids[key] = len(self.columns)
+            self.columns.append(
+                _core.ColumnLayout(
+                    f"column {field.name}",
+                    shard,
+                    int(units[:, 1].sum()) if len(units) else 0,
+                    field.width,
+                    field.integer,
+                    units,
+                    *field.spec,
+                )
+            )
+        return found
+
+    def add_tables(self, tables: dict[int, dict]) -> None:
+        """Table shards' indexes, read at open: their members are made when each is
+        indexed; their row groups are the sampler's groups from the start."""
+        self.tables.update(tables)
+        for shard, index in tables.items():
+            self._group_rows[shard] = index["groups"]
+            for field in index["fields"]:
+                if field.dtype is not None and not field.unusable:
+                    types = self.table_lists if field.listed else self.table_dtypes
+                    types.setdefault(field.name.lower(), field.dtype)
+                if field.unusable:
+                    self.unusable.setdefault(
+                        field.name.lower(),
+                        f"{self.names[shard]}: column {field.name!r} {field.unusable}",
+                    )
 
     # -- the shards indexed now ------------------------------------------------------
 
@@ -260,7 +317,12 @@ class MemberTable:
                 self.shard_start,
                 {s: index.plan_columns() for s, index in self._resident.items()},
                 self.files,
-                [0] + [int(np.prod(shape, dtype=np.int64)) * d.itemsize for d, shape in decoders],
+                # (A list's elements vary in number: its rows have no one size.)
+                [0]
+                + [
+                    max(0, int(np.prod(shape, dtype=np.int64))) * d.itemsize
+                    for d, shape in decoders
+                ],
                 [""] + [f"{shape} {d}" for d, shape in decoders],
             )
             self._plan_columns = (key, columns)
@@ -287,6 +349,63 @@ class MemberTable:
     def gather(self, indices: np.ndarray) -> Gathered:
         """The members of samples `indices`, in order (their shards indexed)."""
         return Gathered.of(len(indices), self._by_shard(indices))
+
+    def size_values(
+        self, indices: np.ndarray, field_ids: Sequence[int] | None, reader: _core.ShardReader
+    ) -> None:
+        """Find the sizes of the table values of samples `indices` (of fields `field_ids`,
+        or all) not known yet: a Parquet column's text, bytes and lists are only sized by
+        decoding their pages, which this does (once per unit, on the reader's threads,
+        and kept in its cache for the read that follows). Their shards must be indexed.
+
+        A null among them is marked (length NULL_VALUE, nothing to read): a sample dict
+        leaves it out, as an Arrow file's nulls and a shard's missing members are; asked for
+        by `field_ids` (a fields= plan), it is an error naming its sample."""
+        todo: list[tuple[ShardIndex, np.ndarray]] = []
+        for index, local, _, _ in self._by_shard(indices):
+            if not index.unsized:
+                continue
+            wanted = index.unsized if field_ids is None else index.unsized & set(field_ids)
+            for f in wanted:
+                rows = index.field_rows[f][local]
+                rows = rows[rows >= 0]
+                if field_ids is not None:
+                    nulls = rows[index.columns["length"][rows] == NULL_VALUE]
+                    if len(nulls):
+                        self._null_value(index, int(nulls[0]))
+                rows = rows[index.columns["out"][rows] == UNSIZED]
+                if len(rows):
+                    todo.append((index, np.unique(rows)))
+        if not todo:
+            return
+        columns = np.concatenate([index.columns["array"][rows] for index, rows in todo])
+        values = np.concatenate([index.columns["offset"][rows] for index, rows in todo])
+        sizes = reader.read_value_sizes(self.files, columns, values).wait().view(np.uint64)
+        at = 0
+        for index, rows in todo:
+            got = sizes[at : at + len(rows)]
+            at += len(rows)
+            null = got == UNSIZED
+            index.columns["out"][rows] = np.where(null, 0, got)
+            index.columns["length"][rows] = np.where(null, NULL_VALUE, got)
+            if field_ids is not None and null.any():
+                self._null_value(index, int(rows[int(np.flatnonzero(null)[0])]))
+
+    def _null_value(self, index: ShardIndex, row: int) -> None:
+        columns = index.columns
+        column = self.columns[int(columns["array"][row])]
+        sample = index.first_sample + int(columns["sample"][row])
+        value = int(columns["offset"][row])
+        units = column.units
+        unit = units[max(0, int(np.searchsorted(units[:, 0], value, side="right")) - 1)]
+        raise located(
+            ShardFormatError,
+            self.paths[column.file],
+            int(unit[2]),  # where the value's pages are
+            f"{column.name}, row group {int(unit[6])}, row {value} (sample "
+            f"{sample}) is null, and a batch asks for it: leave the field out, or fill its "
+            "nulls (pyarrow.compute.fill_null) and write the file again",
+        )
 
     def describe(self, member: int) -> tuple[str, str, int] | None:
         """The file, field name and sample of member id `member` (None if its shard is not
@@ -343,7 +462,7 @@ class MemberTable:
         self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None
     ) -> list[Note]:
         notes: list[Note] = []
-        arrays_before = len(self.arrays)
+        arrays_before, columns_before = len(self.arrays), len(self.columns)
         for shard, index in zip(shards, indexes):
             first = int(self.shard_start[shard])
             expected = int(self.shard_start[shard + 1]) - first
@@ -358,8 +477,8 @@ class MemberTable:
             rows = chunk_rows(index) if index["format"] == "array" else 0
             if rows:  # (never let go of: indexed once)
                 self._group_rows[shard] = rows
-        if len(self.arrays) != arrays_before:
-            self.files = _core.FileTable(self.paths, self.identities, self.arrays)
+        if len(self.arrays) != arrays_before or len(self.columns) != columns_before:
+            self.files = _core.FileTable(self.paths, self.identities, self.arrays, self.columns)
         self._version += 1
         return notes
 
@@ -378,9 +497,19 @@ class MemberTable:
             todo = [s for s in shards if s not in self._resident]
             notes: list[Note] = []
             if todo:
+                fetched = [
+                    s for s in todo if s not in self.tables and self.formats[s] in TABLE_SOURCES
+                ]
+                if fetched:  # remote table files, now in the cache: their metadata read now
+                    self.add_tables(
+                        {s: index_table_source(self.paths[s], self.formats[s]) for s in fetched}
+                    )
+                files = [s for s in todo if s not in self.tables]
                 found = _core.index_shards(
-                    [self.paths[s] for s in todo], [self.formats[s] for s in todo], num_threads
+                    [self.paths[s] for s in files], [self.formats[s] for s in files], num_threads
                 )
+                by_shard = dict(zip(files, found))
+                found = [self.tables[s] if s in self.tables else by_shard[s] for s in todo]
                 notes = self._add(todo, found, None)
                 now = np.array([index["identity"] for index in found], np.int64).reshape(-1, 3)
                 # (The FileTable holds every shard's path: made again only for a file that
@@ -397,7 +526,7 @@ class MemberTable:
         """Shards `shards`' files are now those of `identities`: reads check against them."""
         changed = self.identities.copy()
         changed[shards] = identities
-        self.files = _core.FileTable(self.paths, changed, self.arrays)
+        self.files = _core.FileTable(self.paths, changed, self.arrays, self.columns)
         self.identities = changed
         self._version += 1
 
@@ -412,7 +541,7 @@ def same_index(table: MemberTable, shard: int, index: dict) -> bool:
     """Whether `index` (of the shard fetched again) lays its members out as the one held
     now (a shard not held now has nothing to compare with: its sample count was checked)."""
     held = table.resident(shard)
-    if held is None:
+    if held is None or index["format"] == "table":  # (a table's rows were counted)
         return True
     offsets, lengths = held.columns["offset"], held.columns["length"]
     if index["format"] == "npy":

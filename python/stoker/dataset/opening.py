@@ -14,6 +14,7 @@ import errno
 import logging
 import os
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -23,9 +24,10 @@ from stoker.arrays import index_array_source
 from stoker.dataset.members import DEFAULT_RESIDENT, MemberTable
 from stoker.dataset.shard_rows import Note
 from stoker.errors import ReadError, ShardFormatError, StokerError, UsageError, human, located
-from stoker.formats import ARRAY_SOURCES, format_of, is_url
+from stoker.formats import ARRAY_SOURCES, TABLE_SOURCES, format_of, is_url, samples_and_fields
 from stoker.remote import FetchOptions, RemoteShard, RemoteShards, apply_entry, fetcher_for
 from stoker.sources import Source, resolve
+from stoker.tables import index_table_source
 
 log = logging.getLogger("stoker.dataset")
 
@@ -43,6 +45,7 @@ class Opening:
     shards: list[tuple[str, dict | None]]
     remote_ids: list[int]
     remote: RemoteShards | None = None
+    tables: dict[int, dict] | None = None  # local table sources' indexes, by shard
 
     def waits_for_ranks(self) -> bool:
         """Whether every shard is remote and some have samples no one has counted yet: with
@@ -136,7 +139,11 @@ def open_source(
         entry = shards[i][1]
         assert entry is not None  # _describes(entry)
         indexes[i] = {"samples": entry["samples"], "fields": entry.get("fields")}
-    scan = [i for i in local_ids if i not in described and formats[i] not in ARRAY_SOURCES]
+    scan = [
+        i
+        for i in local_ids
+        if i not in described and formats[i] not in ARRAY_SOURCES + TABLE_SOURCES
+    ]
     found = _core.index_shards(
         [paths[i] for i in scan], [formats[i] for i in scan], num_threads or 0
     )
@@ -151,10 +158,30 @@ def open_source(
     for i, index in zip(scan, found):
         indexes[i] = index
         identities[i] = index["identity"]
+    # Table sources: each file's metadata read now (its footer: one or two reads); their
+    # members are made when a batch first reads each, like a manifest's shards.
+    tables = _open_tables(paths, [i for i in local_ids if formats[i] in TABLE_SOURCES], formats)
+    for i, index in tables.items():
+        samples, fields = samples_and_fields(index, formats[i])
+        indexes[i] = {"samples": samples, "fields": fields}
+        identities[i] = index["identity"]
     opening = Opening(names, paths, identities, formats, indexes, shards, remote_ids)
+    opening.tables = tables
     if remote_ids:
         opening.remote = _open_remote(shards, remote_ids, formats, cache_dir, cache_limit, options)
     return opening
+
+
+def _open_tables(paths: list[str], shards: list[int], formats: list[str]) -> dict[int, dict]:
+    """The indexes of local table files `shards` (their metadata), read on a few threads:
+    a dataset of many files waits on the disk, not on one read after another."""
+    if not shards:
+        return {}
+    if len(shards) == 1:
+        return {shards[0]: index_table_source(paths[shards[0]], formats[shards[0]])}
+    with ThreadPoolExecutor(min(8, len(shards))) as pool:
+        found = pool.map(lambda s: index_table_source(paths[s], formats[s]), shards)
+        return dict(zip(shards, found))
 
 
 def member_table(
@@ -164,6 +191,7 @@ def member_table(
     formats: list[str],
     indexes: list[dict],
     member_files: np.ndarray | None = None,
+    tables: dict[int, dict] | None = None,
 ) -> tuple[MemberTable, list[Note]]:
     """The member table of `indexes` (one per shard), and what indexing found that a user
     should hear. A shard not yet local has a placeholder ``{"samples", "fields"}``: its
@@ -183,6 +211,8 @@ def member_table(
         else:
             counts.append(len(index["keys"]))
     table = MemberTable(counts, shard_names, paths, identities, formats, field_names, fields_known)
+    if tables:
+        table.add_tables(tables)
     ready = [s for s, index in enumerate(indexes) if "samples" not in index]
     # What opening indexed (a scan of every shard) stays indexed: it was paid for, and
     # only a source without a manifest is scanned. Shards indexed later are held while

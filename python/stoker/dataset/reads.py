@@ -9,7 +9,7 @@ import numpy as np
 
 import stoker._core as _core
 from stoker._process import values
-from stoker.dataset.members import Gathered, MemberTable
+from stoker.dataset.members import NULL_VALUE, Gathered, MemberTable
 
 #: Where each piece starts in a batch buffer: aligned so that any dtype can be viewed in
 #: place (the C++ plan's alignment).
@@ -54,7 +54,7 @@ def submit_members(
         out_lengths=out,
         codecs=codecs if compressed else None,
         crcs=members.crc if compressed else None,
-        arrays=members.array if table.arrays else None,
+        arrays=members.array if table.arrays or table.columns else None,
     )
 
 
@@ -67,6 +67,7 @@ def samples_from(
     """Sample dicts viewing `buffer`, as submit_members(members) read it."""
     lengths = members.out
     starts, _ = aligned_offsets(lengths)
+    nulls = set(np.flatnonzero(members.length == NULL_VALUE).tolist())
     fields = members.field.tolist()
     decoders = members.decoder.tolist()
     begins = starts.tolist()
@@ -78,6 +79,8 @@ def samples_from(
     for s, key in enumerate(table.keys(indices)):
         sample: dict[str, Any] = {"__key__": key}
         for m in range(bounds[s], bounds[s + 1]):
+            if nulls and m in nulls:  # a table's null value: left out, as a missing member is
+                continue
             view = buffer[begins[m] : begins[m] + lengths[m]]
             decoder = table.decoders[decoders[m]]
             if decoder is not None:

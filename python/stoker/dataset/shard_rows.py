@@ -39,6 +39,8 @@ class Numbering(Protocol):
 
     def field_id(self, name: str) -> int: ...
 
+    def column_id(self, shard: int, field: Any) -> int: ...
+
     def decoder_id(self, descr: str, row_shape: tuple[int, ...], name: str) -> int: ...
 
 
@@ -71,6 +73,10 @@ class ShardIndex:
             rows[sample[hits]] = hits
             self.field_rows[int(f)] = rows
         self.keys = keys
+        #: Fields with members whose size is not known yet (table values: see
+        #: MemberTable.size_values).
+        out = self.columns["out"]
+        self.unsized = {int(f) for f in np.unique(field[out == np.iinfo(np.uint64).max]).tolist()}
         self._core: _core.ShardColumns | None = None
 
     @property
@@ -123,6 +129,8 @@ def shard_index(
         cols, n, per_sample = _npy_rows(numbering, index, name)
     elif index["format"] == "array":
         cols, n, per_sample = _array_rows(numbering, index, name)
+    elif index["format"] == "table":
+        cols, n, per_sample = _table_rows(numbering, shard, index, name)
     else:
         cols, n, per_sample = _member_rows_of(numbering, index)
         found = index["keys"]
@@ -173,13 +181,16 @@ def dtype_of(descr: str, name: str) -> np.dtype:
         ) from e
 
 
-def chunk_groups(sizes: np.ndarray, rows_per_group: dict[int, int]) -> np.ndarray:
+def chunk_groups(sizes: np.ndarray, rows_per_group: dict[int, int | np.ndarray]) -> np.ndarray:
     """Shards' `sizes` as the sampler's groups: a shard of `rows_per_group` cut into runs
-    of that many rows (the last shorter), any other whole."""
+    of that many rows (the last shorter), or into the groups listed (a table's row groups),
+    any other whole."""
     out = []
     for shard, size in enumerate(sizes.tolist()):
         rows = rows_per_group.get(shard)
-        if rows is None or rows >= size:
+        if isinstance(rows, np.ndarray):
+            out.append(rows[rows > 0] if size else np.zeros(0, np.int64))
+        elif rows is None or rows >= size:
             out.append(np.array([size], np.int64))
         else:
             whole, rest = divmod(size, rows)
@@ -228,6 +239,40 @@ def _array_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np
             cols["array"][at] = len(table.arrays)
             table.arrays.append(field.layout)
     return cols, n, np.full(n, k, np.int64)
+
+
+def _table_rows(
+    table: Numbering, shard: int, index: dict, name: str
+) -> tuple[dict, int, np.ndarray]:
+    """The member rows of a table source: per sample, one per usable field (column), each
+    a COLUMN_VALUE of the column's layout (a Parquet column: its size found when a batch
+    first needs it, unless every value has the same), or a byte range read in place (an
+    Arrow column; a null is a member the sample does not have)."""
+    n = int(index["rows"])
+    fields = [f for f in index["fields"] if not f.unusable]
+    k = len(fields)
+    grid = {column: np.zeros((n, k), dtype) for column, dtype in MEMBER_COLUMNS.items()}
+    present = np.ones((n, k), bool)
+    for j, field in enumerate(fields):
+        grid["field"][:, j] = table.field_id(field.name.lower())
+        if field.dtype is not None:
+            grid["decoder"][:, j] = table.decoder_id(field.dtype.str, field.row_shape, name)
+        if field.offsets is not None:  # in place
+            grid["offset"][:, j] = field.offsets
+            grid["length"][:, j] = field.lengths
+            grid["out"][:, j] = field.lengths
+            if field.nulls is not None:
+                present[:, j] = ~field.nulls
+            continue
+        grid["offset"][:, j] = np.arange(n, dtype=np.uint64)
+        grid["codec"][:, j] = int(_core.Codec.COLUMN_VALUE)
+        grid["array"][:, j] = table.column_id(shard, field)
+        size = np.uint64(field.width) if field.width else np.iinfo(np.uint64).max
+        grid["length"][:, j] = size
+        grid["out"][:, j] = size
+    keep = present.ravel()
+    cols = {column: values.ravel()[keep] for column, values in grid.items()}
+    return cols, n, present.sum(axis=1).astype(np.int64)
 
 
 def chunk_rows(index: dict) -> int:

@@ -26,6 +26,7 @@ class Stats:
     samples: int = 0
     batches: int = 0
     bytes: int = 0
+    bytes_read: int = 0  # from files: whole runs, chunks and column chunks as stored
     wait_s: float = 0.0  # the consumer blocked in __next__
     read_busy_s: float = 0.0  # thread time spent reading and decoding, summed
     images_blanked: int = 0  # Image(on_error="blank") members that did not decode
@@ -39,6 +40,7 @@ class Stats:
             "samples": self.samples,
             "batches": self.batches,
             "bytes": self.bytes,
+            "bytes_read": self.bytes_read,
             "elapsed_s": elapsed,
             "wait_s": self.wait_s,
             "read_busy_s": self.read_busy_s,
@@ -107,9 +109,10 @@ class BatchReader:
         images' random crops."""
         if self.plan is None:
             with self.ds.indexed(indices):
+                self.ds.size_values(indices, None, self.reader)
                 members = self.ds.gather(indices)
             return InFlight(self.ds.read_members(members, self.reader), indices, members=members)
-        prepared = self.plan.prepare(indices, augment_seed)
+        prepared = self.plan.prepare(indices, self.reader, augment_seed)
         slot = None
         if self.stage is not None:
             # Read straight into a pinned slot: the batch then goes over in one copy.
@@ -135,6 +138,7 @@ class BatchReader:
         indices = item.indices
         assert indices is not None
         self.stats.read_busy_s += item.pending.busy_seconds()
+        self.stats.bytes_read += item.pending.bytes_read()
         if item.prepared is not None:
             assert plan is not None
             if plan.has_images:

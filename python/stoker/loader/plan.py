@@ -72,8 +72,21 @@ class FieldsPlan:
         have = set(ds.fields)
         self.entries: list[tuple[str, FieldSpec]] = []  # (batch entry, decoder)
         specs: list[tuple] = []  # BatchPlan's fields, less the ids _plan looks up
+        self._widen: dict[str, np.dtype] = {}  # Int() of a table's integers: read as they are
+        self._size_names: list[str] = []  # fields whose table values must be sized first
+        self._lists: dict[str, np.dtype] = {}  # Bytes() of a table's lists: their elements' type
         for key, spec in fields.items():
             name, alternatives = self._check(key, spec, have)
+            if not isinstance(spec, (Image, Int)):
+                self._size_names += alternatives
+            if isinstance(spec, Bytes):  # a table's lists of numbers: handed out typed
+                listed = ds.table_dtype(alternatives[0], listed=True)
+                if listed is not None:
+                    self._lists[name] = listed
+            typed = ds.table_dtype(alternatives[0]) if isinstance(spec, Int) else None
+            if typed is not None and typed.kind in "biu":
+                self._widen[name] = typed
+                spec = Raw((), typed.str)
             self.entries.append((name, spec))
             if alternatives[0] in ds.columns:
                 column = ds.columns[alternatives[0]]
@@ -116,7 +129,17 @@ class FieldsPlan:
             )
         if any(entry == name for entry, _ in self.entries):
             raise UsageError(f"fields= names the batch entry {name!r} twice")
-        lookup = tuple(a.lower() for a in alternatives)
+        # A struct of bytes and a path (the Hugging Face Image and Audio features) is
+        # named by its own name as well as by its bytes' ("image" finds "image.bytes").
+        lookup = tuple(
+            f"{a.lower()}.bytes"
+            if a.lower() not in have and f"{a.lower()}.bytes" in have
+            else a.lower()
+            for a in alternatives
+        )
+        unusable = [self.ds.unusable_field(a) for a in lookup if a not in have]
+        if unusable and unusable[0] is not None:
+            raise StokerError(unusable[0])
         extras = [a for a in lookup if a in self.ds.columns]
         if extras and len(lookup) > 1:
             raise UsageError(
@@ -136,13 +159,15 @@ class FieldsPlan:
 
     # -- per batch -------------------------------------------------------------------
 
-    def prepare(self, indices: np.ndarray, augment_seed: int = 0) -> Any:
-        """The batch of samples `indices` laid out: a _core.PreparedBatch to submit. Images'
-        random crops are seeded by `augment_seed` (the loader's seed and epoch) and each
-        sample's index."""
+    def prepare(self, indices: np.ndarray, reader: Any, augment_seed: int = 0) -> Any:
+        """The batch of samples `indices` laid out: a _core.PreparedBatch to submit with
+        `reader`. Images' random crops are seeded by `augment_seed` (the loader's seed and
+        epoch) and each sample's index."""
         with self.ds.indexed(indices):
             if len(self.ds.fields) != self._field_names:  # a shard named a field anew
                 self._plan()
+            if self._size_ids:
+                self.ds.size_values(indices, self._size_ids, reader)
             return self.plan.prepare(indices, self.ds.plan_columns(), self.ds.key, augment_seed)
 
     def _plan(self) -> None:
@@ -154,6 +179,7 @@ class FieldsPlan:
         ]
         self.plan = _core.BatchPlan(specs)
         self._field_names = len(self.ds.fields)
+        self._size_ids = [f for f in self.ds.field_ids(self._size_names) if f >= 0]
 
     def blanked(self, prepared: Any, requests: np.ndarray) -> list[str]:
         """The keys of the samples whose images the reader blanked (`requests`, its request
@@ -187,10 +213,16 @@ class FieldsPlan:
             if pieces is not None:  # Bytes
                 starts, lengths = pieces
                 views = (buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist()))
+                listed = self._lists.get(name)
+                if listed is not None:
+                    views = (v.view(listed) for v in views)
                 batch[name] = [v.copy() for v in views] if copy else list(views)
                 continue
             try:
-                batch[name] = torch.from_numpy(buffer[start:end].view(dtype).reshape(shape))
+                values = buffer[start:end].view(dtype).reshape(shape)
+                if name in self._widen:  # Int() of a table's integers of another width
+                    values = values.astype(np.int64)
+                batch[name] = torch.from_numpy(values)
             except TypeError as e:  # a dtype torch has no tensor for (big-endian, strings)
                 raise StokerError(
                     f"field {name!r}: torch has no tensor type for {dtype} ({e}); read it "

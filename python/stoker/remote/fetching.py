@@ -14,8 +14,10 @@ from typing import Any, NamedTuple
 
 import stoker._core as _core
 from stoker.errors import FetchError, located
+from stoker.formats import TABLE_SOURCES
 from stoker.remote.cache import Hold, Reservation, ShardCache
 from stoker.remote.http import Fetcher
+from stoker.tables import index_table_source
 from stoker.unpack import check_hashes, unpack_bytes
 
 
@@ -109,6 +111,8 @@ def arrive(request: FetchRequest, cache: ShardCache, fetcher: Fetcher, limit: in
 
 def index_copy(path: str, shard_format: str) -> dict:
     """The member index of the shard cached at `path`, read as `shard_format`."""
+    if shard_format in TABLE_SOURCES:
+        return index_table_source(path, shard_format)
     return _core.index_shards([path], [shard_format], 1)[0]
 
 

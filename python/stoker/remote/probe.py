@@ -10,6 +10,7 @@ import stoker._core as _core
 from stoker.remote.http import Fetcher
 from stoker.remote.shard import RemoteShard
 from stoker.remote.transport import host_of
+from stoker.tables import remote_table_index
 
 #: The first read of a probe. Reads that follow each other closely (small members) double
 #: the read-ahead, up to PROBE_READ_AHEAD, so a dense walk takes few requests.
@@ -60,4 +61,8 @@ def probe_index(shard: RemoteShard, fetcher: Fetcher, give_up: bool) -> dict:
         buffer.update({"start": offset, "data": got, "read": buffer["read"] + len(got)})
         return got[:length]
 
+    if shard.format == "arrow":  # its metadata is spread through it: read it whole
+        raise WholeIsCheaper
+    if shard.format == "parquet":  # the footer says it all: one or two range reads
+        return remote_table_index(shard.url, size, read)
     return _core.index_remote(shard.url, size, shard.format, read, PROBE_WINDOW)

@@ -255,11 +255,16 @@ def build_parser() -> argparse.ArgumentParser:
         commands,
         "pack",
         "write tar shards (WebDataset convention) and a stoker.json from a CSV + folder, "
-        "a class-per-folder tree, or any stoker source",
+        "a class-per-folder tree, Parquet or Arrow tables, or any stoker source",
         "stoker pack --csv labels_train.csv --root labels_train/ shards/ --shuffle --stratify",
         quiet=True,
     )
-    pack.add_argument("source", nargs="?", help="a class-per-folder tree or a stoker source")
+    pack.add_argument(
+        "source",
+        nargs="?",
+        help="a class-per-folder tree or a stoker source: shards, Parquet files (a folder, "
+        "glob), a datasets save_to_disk folder",
+    )
     pack.add_argument("out", help="the output folder (new or empty)")
     pack.add_argument("--csv", help="a CSV of filename,label rows, beside --root")
     pack.add_argument("--root", help="the folder the CSV's file names are in")
@@ -311,7 +316,10 @@ def build_parser() -> argparse.ArgumentParser:
         "show a source's shards, samples, fields and their sizes, and anything malformed",
         "stoker inspect data/",
     )
-    inspect.add_argument("source", help="a folder, glob, brace pattern, shard or stoker.json")
+    inspect.add_argument(
+        "source",
+        help="a folder, glob, brace pattern, shard, Parquet or Arrow file, or stoker.json",
+    )
     inspect.add_argument("--threads", type=_count, default=0, help="shards read at once")
     _store_arguments(inspect)
     inspect.set_defaults(run=_inspect)

@@ -13,7 +13,7 @@ import numpy as np
 
 from stoker import _core
 from stoker.errors import StokerError, human, plural, quoted
-from stoker.formats import format_of, is_url, shards_in_folder
+from stoker.formats import TABLE_SOURCES, format_of, is_url, shards_in_folder
 from stoker.manifest import (
     MANIFEST_NAME,
     describe_drift,
@@ -25,6 +25,7 @@ from stoker.manifest import (
 )
 from stoker.remote import FetchOptions
 from stoker.sources import resolve
+from stoker.tables.table_fields import TableField
 
 
 def local_shards(source: str, allow_missing: bool = False) -> list[str]:
@@ -131,6 +132,17 @@ class ShardReport:
     keys: list[str] | None = None
     key_runs: int = 0  # samples a reader of adjacent members only would see
     arrays: list[str] | None = None  # an array source: how each of its arrays is stored
+    table: TableReport | None = None  # a table source (Parquet, Arrow): its columns
+
+
+@dataclass
+class TableReport:
+    """A Parquet or Arrow IPC file's rows, row groups (an Arrow file's record batches) and
+    columns, as `stoker inspect` describes them."""
+
+    groups: np.ndarray  # rows of each row group
+    columns: list[TableField]
+    about: str = ""  # its writer (Parquet's created_by), or which Arrow IPC form it is
 
 
 def manifest_notes(source: str) -> list[str]:
@@ -191,6 +203,8 @@ def inspect_shards(
             fmt = given.get(path) or format_of(path)
             if fmt in ("hdf5", "zarr"):
                 return _array_report(path, fmt)
+            if fmt in TABLE_SOURCES:
+                return _table_report(path, fmt)
             size = os.path.getsize(path)
             found = _core.index_shards([path], [fmt], 1)[0]
         except (StokerError, OSError) as e:
@@ -249,6 +263,172 @@ def _array_report(path: str, fmt: str) -> ShardReport:
     return ShardReport(path, fmt, size, rows, fields, arrays=lines)
 
 
+def _table_report(path: str, fmt: str) -> ShardReport:
+    """A Parquet or Arrow IPC file: its rows, row groups and columns, read from its
+    metadata alone (a Parquet footer, an Arrow file's IPC messages)."""
+    from stoker.tables import arrow, parquet
+
+    if fmt == "parquet":
+        meta = parquet.read_footer(path)
+        rows, columns, groups = parquet.parquet_fields(path, meta)
+        chunks = [c for group in meta["row_groups"] for c in group["columns"]]
+        indexed = bool(chunks) and all(int(c.get("offset_index_length", 0)) > 0 for c in chunks)
+        about = ", ".join(
+            part
+            for part in (
+                f"written by {meta['created_by']}" if meta.get("created_by") else "",
+                "with a page index" if indexed else "",
+            )
+            if part
+        )
+    else:
+        rows, columns, groups = arrow.arrow_fields(path)
+        with open(path, "rb") as f:
+            # (the two forms datasets writes: save_to_disk files, and its cache's streams)
+            about = "Arrow IPC file" if f.read(6) == b"ARROW1" else "Arrow IPC stream"
+    fields = {}
+    for column in columns:
+        if column.unusable:
+            continue
+        if column.lengths is not None:  # read in place: each value's size is known
+            present = ~column.nulls if column.nulls is not None else slice(None)
+            fields[column.name.lower()] = column.lengths[present].astype(np.int64)
+        elif column.width and column.spec is not None and column.spec[2] == 0:
+            # (a required Parquet column of one width: every row has a value of that size;
+            # other Parquet values are sized only by decoding their pages)
+            fields[column.name.lower()] = np.full(rows, column.width, np.int64)
+    report = TableReport(np.asarray(groups, np.int64), columns, about)
+    return ShardReport(path, fmt, os.path.getsize(path), rows, fields, table=report)
+
+
+def _value_type(column: TableField) -> str:
+    """What a column's values become: a numpy type, bytes, or a list of a numpy type."""
+    if column.unusable and column.dtype is None:
+        return "-"
+    if column.listed:
+        return f"list of {column.dtype.name}" if column.dtype is not None else "list"
+    if column.dtype is None:
+        return f"bytes ({column.width} each)" if column.width else "bytes"
+    return column.dtype.name
+
+
+def _groups_text(groups: np.ndarray, fmt: str) -> str:
+    """``3 row groups of 100 rows (the last 20)``; an Arrow file's are record batches."""
+    noun = "row group" if fmt == "parquet" else "record batch"
+    if not len(groups):
+        return f"no {noun}" + ("s" if fmt == "parquet" else "es")
+    counted = f"{len(groups):,} {noun}" + (
+        "" if len(groups) == 1 else "s" if fmt == "parquet" else "es"
+    )
+    first, last = int(groups[0]), int(groups[-1])
+    if (groups == first).all():
+        return f"{counted} of {first:,} rows"
+    if (groups[:-1] == first).all() and last < first:
+        return f"{counted} of {first:,} rows (the last {last:,})"
+    return f"{counted} of {int(groups.min()):,} to {int(groups.max()):,} rows"
+
+
+def _column_lines(
+    columns: list[TableField], rows: int, nulls: dict[str, int], kinds: dict[str, str] | None = None
+) -> list[str]:
+    """One line per readable column: its type (`kinds` where files disagree), stored
+    bytes, bytes per row, storage."""
+    usable = [c for c in columns if not c.unusable]
+    if not usable:
+        return ["(no column stoker can read)"]
+    width = max([6, *(len(c.name) for c in usable)])
+    types = [(kinds or {}).get(c.name) or _value_type(c) for c in usable]
+    type_width = max([4, *(len(k) for k in types)])
+    lines = [f"{'column':<{width}}  {'type':<{type_width}}  {'stored':>9}  {'per row':>9}  storage"]
+    for column, kind in zip(usable, types):
+        per_row = human(column.stored_bytes / rows) if rows else "-"
+        storage = column.storage or "-"
+        if nulls.get(column.name):
+            storage += f"; {nulls[column.name]:,} null"
+        lines.append(
+            f"{column.name:<{width}}  {kind:<{type_width}}  {human(column.stored_bytes):>9}  "
+            f"{per_row:>9}  {storage}"
+        )
+    return lines
+
+
+def _null_counts(columns: list[TableField]) -> dict[str, int]:
+    """Nulls per column, where the file's metadata says (Arrow's validity bitmaps)."""
+    return {c.name: int(c.nulls.sum()) for c in columns if c.nulls is not None}
+
+
+def _joined_columns(tables: list[ShardReport]) -> tuple[list[TableField], dict[str, str]]:
+    """Every file's readable columns summed by name, their storages joined; and the types
+    of those whose files disagree (``int32 / int64``)."""
+    joined: dict[str, TableField] = {}
+    kinds: dict[str, list[str]] = {}
+    storages: dict[str, list[str]] = {}
+    for r in tables:
+        for column in r.table.columns if r.table else []:
+            if column.unusable:
+                continue
+            if column.name not in joined:
+                joined[column.name] = TableField(
+                    column.name, column.dtype, column.listed, column.width
+                )
+                kinds[column.name], storages[column.name] = [], []
+            joined[column.name].stored_bytes += column.stored_bytes
+            if _value_type(column) not in kinds[column.name]:
+                kinds[column.name].append(_value_type(column))
+            for part in column.storage.split(", "):
+                if part and part not in storages[column.name]:
+                    storages[column.name].append(part)
+    for name, column in joined.items():
+        column.storage = ", ".join(storages[name])
+    differ = {name: " / ".join(k) for name, k in kinds.items() if len(k) > 1}
+    return list(joined.values()), differ
+
+
+def table_lines(names: list[str], reports: list[ShardReport], shown_files: int = 10) -> list[str]:
+    """The tables part of `stoker inspect`: each file's row groups and columns (the first
+    `shown_files` files), every file's together, and the columns stoker cannot read."""
+    tables = [(n, r) for n, r in zip(names, reports) if r.table is not None and r.error is None]
+    if not tables:
+        return []
+    lines = ["", "tables (rows are samples; a shuffled Loader draws rows row group by row group):"]
+    for name, r in tables[:shown_files]:
+        assert r.table is not None  # (tables holds those only)
+        head = f"{r.samples:,} rows, {_groups_text(r.table.groups, r.format)}"
+        lines.append(f"  {name}: {head}" + (f"; {r.table.about}" if r.table.about else ""))
+        columns = r.table.columns
+        lines += [
+            f"    {line}" for line in _column_lines(columns, r.samples, _null_counts(columns))
+        ]
+    if len(tables) > shown_files:
+        lines.append(f"  ({len(tables) - shown_files:,} more files: every file is in the totals)")
+    if len(tables) > 1:
+        rows = sum(r.samples for _, r in tables)
+        groups = sum(len(r.table.groups) for _, r in tables if r.table is not None)
+        nulls: dict[str, int] = {}
+        for _, r in tables:
+            for column, count in _null_counts(r.table.columns if r.table else []).items():
+                nulls[column] = nulls.get(column, 0) + count
+        kinds = {r.format for _, r in tables}
+        noun = {"parquet": "row groups", "arrow": "record batches"}.get(kinds.pop(), "groups")
+        lines.append(
+            f"  all {len(tables):,} files: {rows:,} rows, {groups:,} "
+            + (noun if not kinds else "groups")
+        )
+        joined, differ = _joined_columns([r for _, r in tables])
+        lines += [f"    {line}" for line in _column_lines(joined, rows, nulls, differ)]
+    refused: dict[tuple[str, str], list[str]] = {}
+    for name, r in tables:
+        for leaf in r.table.columns if r.table else []:
+            if leaf.unusable:
+                refused.setdefault((leaf.name, leaf.unusable), []).append(name)
+    if refused:
+        lines += ["", "columns stoker cannot read (left out of the fields):"]
+        for (column, why), where in refused.items():
+            place = where[0] if len(where) == 1 else f"{len(where):,} files, first {where[0]}"
+            lines.append(f"  {column!r} ({place}) {why}")
+    return lines
+
+
 def inspection_notes(reports: list[ShardReport], names: list[str]) -> list[str]:
     """Things about readable shards a user should know: samples whose members were stored
     apart, keys that more than one shard holds, fields only some samples have."""
@@ -291,6 +471,11 @@ def inspection_notes(reports: list[ShardReport], names: list[str]) -> list[str]:
     return notes
 
 
+def _table_fields(r: ShardReport) -> set[str]:
+    """A table file's readable columns, as fields are named (sized or not)."""
+    return {c.name.lower() for c in r.table.columns if not c.unusable} if r.table else set()
+
+
 def format_inspection(
     source: str, reports: list[ShardReport], manifest: list[str] | None = None
 ) -> str:
@@ -310,29 +495,36 @@ def format_inspection(
     base = os.path.commonpath([os.path.dirname(os.path.abspath(r.path)) for r in reports])
     shown = [os.path.relpath(os.path.abspath(r.path), base) for r in reports]
     width = max([5, *(len(s) for s in shown)])
-    lines.append(f"{'shard':<{width}}  format  {'samples':>9}  {'bytes':>9}  fields")
+    kind = max([6, *(len(r.format) for r in reports)])  # ("parquet" is the longest)
+    lines.append(f"{'shard':<{width}}  {'format':<{kind}}  {'samples':>9}  {'bytes':>9}  fields")
     for name, r in zip(shown, reports):
         if r.error is None:
-            fields = ", ".join(sorted(r.fields or {}))
+            fields = ", ".join(sorted(set(r.fields or {}) | _table_fields(r)))
             lines.append(
-                f"{name:<{width}}  {r.format:<6}  {r.samples:>9,}  {human(r.bytes):>9}  {fields}"
+                f"{name:<{width}}  {r.format:<{kind}}  {r.samples:>9,}  {human(r.bytes):>9}  "
+                f"{fields}"
             )
         else:
-            lines.append(f"{name:<{width}}  {r.format:<6}  {'-':>9}  {'-':>9}  MALFORMED")
+            lines.append(f"{name:<{width}}  {r.format:<{kind}}  {'-':>9}  {'-':>9}  MALFORMED")
     totals: dict[str, list[np.ndarray]] = {}
     for r in good:
         for field, sizes in (r.fields or {}).items():
             totals.setdefault(field, []).append(sizes)
     if totals:
-        lines += ["", f"{'field':<10}  {'samples':>9}  {'min':>9}  {'mean':>9}  {'max':>9}  total"]
+        named = max([10, *(len(f) for f in totals)])  # (a table's dotted names run long)
+        lines += [
+            "",
+            f"{'field':<{named}}  {'samples':>9}  {'min':>9}  {'mean':>9}  {'max':>9}  total",
+        ]
         for field in sorted(totals):
             sizes = np.concatenate(totals[field])
             if not len(sizes):
                 continue
             lines.append(
-                f"{field:<10}  {len(sizes):>9,}  {human(sizes.min()):>9}  "
+                f"{field:<{named}}  {len(sizes):>9,}  {human(sizes.min()):>9}  "
                 f"{human(sizes.mean()):>9}  {human(sizes.max()):>9}  {human(sizes.sum())}"
             )
+    lines += table_lines(shown, reports)
     arrays = [(name, r) for name, r in zip(shown, reports) if r.arrays and r.error is None]
     if arrays:
         lines += ["", "arrays (rows are samples; a shuffled Loader draws rows chunk by chunk):"]

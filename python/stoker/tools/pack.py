@@ -1,10 +1,10 @@
 """Writing and describing shards: ``stoker pack``, ``stoker index``, ``stoker inspect``.
 
 ``pack`` turns any stoker source (a CSV of filename,label rows and a folder of files, a
-class-per-folder tree, or shards) into tar shards in the WebDataset convention plus a
-``stoker.json``. The assignment of samples to shards is a pure function of the input and
-the options, and every tar header is fixed (mtime, owner, mode), so the same input packs to
-the same bytes.
+class-per-folder tree, shards, Parquet and Arrow tables: see table_members) into tar
+shards in the WebDataset convention plus a ``stoker.json``. The assignment of samples to
+shards is a pure function of the input and the options, and every tar header is fixed
+(mtime, owner, mode), so the same input packs to the same bytes.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import os
 import shutil
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +30,7 @@ from stoker.fields import require_image_support
 from stoker.formats import SHARD_FORMATS
 from stoker.manifest import MANIFEST_NAME, write_manifest
 from stoker.sources import Source
+from stoker.tools.table_members import hub_class_names, is_table_dataset, table_members
 from stoker.writer import assign, sample_sizes, write_shards
 
 log = logging.getLogger("stoker.pack")
@@ -136,19 +137,22 @@ def open_input(
 
 
 def labels_of(ds: Dataset) -> np.ndarray | None:
-    """Every sample's integer label: the ``label`` column, or the ``cls`` field."""
+    """Every sample's integer label: the ``label`` column, the ``cls`` field, or a table
+    source's integer ``label`` column."""
     if "label" in ds.columns:
         return ds.columns["label"]
-    if "cls" not in ds.fields:
+    label = ds.table_dtype("label")
+    name = "label" if label is not None and np.issubdtype(label, np.integer) else "cls"
+    if name not in ds.fields:
         return None
     from stoker.fields import Int
     from stoker.loader import Loader
 
     out = np.zeros(len(ds), np.int64)
     at = 0
-    every = Loader(ds, 8192, shuffle=False, rank=0, world_size=1, fields={"cls": Int()})
+    every = Loader(ds, 8192, shuffle=False, rank=0, world_size=1, fields={name: Int()})
     for batch in every:
-        values = batch["cls"].numpy()
+        values = batch[name].numpy()
         out[at : at + len(values)] = values
         at += len(values)
     return out
@@ -242,14 +246,20 @@ def pack(
     work = make_work_folder(out if not made else parent, "pack")
     moved: list[str] = []
     writers = max(1, num_threads or os.cpu_count() or 1)
-    transform = None
+    steps: list[Callable[[list[dict]], None]] = []
     if image_size is not None:
         # Shards are written side by side; their decoding threads share the cores.
         threads = max(1, usable_cores() // min(writers, len(plan) or 1))
         resize = ImageResize(image_size, image_quality, threads)
+        steps.append(lambda batch: shrink_images(batch, resize, ds.source))
+    if is_table_dataset(ds):  # (after shrinking, which looks for JPEGs among the arrays)
+        steps.append(table_members(ds).convert)
+        if classes is None:
+            classes = hub_class_names(ds)
 
-        def transform(batch: list[dict]) -> None:
-            shrink_images(batch, resize, ds.source)
+    def transform(batch: list[dict]) -> None:
+        for step in steps:
+            step(batch)
 
     try:
         lock = threading.Lock()
@@ -265,7 +275,7 @@ def pack(
                 [os.path.join(work, name) for name in names],
                 num_threads=writers,
                 progress=progress,
-                transform=transform,
+                transform=transform if steps else None,
             )
         extra = {"classes": list(classes)} if classes is not None else None
         write_manifest([os.path.join(work, n) for n in names], work, extra=extra)

@@ -1,0 +1,263 @@
+#include "stoker/io/column_rows.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+#include "stoker/errors.hpp"
+#include "stoker/io/posix_file.hpp"
+
+namespace stoker::io {
+
+namespace {
+
+// A unit is read whole into a thread's scratch buffer: a column chunk larger than
+// this is a file to write with smaller row groups or pages (or a damaged footer).
+constexpr uint64_t kMaxUnitBytes = uint64_t(1) << 31;
+// A thread's scratch buffer is given back when a unit needed more than this.
+constexpr size_t kUnitScratchKeep = 64 * 1024 * 1024;
+
+class ValueSizeDecoder final : public FieldDecoder {
+ public:
+  uint64_t output_bytes() const override { return sizeof(uint64_t); }
+  uint64_t max_input_bytes() const override { return std::numeric_limits<uint64_t>::max(); }
+  const char* input_name() const override { return "a column value"; }
+  void decode(const uint8_t*, uint64_t size, uint64_t, uint8_t* dest, const std::string&,
+              uint64_t) const override {
+    std::memcpy(dest, &size, sizeof size);
+  }
+};
+
+class IntegerDecoder final : public FieldDecoder {
+ public:
+  IntegerDecoder(uint32_t width, bool is_signed) : width_(width), signed_(is_signed) {}
+  uint64_t output_bytes() const override { return sizeof(int64_t); }
+  uint64_t max_input_bytes() const override { return width_; }
+  const char* input_name() const override { return "an integer"; }
+  void decode(const uint8_t* src, uint64_t size, uint64_t, uint8_t* dest, const std::string& path,
+              uint64_t offset) const override {
+    if (size != width_) {
+      throw FormatError(
+          path, offset,
+          "an integer value of " + std::to_string(size) + " bytes, not " + std::to_string(width_));
+    }
+    uint64_t bits = 0;
+    for (uint32_t i = 0; i < width_; ++i) bits |= uint64_t(src[i]) << (8 * i);
+    if (signed_ && width_ < 8 && (bits >> (8 * width_ - 1)) & 1)
+      bits |= ~uint64_t(0) << (8 * width_);
+    int64_t value;
+    std::memcpy(&value, &bits, sizeof value);
+    std::memcpy(dest, &value, sizeof value);
+  }
+
+ private:
+  uint32_t width_;
+  bool signed_;
+};
+
+const ColumnLayout& column_of(const FileTable& files, const ReadRequest& r) {
+  if (r.array >= files.columns.size()) {
+    throw Error("read request names column " + std::to_string(r.array) + " but the table has " +
+                std::to_string(files.columns.size()));
+  }
+  return *files.columns[r.array];
+}
+
+}  // namespace
+
+std::shared_ptr<const FieldDecoder> value_size_decoder() {
+  static const auto decoder = std::make_shared<const ValueSizeDecoder>();
+  return decoder;
+}
+
+std::shared_ptr<const FieldDecoder> integer_decoder(uint32_t width, bool is_signed) {
+  static const std::shared_ptr<const FieldDecoder> decoders[2][4] = {
+      {std::make_shared<IntegerDecoder>(1, false), std::make_shared<IntegerDecoder>(2, false),
+       std::make_shared<IntegerDecoder>(4, false), std::make_shared<IntegerDecoder>(8, false)},
+      {std::make_shared<IntegerDecoder>(1, true), std::make_shared<IntegerDecoder>(2, true),
+       std::make_shared<IntegerDecoder>(4, true), std::make_shared<IntegerDecoder>(8, true)}};
+  switch (width) {
+    case 1:
+      return decoders[is_signed][0];
+    case 2:
+      return decoders[is_signed][1];
+    case 4:
+      return decoders[is_signed][2];
+    case 8:
+      return decoders[is_signed][3];
+    default:
+      throw Error("integers of " + std::to_string(width) + " bytes cannot be widened");
+  }
+}
+
+size_t ColumnLayout::unit_of(uint64_t row) const {
+  auto after = std::upper_bound(units.begin(), units.end(), row,
+                                [](uint64_t r, const ColumnUnit& u) { return r < u.first_row; });
+  return static_cast<size_t>(after - units.begin()) - 1;
+}
+
+void ColumnLayout::check() const {
+  if (!decoder) throw Error(name + ": the column has no decoder");
+  if (integer != ColumnInteger::kNone && width != 1 && width != 2 && width != 4 && width != 8) {
+    throw Error(name + ": integers of " + std::to_string(width) + " bytes");
+  }
+  uint64_t next = 0;
+  for (size_t i = 0; i < units.size(); ++i) {
+    const ColumnUnit& u = units[i];
+    if (u.first_row != next || u.rows == 0) {
+      throw Error(name + ": unit " + std::to_string(i) + " starts at row " +
+                  std::to_string(u.first_row) + " with " + std::to_string(u.rows) +
+                  " rows, where row " + std::to_string(next) + " was next");
+    }
+    if (u.offset + u.size < u.offset ||
+        u.dictionary_offset + u.dictionary_size < u.dictionary_offset) {
+      throw Error(name + ": unit " + std::to_string(i) + "'s byte range overflows");
+    }
+    next += u.rows;
+  }
+  if (next != rows) {
+    throw Error(name + ": its units cover " + std::to_string(next) + " rows, not " +
+                std::to_string(rows));
+  }
+}
+
+void validate_column_value(const FileTable& files, const ReadRequest& r, uint64_t dest_size) {
+  const ColumnLayout& c = column_of(files, r);
+  if (c.file >= files.paths.size()) {
+    throw Error(c.name + ": names file " + std::to_string(c.file) + " but the table has " +
+                std::to_string(files.paths.size()));
+  }
+  if (r.offset >= c.rows) {
+    throw Error(files.paths[c.file], 0,
+                c.name + ": row " + std::to_string(r.offset) + " of " + std::to_string(c.rows));
+  }
+  if (r.decoder && r.out_length != r.decoder->output_bytes()) {
+    throw Error(c.name + ": a value decodes to " + std::to_string(r.decoder->output_bytes()) +
+                " bytes, not " + std::to_string(r.out_length));
+  }
+  if (r.dest_offset > dest_size || r.out_length > dest_size - r.dest_offset) {
+    throw Error(c.name + ": a value of " + std::to_string(r.out_length) +
+                " bytes at buffer offset " + std::to_string(r.dest_offset) +
+                " does not fit a buffer of " + std::to_string(dest_size));
+  }
+}
+
+ColumnPlan plan_columns(const FileTable& files, const std::vector<ReadRequest>& requests) {
+  struct Piece {
+    uint32_t column, unit, request;
+  };
+  std::vector<Piece> pieces;
+  for (uint32_t i = 0; i < requests.size(); ++i) {
+    const ReadRequest& r = requests[i];
+    if (r.codec != Codec::kColumnValue) continue;
+    const ColumnLayout& c = *files.columns[r.array];
+    pieces.push_back({r.array, static_cast<uint32_t>(c.unit_of(r.offset)), i});
+  }
+  std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) {
+    return x.column != y.column ? x.column < y.column
+           : x.unit != y.unit   ? x.unit < y.unit
+                                : x.request < y.request;
+  });
+  ColumnPlan plan;
+  plan.requests.reserve(pieces.size());
+  for (const Piece& p : pieces) {
+    if (plan.tasks.empty() || plan.tasks.back().column != p.column ||
+        plan.tasks.back().unit != p.unit) {
+      plan.tasks.push_back({p.column, p.unit, static_cast<uint32_t>(plan.requests.size()), 0});
+    }
+    plan.requests.push_back(p.request);
+    ++plan.tasks.back().count;
+  }
+  return plan;
+}
+
+uint64_t execute_column_task(const FileTable& files, const std::vector<ReadRequest>& requests,
+                             const ColumnPlan& plan, const ColumnTask& task, uint8_t* dest,
+                             FileCache& cache, ChunkCache& decoded,
+                             std::vector<uint32_t>& blanked) {
+  const ColumnLayout& c = *files.columns[task.column];
+  const ColumnUnit& u = c.units[task.unit];
+  const std::string& path = files.paths[c.file];
+  uint64_t read = 0;
+  ChunkCache::Bytes values = decoded.find(c.id, task.unit);
+  if (!values) {
+    const uint64_t total = u.dictionary_size + u.size;
+    if (total > kMaxUnitBytes || total < u.size) {
+      throw FormatError(path, u.offset,
+                        c.name + ": a column chunk of " + std::to_string(total) +
+                            " bytes is more than stoker reads at once; write the file with "
+                            "smaller row groups (pyarrow: row_group_size=)");
+    }
+    thread_local std::vector<uint8_t> raw;
+    struct Shrink {  // when decoding throws too
+      ~Shrink() {
+        if (raw.capacity() > kUnitScratchKeep) std::vector<uint8_t>().swap(raw);
+      }
+    } shrink;
+    raw.resize(total);
+    auto fd = cache.get(path, files.identities.empty() ? FileIdentity{} : files.identities[c.file]);
+    if (u.dictionary_size) {
+      pread_exact(fd->get(), path, raw.data(), u.dictionary_size, u.dictionary_offset);
+    }
+    pread_exact(fd->get(), path, raw.data() + u.dictionary_size, u.size, u.offset);
+    read = total;
+    try {
+      values = std::make_shared<const std::vector<uint8_t>>(
+          c.decoder->decode(raw.data(), u.dictionary_size, u.dictionary_offset,
+                            raw.data() + u.dictionary_size, u.size, u.offset, u.rows, path));
+    } catch (const FormatError& e) {
+      throw FormatError(e.path(), e.offset(),
+                        "row group " + std::to_string(u.row_group) + ", " + e.detail());
+    }
+    if (values->size() <= decoded.capacity() / 4) decoded.put(c.id, task.unit, values);
+  }
+  const ColumnValues v = c.decoder->view(*values);
+  if (v.rows != u.rows) {
+    throw FormatError(path, u.offset,
+                      c.name + ": decoded " + std::to_string(v.rows) +
+                          " rows where the footer says " + std::to_string(u.rows));
+  }
+  const FieldDecoder* sizes = value_size_decoder().get();
+  for (uint32_t k = task.first; k < task.first + task.count; ++k) {
+    const uint32_t index = plan.requests[k];
+    const ReadRequest& r = requests[index];
+    const uint64_t row = r.offset - u.first_row;
+    uint8_t* into = dest + r.dest_offset;
+    const bool null = v.nulls != nullptr && v.nulls[row] != 0;
+    const uint64_t size = v.offsets[row + 1] - v.offsets[row];
+    const uint8_t* src = v.data + v.offsets[row];
+    if (r.decoder.get() == sizes) {
+      const uint64_t said = null ? std::numeric_limits<uint64_t>::max() : size;
+      std::memcpy(into, &said, sizeof said);
+      continue;
+    }
+    if (null) {
+      if (!r.decoder && r.out_length == 0) continue;  // a null a sample dict gives as None
+      throw FormatError(path, u.offset,
+                        c.name + ": row " + std::to_string(r.offset) +
+                            " is null, and a batch asks for its value: leave the field out, or "
+                            "fill its nulls (pyarrow.compute.fill_null) and write the file again");
+    }
+    if (!r.decoder) {
+      if (size != r.out_length) {
+        throw FormatError(path, u.offset,
+                          c.name + ": row " + std::to_string(r.offset) + " is " +
+                              std::to_string(size) + " bytes, not the " +
+                              std::to_string(r.out_length) + " laid out for it");
+      }
+      if (size) std::memcpy(into, src, size);
+    } else if (!r.decoder->blank_on_error()) {
+      r.decoder->decode(src, size, r.seed, into, path, u.offset);
+    } else {
+      try {
+        r.decoder->decode(src, size, r.seed, into, path, u.offset);
+      } catch (const FormatError&) {
+        std::memset(into, 0, r.out_length);
+        blanked.push_back(index);
+      }
+    }
+  }
+  return read;
+}
+
+}  // namespace stoker::io

@@ -1,0 +1,1 @@
+"""Table sources: Parquet and Arrow IPC files."""

@@ -1,0 +1,250 @@
+"""Parquet (and Arrow) files read remotely, byte-exact against the same files read locally:
+over http from the tests' aiohttp server, and from s3:// prefixes of a real S3 server
+(SeaweedFS, skipped where ``weed`` is not installed); and a loader asking for one small
+column of a file with a large one moves about that column's bytes, not the file's."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import numpy as np
+import pytest
+
+import stoker
+from tests.support import object_store
+from tests.support.server import ShardServer
+from tests.support.tables import chunk_bytes, expected_rows, make_table
+
+pa = pytest.importorskip("pyarrow")
+pq = pytest.importorskip("pyarrow.parquet")
+
+FAST = stoker.FetchOptions(backoff=0.01, max_backoff=0.05, stall_timeout=2.0, retries=4)
+NAMES = ["part-0.parquet", "part-1.parquet", "part-2.parquet"]
+_options = itertools.count()
+
+
+@pytest.fixture(scope="module")
+def data(tmp_path_factory) -> str:
+    """Three Parquet files of every type (codecs snappy, zstd, none), an Arrow file, and
+    `wide.parquet`: a small label column beside ~4 MB of blobs."""
+    root = str(tmp_path_factory.mktemp("tables-remote"))
+    for i, (name, codec) in enumerate(zip(NAMES, ["snappy", "zstd", None])):
+        pq.write_table(
+            make_table(40 + 10 * i, seed=20 + i),
+            os.path.join(root, name),
+            row_group_size=16,
+            compression=codec,
+            data_page_size=256,
+            write_batch_size=8,
+        )
+    table = make_table(30, seed=30).drop_columns(["flag"])
+    sink = pa.OSFile(os.path.join(root, "rows.arrow"), "wb")
+    with sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table, max_chunksize=10)
+    rng = np.random.default_rng(31)
+    n = 200
+    wide = pa.table(
+        {
+            "label": pa.array(rng.integers(0, 1000, n), pa.int64()),
+            "blob": pa.array(
+                [rng.integers(0, 256, 20_000, dtype=np.uint8).tobytes() for _ in range(n)],
+                pa.binary(),
+            ),
+        }
+    )
+    pq.write_table(wide, os.path.join(root, "wide.parquet"), row_group_size=50)
+    return root
+
+
+def values(ds) -> list[dict]:
+    """Every sample of `ds`, its fields as bytes (with their dtype), by one batch."""
+    out = []
+    for sample in ds.get_batch(np.arange(len(ds))):
+        out.append(
+            {
+                k: v if isinstance(v, str) else (np.asarray(v).dtype.str, np.asarray(v).tobytes())
+                for k, v in sample.items()
+            }
+        )
+    return out
+
+
+def label_rows(ds, batch_size=32) -> tuple[dict[str, int], dict]:
+    loader = stoker.Loader(
+        ds, batch_size=batch_size, fields={"label": stoker.Int()}, shuffle=True, seed=0
+    )
+    labels = {}
+    for batch in loader:
+        labels.update(zip(batch["__key__"], batch["label"].tolist()))
+    return labels, loader.stats()
+
+
+def wide_labels(data: str) -> dict[str, int]:
+    column = pq.read_table(os.path.join(data, "wide.parquet")).column("label").to_pylist()
+    return {f"wide/{i}": v for i, v in enumerate(column)}
+
+
+# -- http ---------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def server(data):
+    with ShardServer(data) as srv:
+        yield srv
+
+
+def test_parquet_over_http_reads_as_the_local_files(server, data, tmp_path):
+    urls = [server.url_for(n) for n in NAMES]
+    remote = stoker.Dataset(urls, cache_dir=tmp_path / "c", fetch=FAST)
+    assert len(remote) == 40 + 50 + 60
+    local = stoker.Dataset([os.path.join(data, n) for n in NAMES])
+    assert values(remote) == values(local)
+    assert values(remote)[45]["__key__"] == "part-1/5"
+    loader = stoker.Loader(
+        remote, batch_size=16, fields={"id": stoker.Int(), "image": stoker.Bytes()}
+    )
+    seen = {}
+    for batch in loader:
+        for k, i, image in zip(batch["__key__"], batch["id"].tolist(), batch["image"]):
+            seen[k] = (i, bytes(image))
+    for n in NAMES:
+        stem = n.removesuffix(".parquet")
+        table = pq.read_table(os.path.join(data, n))
+        for r, row in enumerate(expected_rows(table)):
+            assert seen[f"{stem}/{r}"] == (int(row["id"]), row["image.bytes"].tobytes())
+
+
+def test_an_arrow_file_over_http(server, data, tmp_path):
+    remote = stoker.Dataset(server.url_for("rows.arrow"), cache_dir=tmp_path / "c", fetch=FAST)
+    assert values(remote) == values(stoker.Dataset(os.path.join(data, "rows.arrow")))
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a remote Parquet file is fetched whole into the node cache today; range reads of "
+    "the asked-for columns' chunks are issue 26's open part",
+)
+def test_over_http_a_loader_moves_only_the_column_it_asks_for(server, data, tmp_path):
+    path = os.path.join(data, "wide.parquet")
+    ds = stoker.Dataset(server.url_for("wide.parquet"), cache_dir=tmp_path / "c", fetch=FAST)
+    opened = server.bytes_sent  # (the footer)
+    assert opened < os.path.getsize(path) / 10, opened
+    labels, stats = label_rows(ds)
+    assert labels == wide_labels(data)
+    label_bytes = chunk_bytes(path, "label")
+    assert stats["bytes_read"] <= 1.2 * label_bytes, (stats["bytes_read"], label_bytes)
+    moved = server.bytes_sent - opened
+    assert moved <= 1.2 * label_bytes, (moved, label_bytes, os.path.getsize(path))
+
+
+def test_a_remote_file_changed_on_the_server_is_not_mixed(server, data, tmp_path):
+    """A file replaced after open: an error naming the URL, or the old rows, never a mix."""
+    import shutil
+
+    folder = tmp_path / "served"
+    folder.mkdir()
+    shutil.copy(os.path.join(data, NAMES[0]), folder / "x.parquet")
+    with ShardServer(folder) as srv:
+        ds = stoker.Dataset(srv.url_for("x.parquet"), cache_dir=tmp_path / "c", fetch=FAST)
+        before = pq.read_table(folder / "x.parquet").column("id").to_pylist()
+        pq.write_table(
+            make_table(40, seed=99).set_column(0, "id", pa.array(range(5000, 5040), pa.int64())),
+            folder / "x.parquet",
+            row_group_size=16,
+        )
+        try:
+            labels = {}
+            for batch in stoker.Loader(ds, batch_size=8, fields={"id": stoker.Int()}):
+                labels.update(zip(batch["__key__"], batch["id"].tolist()))
+        except stoker.StokerError as e:
+            assert "x.parquet" in str(e)
+            return
+        assert [labels[f"x/{i}"] for i in range(40)] == before
+
+
+# -- s3 -----------------------------------------------------------------------------------
+
+
+def options(**kw: object) -> stoker.FetchOptions:
+    """Options no other test used (each test's store is its own, as in tests/remote)."""
+    base = {"retries": 2, "backoff": 0.01, "max_backoff": 0.05, "connect_timeout": 2.0}
+    return stoker.FetchOptions(**{**base, **kw, "cache_wait": 700.0 + next(_options)})
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory, data):
+    pytest.importorskip("botocore")
+    try:
+        server = object_store.SeaweedS3().start(tmp_path_factory.mktemp("weed"))
+    except object_store.ObjectStoreUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        server.make_bucket("tables")
+        for name in [*NAMES, "wide.parquet", "rows.arrow"]:
+            folder = "wide" if name == "wide.parquet" else "set"
+            server.put_file("tables", f"{folder}/{name}", os.path.join(data, name))
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def env(store, tmp_path, monkeypatch):
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "S3_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", store.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", store.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", store.secret_key)
+    monkeypatch.setenv("AWS_REGION", store.region)
+    return monkeypatch
+
+
+def test_an_s3_prefix_of_parquet_files_reads_as_the_local_files(data, env, tmp_path):
+    ds = stoker.Dataset("s3://tables/set/", cache_dir=tmp_path / "c", fetch=options())
+    assert ds.shards == [f"s3://tables/set/{n}" for n in sorted([*NAMES, "rows.arrow"])]
+    local = stoker.Dataset([os.path.join(data, n) for n in sorted([*NAMES, "rows.arrow"])])
+    assert values(ds) == values(local)
+
+
+def _asked(requests, size: int, name: str = "wide.parquet") -> int:
+    """Bytes the GETs of object `name` among `requests` asked for (a GET with no Range:
+    the whole object, of `size` bytes)."""
+    total = 0
+    for method, path, span in requests:
+        if method != "GET" or not path.endswith("/" + name):
+            continue
+        if not span:
+            total += size
+            continue
+        first, _, last = span.removeprefix("bytes=").partition("-")
+        if first == "":  # a suffix: the last N bytes
+            total += int(last)
+        else:
+            total += (int(last) if last else size - 1) - int(first) + 1
+    return total
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="a remote Parquet file is fetched whole into the node cache today; range reads of "
+    "the asked-for columns' chunks are issue 26's open part",
+)
+def test_from_s3_a_loader_reads_only_the_column_it_asks_for(store, data, env, tmp_path):
+    path = os.path.join(data, "wide.parquet")
+    with object_store.CountingProxy(store.endpoint) as proxy:
+        env.setenv("AWS_ENDPOINT_URL_S3", proxy.endpoint)
+        ds = stoker.Dataset("s3://tables/wide/", cache_dir=tmp_path / "c", fetch=options())
+        opened = len(proxy.requests)
+        assert _asked(proxy.requests, os.path.getsize(path)) < os.path.getsize(path) / 10
+        labels, stats = label_rows(ds)
+        loading = proxy.requests[opened:]
+    assert labels == wide_labels(data)
+    label_bytes = chunk_bytes(path, "label")
+    assert stats["bytes_read"] <= 1.2 * label_bytes, (stats["bytes_read"], label_bytes)
+    moved = _asked(loading, os.path.getsize(path))
+    assert moved <= 1.2 * label_bytes, (moved, label_bytes, loading)
