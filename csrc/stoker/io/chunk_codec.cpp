@@ -9,6 +9,10 @@
 #include "stoker/util/dynamic_library.hpp"
 #include "stoker/util/little_endian.hpp"
 
+#ifdef STOKER_LINKED_SNAPPY
+#include <snappy-c.h>
+#endif
+
 namespace stoker::io {
 
 namespace {
@@ -161,6 +165,21 @@ const BloscApi* blosc_api() {
 
 const SnappyApi* snappy_api() {
   Libraries& libs = libraries();
+#ifdef STOKER_LINKED_SNAPPY
+  // A wheel links libsnappy and carries its copy: nothing to look for.
+  static const SnappyApi* linked = [&libs] {
+    libs.snappy.uncompress = [](const char* in, size_t n, char* out, size_t* length) {
+      return static_cast<int>(::snappy_uncompress(in, n, out, length));
+    };
+    libs.snappy.uncompressed_length = [](const char* in, size_t n, size_t* length) {
+      return static_cast<int>(::snappy_uncompressed_length(in, n, length));
+    };
+    libs.snappy_state.ready = true;
+    libs.snappy_state.path = "libsnappy (linked into stoker's extension)";
+    return &libs.snappy;
+  }();
+  return linked;
+#endif
   return library_api(libs.snappy, libs.snappy_state,
                      [](util::DynamicLibrary& library, SnappyApi& api) {
                        library.bind("snappy_uncompress", api.uncompress);

@@ -375,7 +375,7 @@ class MemberTable:
                         self._null_value(index, int(nulls[0]))
                 rows = rows[index.columns["out"][rows] == UNSIZED]
                 if len(rows):
-                    todo.append((index, np.unique(rows)))
+                    todo.append((index, self._whole_units(index, f, rows)))
         if not todo:
             return
         columns = np.concatenate([index.columns["array"][rows] for index, rows in todo])
@@ -390,6 +390,22 @@ class MemberTable:
             index.columns["length"][rows] = np.where(null, NULL_VALUE, got)
             if field_ids is not None and null.any():
                 self._null_value(index, int(rows[int(np.flatnonzero(null)[0])]))
+
+    def _whole_units(self, index: ShardIndex, field: int, rows: np.ndarray) -> np.ndarray:
+        """Member rows `rows` of `field` and every other row of the units their values lie
+        in: a unit is decoded to size any of its values, and sizing all of them costs
+        nothing more, where each would otherwise cost a batch a sizing read of its own."""
+        column = self.columns[int(index.columns["array"][rows[0]])]
+        units = column.units
+        values = index.columns["offset"][rows]  # a table shard's value rows are its samples
+        hit = np.unique(np.searchsorted(units[:, 0], values, side="right") - 1)
+        starts, counts = units[hit, 0].astype(np.int64), units[hit, 1].astype(np.int64)
+        samples = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(
+            int(counts.sum()), dtype=np.int64
+        )
+        members = index.field_rows[field][samples]
+        members = members[members >= 0]
+        return members[index.columns["out"][members] == UNSIZED]
 
     def _null_value(self, index: ShardIndex, row: int) -> None:
         columns = index.columns
