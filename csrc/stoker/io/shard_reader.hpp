@@ -30,8 +30,8 @@ namespace stoker::io {
 // shared with every batch, so a request is three integers, not a path.
 struct FileTable {
   std::vector<std::string> paths;
-  std::vector<FileIdentity> identities;                    // as indexed; empty or one per path
-  std::vector<std::shared_ptr<const ArrayLayout>> arrays;  // of array sources' rows
+  std::vector<FileIdentity> identities;                      // as indexed; empty or one per path
+  std::vector<std::shared_ptr<const ArrayLayout>> arrays;    // of array sources' rows
   std::vector<std::shared_ptr<const ColumnLayout>> columns;  // of table sources' values
 };
 
