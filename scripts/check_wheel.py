@@ -1,7 +1,7 @@
 """That an installed stoker wheel is whole: it imports, decodes a JPEG and a PNG and
-uncompresses snappy (Parquet's pages), and the libjpeg, libpng and libsnappy it maps to do
-so are the copies auditwheel put in the wheel (``site-packages/stoker.libs/``), not the
-build machine's.
+uncompresses snappy (Parquet's pages: stoker's own decoder, no library), and the libjpeg
+and libpng it maps to do so are the copies auditwheel put in the wheel
+(``site-packages/stoker.libs/``), not the build machine's.
 
     python scripts/check_wheel.py IMAGE.jpg IMAGE.png   (tests/data/image-seeds/ has some)
 """
@@ -33,7 +33,7 @@ def main() -> int:
     with open("/proc/self/maps") as f:
         mapped = {line.split()[-1] for line in f if "/" in line}
     problems = []
-    for name in ("libjpeg", "libpng", "libsnappy"):
+    for name in ("libjpeg", "libpng"):
         found = sorted(p for p in mapped if os.path.basename(p).startswith(name))
         print(f"{name}: {', '.join(found) or 'not mapped'}")
         if not found or not all(p.startswith(bundled + os.sep) for p in found):

@@ -144,7 +144,7 @@ void register_arrays(py::module_& m) {
       }));
 
   m.def("set_codec_search_dirs", &io::set_codec_search_dirs, py::arg("dirs"),
-        "Folders searched for libzstd, libblosc, libsnappy and liblz4 before the dynamic "
+        "Folders searched for libzstd, libblosc and liblz4 before the dynamic "
         "loader's path.");
   m.def("codec_library", &io::codec_library, py::arg("filter"),
         "The file `filter`'s library was loaded from ('' when none is needed or found).");

@@ -373,7 +373,9 @@ def test_offset_index(tmp_path):
 def test_page_codecs_in_decompress(codec, step):
     data = b"pages of parquet " * 300
     packed = pa.compress(data, codec=codec, asbytes=True)
-    assert _core.codec_unavailable(step) == "" and _core.codec_library(step)
+    assert _core.codec_unavailable(step) == ""
+    # lz4 is opened at run time; snappy is stoker's own decoder, from no library.
+    assert bool(_core.codec_library(step)) == (codec == "lz4_raw")
     assert _core.decompress(packed, len(data), step, "x.bin").tobytes() == data
     refused(lambda: _core.decompress(packed, len(data) + 1, step, "x.bin"), "x.bin", "expected")
     refused(lambda: _core.decompress(b"\xff" * 9, len(data), step, "x.bin"), "corrupt")

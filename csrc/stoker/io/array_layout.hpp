@@ -30,8 +30,8 @@ enum class ChunkFilter : uint8_t {
   // the chunk's last two axes (columns, then a pixel's samples: a tile of planes has
   // a last axis of 1). param: the element's bytes (1, 2, 4 or 8).
   kHorizontalPredictor = 8,
-  // Parquet's page codecs: a raw snappy buffer (libsnappy) and a raw LZ4 block (LZ4_RAW,
-  // liblz4), both opened at run time.
+  // Parquet's page codecs: a raw snappy buffer (decoded by stoker itself) and a raw LZ4
+  // block (LZ4_RAW, liblz4, opened at run time).
   kSnappy = 9,
   kLz4Raw = 10,
 };

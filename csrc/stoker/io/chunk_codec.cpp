@@ -9,10 +9,6 @@
 #include "stoker/util/dynamic_library.hpp"
 #include "stoker/util/little_endian.hpp"
 
-#ifdef STOKER_LINKED_SNAPPY
-#include <snappy-c.h>
-#endif
-
 namespace stoker::io {
 
 namespace {
@@ -30,12 +26,6 @@ struct ZstdApi {
 struct BloscApi {
   int (*decompress)(const void*, void*, size_t, int) = nullptr;
   void (*sizes)(const void*, size_t*, size_t*, size_t*) = nullptr;
-};
-
-// snappy-c.h: a snappy_status, 0 for success.
-struct SnappyApi {
-  int (*uncompress)(const char*, size_t, char*, size_t*) = nullptr;
-  int (*uncompressed_length)(const char*, size_t, size_t*) = nullptr;
 };
 
 struct Lz4Api {
@@ -65,7 +55,6 @@ struct Libraries {
   std::vector<std::string> dirs;
   ZstdApi zstd;
   BloscApi blosc;
-  SnappyApi snappy;
   Lz4Api lz4;
   LibraryState zstd_state{{"libzstd.so.1", "libzstd.so"},
                           "the zstd codec needs libzstd",
@@ -76,10 +65,6 @@ struct Libraries {
                            "Debian/Ubuntu: apt-get install libblosc1; or pip install blosc, whose "
                            "wheel carries the library",
                            " (1.x from 1.10 on)"};
-  LibraryState snappy_state{{"libsnappy.so.1", "libsnappy.so"},
-                            "the snappy codec needs libsnappy",
-                            "Debian/Ubuntu: apt-get install libsnappy1v5",
-                            ""};
   LibraryState lz4_state{{"liblz4.so.1", "liblz4.so"},
                          "the lz4 codec needs liblz4",
                          "Debian/Ubuntu: apt-get install liblz4-1",
@@ -163,30 +148,6 @@ const BloscApi* blosc_api() {
                      });
 }
 
-const SnappyApi* snappy_api() {
-  Libraries& libs = libraries();
-#ifdef STOKER_LINKED_SNAPPY
-  // A wheel links libsnappy and carries its copy: nothing to look for.
-  static const SnappyApi* linked = [&libs] {
-    libs.snappy.uncompress = [](const char* in, size_t n, char* out, size_t* length) {
-      return static_cast<int>(::snappy_uncompress(in, n, out, length));
-    };
-    libs.snappy.uncompressed_length = [](const char* in, size_t n, size_t* length) {
-      return static_cast<int>(::snappy_uncompressed_length(in, n, length));
-    };
-    libs.snappy_state.ready = true;
-    libs.snappy_state.path = "libsnappy (linked into stoker's extension)";
-    return &libs.snappy;
-  }();
-  return linked;
-#endif
-  return library_api(libs.snappy, libs.snappy_state,
-                     [](util::DynamicLibrary& library, SnappyApi& api) {
-                       library.bind("snappy_uncompress", api.uncompress);
-                       library.bind("snappy_uncompressed_length", api.uncompressed_length);
-                     });
-}
-
 const Lz4Api* lz4_api() {
   Libraries& libs = libraries();
   return library_api(libs.lz4, libs.lz4_state, [](util::DynamicLibrary& library, Lz4Api& api) {
@@ -205,9 +166,6 @@ LibraryState* library_state(ChunkFilter filter) {
     case ChunkFilter::kBlosc:
       blosc_api();
       return &libs.blosc_state;
-    case ChunkFilter::kSnappy:
-      snappy_api();
-      return &libs.snappy_state;
     case ChunkFilter::kLz4Raw:
       lz4_api();
       return &libs.lz4_state;
@@ -216,24 +174,79 @@ LibraryState* library_state(ChunkFilter filter) {
   }
 }
 
+// Snappy is decoded here, not by libsnappy: a C++ library that needs the shared
+// libstdc++, which a wheel's extension (its C++ runtime linked in) must not load beside
+// its own. The format is small: a varint of the decoded length, then literals and
+// back-references, every one of which is checked against both buffers.
 void decompress_snappy(const uint8_t* src, uint64_t n, uint8_t* dest, uint64_t size,
                        const std::string& path, uint64_t offset) {
-  const SnappyApi* api = snappy_api();
-  if (api == nullptr) throw FormatError(path, offset, codec_unavailable(ChunkFilter::kSnappy));
-  const char* in = reinterpret_cast<const char*>(src);
-  size_t length = 0;
-  if (api->uncompressed_length(in, n, &length) != 0) {
-    throw FormatError(path, offset, "corrupt snappy data: its length header is damaged");
+  auto corrupt = [&](const char* what) {
+    throw FormatError(path, offset, std::string("corrupt snappy data: ") + what);
+  };
+  uint64_t pos = 0, length = 0;
+  for (int shift = 0;; shift += 7) {
+    if (pos >= n || shift > 35) corrupt("its length header is damaged");
+    uint8_t byte = src[pos++];
+    length |= uint64_t(byte & 0x7f) << shift;
+    if (!(byte & 0x80)) break;
   }
   if (length != size) {
     throw FormatError(path, offset,
                       "snappy data decodes to " + std::to_string(length) + " bytes, but " +
                           std::to_string(size) + " were expected");
   }
-  size_t got = size;
-  if (api->uncompress(in, n, reinterpret_cast<char*>(dest), &got) != 0 || got != size) {
-    throw FormatError(path, offset, "corrupt snappy data");
+  uint64_t out = 0;
+  while (pos < n) {
+    const uint8_t tag = src[pos++];
+    uint64_t len = 0, back = 0;
+    switch (tag & 3) {
+      case 0: {  // a literal; lengths past 60 in 1 to 4 bytes after the tag
+        len = tag >> 2;
+        if (len >= 60) {
+          const uint64_t bytes = len - 59;
+          if (n - pos < bytes) corrupt("a literal's length runs past the end");
+          len = 0;
+          for (uint64_t k = 0; k < bytes; ++k) len |= uint64_t(src[pos + k]) << (8 * k);
+          pos += bytes;
+        }
+        ++len;
+        if (n - pos < len) corrupt("a literal runs past the end");
+        if (size - out < len) corrupt("a literal runs past the decoded length");
+        std::memcpy(dest + out, src + pos, len);
+        pos += len;
+        out += len;
+        continue;
+      }
+      case 1:  // a copy of 4-11 bytes, 11 bits of offset
+        if (pos >= n) corrupt("a copy runs past the end");
+        len = 4 + ((tag >> 2) & 7);
+        back = (uint64_t(tag >> 5) << 8) | src[pos++];
+        break;
+      case 2:  // a copy of 1-64 bytes, 16 bits of offset
+        if (n - pos < 2) corrupt("a copy runs past the end");
+        len = (tag >> 2) + 1;
+        back = util::le16(src + pos);
+        pos += 2;
+        break;
+      default:  // a copy of 1-64 bytes, 32 bits of offset
+        if (n - pos < 4) corrupt("a copy runs past the end");
+        len = (tag >> 2) + 1;
+        back = util::le32(src + pos);
+        pos += 4;
+        break;
+    }
+    if (back == 0 || back > out) corrupt("a copy reaches before the start");
+    if (size - out < len) corrupt("a copy runs past the decoded length");
+    uint8_t* to = dest + out;
+    const uint8_t* from = to - back;
+    if (back >= len) {
+      std::memcpy(to, from, len);
+    } else {  // overlapping: a repeated pattern, copied forward byte by byte
+      for (uint64_t k = 0; k < len; ++k) to[k] = from[k];
+    }
+    out += len;
   }
+  if (out != size) corrupt("it decodes to fewer bytes than its header says");
 }
 
 void decompress_lz4(const uint8_t* src, uint64_t n, uint8_t* dest, uint64_t size,

@@ -30,12 +30,12 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
 
 // Decompresses `n` bytes of zlib, gzip, zstd, snappy or raw lz4 data into exactly
 // `size` bytes at `dest`; anything else (corrupt data, another size) is a FormatError at
-// `path`, `offset`. zstd, snappy and lz4 need libzstd, libsnappy and liblz4, found at
-// run time.
+// `path`, `offset`. zstd and lz4 need libzstd and liblz4, found at run time; snappy
+// needs no library.
 void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_t* dest,
                       uint64_t size, const std::string& path, uint64_t offset);
 
-// Folders searched for libzstd, libblosc, libsnappy and liblz4 before the loader's
+// Folders searched for libzstd, libblosc and liblz4 before the loader's
 // default path (Python passes the folder where the `blosc` distribution put its libblosc).
 // Takes effect for a library not yet found.
 void set_codec_search_dirs(std::vector<std::string> dirs);
