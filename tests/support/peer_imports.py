@@ -2,8 +2,9 @@
 parts the tests and benchmarks use: MosaicML Streaming imports torchvision (for its vision
 datasets) and transformers (for its dataloader's batch types) at import time. Where one of
 them cannot be imported (PyPI's torchvision does not load beside the CPU torch CI installs;
-transformers is not installed), empty placeholder modules stand in for it, so that the
-real StreamingDataset and MDSWriter are what run."""
+transformers is not installed), placeholder modules stand in for it, so that the real
+StreamingDataset and MDSWriter are what run; they hold what other libraries look up in a
+module they find in sys.modules (datasets: transformers.PreTrainedTokenizerBase)."""
 
 from __future__ import annotations
 
@@ -50,9 +51,12 @@ def import_streaming() -> Any:
         class BatchEncoding(dict):
             pass
 
+        class PreTrainedTokenizerBase:  # what datasets' pickler looks for once the module is in
+            pass  # sys.modules: no object is one
+
         _placeholders(
             [
-                ("transformers", {}),
+                ("transformers", {"PreTrainedTokenizerBase": PreTrainedTokenizerBase}),
                 ("transformers.feature_extraction_utils", {"BatchFeature": BatchFeature}),
                 ("transformers.tokenization_utils_base", {"BatchEncoding": BatchEncoding}),
                 ("transformers.models", {}),
