@@ -76,19 +76,7 @@ def local(store, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 @pytest.fixture
 def env(store, tmp_path, monkeypatch):
-    """Credentials in the environment, the endpoint in AWS_ENDPOINT_URL_S3, and nothing
-    read from this machine's own AWS files or metadata service."""
-    for name in list(os.environ):
-        if name.startswith(("AWS_", "S3_")):
-            monkeypatch.delenv(name)
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
-    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", store.endpoint)
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", store.access_key)
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", store.secret_key)
-    monkeypatch.setenv("AWS_REGION", store.region)
-    return monkeypatch
+    return object_store.use_store(store, monkeypatch, tmp_path)
 
 
 def samples_of(ds: stoker.Dataset) -> list[dict]:

@@ -488,6 +488,23 @@ if __name__ == "__main__":  # manual smoke test: python tests/object_store.py
         sys.stdout.flush()
 
 
+def use_store(store: SeaweedS3, monkeypatch: Any, tmp_path: Path) -> Any:
+    """`monkeypatch` with the environment set for `store`: its credentials, its endpoint in
+    AWS_ENDPOINT_URL_S3, and nothing read from this machine's own AWS files or metadata
+    service."""
+    for name in list(os.environ):
+        if name.startswith(("AWS_", "S3_")):
+            monkeypatch.delenv(name)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-credentials"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    monkeypatch.setenv("AWS_ENDPOINT_URL_S3", store.endpoint)
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", store.access_key)
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", store.secret_key)
+    monkeypatch.setenv("AWS_REGION", store.region)
+    return monkeypatch
+
+
 class CountingProxy:
     """A reverse proxy on 127.0.0.1 in front of a store that records every request it
     passes on (method, path, Range), the server-side count of what clients asked for.

@@ -57,11 +57,17 @@ class ShardHolds:
 
     # -- one shard ---------------------------------------------------------------------
 
-    def start(self, shard: int, priority: tuple[int, int] = (0, 0)) -> concurrent.futures.Future:
+    def start(
+        self,
+        shard: int,
+        priority: tuple[int, int] = (0, 0),
+        columns: frozenset[str] | None = None,
+    ) -> concurrent.futures.Future:
         """Hold `shard` in the cache, fetching it if need be; the future's result is an
         Arrival, with the index made on the shard thread where this process needs one.
-        Downloads start in `priority` order (lowest first)."""
-        return self.remote.start(self.remote_of[shard], priority, self._index_step(shard))
+        Downloads start in `priority` order (lowest first). Of a table file, the fields
+        `columns` are enough, where given (a Parquet file is then fetched in part)."""
+        return self.remote.start(self.remote_of[shard], priority, self._index_step(shard), columns)
 
     def _index_step(self, shard: int) -> IndexStep | None:
         """What the arrival of `shard` needs indexed. Nothing where this process has its
@@ -104,9 +110,14 @@ class ShardHolds:
                 table.unpin(shard)
                 raise
 
-    def warm(self, shard: int, priority: tuple[int, int] = (1, 0)) -> concurrent.futures.Future:
+    def warm(
+        self,
+        shard: int,
+        priority: tuple[int, int] = (1, 0),
+        columns: frozenset[str] | None = None,
+    ) -> concurrent.futures.Future:
         """Fetch `shard` ahead, unheld, if the cache has room for it now."""
-        return self.remote.warm(self.remote_of[shard], priority)
+        return self.remote.warm(self.remote_of[shard], priority, columns)
 
     def release(self, shard: int, arrived: bool = True) -> None:
         """Let go of a hold of `shard`; `arrived`: arrived() took it (and kept its index)."""
@@ -129,9 +140,10 @@ class ShardHolds:
     # -- many ----------------------------------------------------------------------------
 
     @contextlib.contextmanager
-    def holding(self, shards: list[int]) -> Iterator[None]:
-        """`shards` (remote ones) held in the cache, fetched if need be, for the block."""
-        futures = [self.start(s) for s in shards]
+    def holding(self, shards: list[int], columns: frozenset[str] | None = None) -> Iterator[None]:
+        """`shards` (remote ones) held in the cache, fetched if need be, for the block
+        (with `columns`, see start)."""
+        futures = [self.start(s, columns=columns) for s in shards]
         held: list[tuple[int, bool]] = []  # ours to release from here on, and arrived
         try:
             for shard, future in zip(shards, futures):

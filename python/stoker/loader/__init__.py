@@ -400,7 +400,10 @@ class Loader:
             stats.started = time.perf_counter()
         in_flight: deque[InFlight] = deque()
         holds = self.dataset.holds
-        fetch = ShardPrefetch(self.dataset, holds, plan, next_batch) if holds else None
+        fetch = None
+        if holds:
+            columns = self._fields_plan.columns if self._fields_plan else None
+            fetch = ShardPrefetch(self.dataset, holds, plan, next_batch, columns)
         done = next_batch  # batches handed out by this iterator, as plan numbers
         augment = augment_seed(self.seed, cursor.epoch)
         try:

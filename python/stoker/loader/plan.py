@@ -75,8 +75,10 @@ class FieldsPlan:
         self._widen: dict[str, np.dtype] = {}  # Int() of a table's integers: read as they are
         self._size_names: list[str] = []  # fields whose table values must be sized first
         self._lists: dict[str, np.dtype] = {}  # Bytes() of a table's lists: their elements' type
+        read: set[str] = set()
         for key, spec in fields.items():
             name, alternatives = self._check(key, spec, have)
+            read.update(alternatives)
             if not isinstance(spec, (Image, Int)):
                 self._size_names += alternatives
             if isinstance(spec, Bytes):  # a table's lists of numbers: handed out typed
@@ -98,6 +100,8 @@ class FieldsPlan:
             target = spec.target if isinstance(spec, Image) else None
             specs.append((name, int(kind), nbytes, what, list(alternatives), [], None, target))
         self._specs = specs
+        #: The dataset's fields these read: of a remote Parquet file, what is fetched.
+        self.columns = frozenset(read)
         self._field_names = -1  # the dataset's field names when the plan's ids were looked up
         self._plan()
         self._layouts: dict[tuple, tuple[np.dtype, tuple[int, ...], int]] = {}

@@ -61,8 +61,16 @@ class ShardPrefetch:
     few in the order batches first need them are fetched ahead, unheld and only into free
     room, so read-ahead never crowds out what is being read."""
 
-    def __init__(self, ds: Dataset, holds: ShardHolds, plan: EpochPlan, start: int) -> None:
+    def __init__(
+        self,
+        ds: Dataset,
+        holds: ShardHolds,
+        plan: EpochPlan,
+        start: int,
+        columns: frozenset[str] | None = None,
+    ) -> None:
         self.ds = ds
+        self.columns = columns  # the fields batches read (None: all), see ShardHolds.start
         self.holds = holds
         self.plan = plan
         self.order, _, self.last = shard_spans(ds, holds, plan, start)
@@ -87,12 +95,12 @@ class ShardPrefetch:
             shard = self.order[self.next]
             self.next += 1
             if shard not in self.started:
-                self.warming[shard] = self.holds.warm(shard, priority=(1, self.rank[shard]))
+                self.warming[shard] = self.holds.warm(shard, (1, self.rank[shard]), self.columns)
 
     def _start(self, shard: int) -> None:
         self.warming.pop(shard, None)  # its download, if running, is waited for by lock
         if shard not in self.started:
-            self.started[shard] = self.holds.start(shard, priority=(0, self.rank[shard]))
+            self.started[shard] = self.holds.start(shard, (0, self.rank[shard]), self.columns)
 
     def ready(self, k: int) -> bool:
         """Whether every fetch batch `k` needs has ended (well or not)."""

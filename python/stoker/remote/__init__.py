@@ -1,6 +1,7 @@
 """Remote shards: fetched whole over HTTP (:mod:`.http`, on :mod:`.transport`) into a
 node-local cache shared by every process on the node (:mod:`.cache`), in the steps of
-:mod:`.fetching`; one dataset's view of them in :mod:`.shards`."""
+:mod:`.fetching`, or, for a Parquet file a loader reads some columns of, in part
+(:mod:`.sparse`); one dataset's view of them in :mod:`.shards`."""
 
 from stoker.remote.cache import Hold, NoRoom, ShardCache, cache_for
 from stoker.remote.fetching import Arrival, FetchRequest, IndexStep, index_copy

@@ -42,6 +42,9 @@ from stoker.remote.records import RECORDS_FOLDER, NodeRecords
 log = logging.getLogger("stoker.remote")
 
 _PART = ".part"
+#: The partial file of a copy in part (see stoker.remote.sparse): counted by the blocks it
+#: has, not by its length, which is the whole file's.
+_SPARSE_PART = ".sparse.part"
 _LOCKS = ".locks"
 _MARKER = ".stoker-cache"  # a folder stoker may evict from has this file
 
@@ -63,8 +66,9 @@ class Hold:
 @dataclass
 class Reservation:
     """Room taken in the cache for one shard while it is written: `part`, its partial file
-    beside `path`, made at the shard's full size so that every process counts it, open as
-    `fd` until the shard is placed (see ShardCache.place)."""
+    beside `path`, made at the shard's full size (or with the blocks of the ranges a copy
+    in part holds) so that every process counts it, open as `fd` until the shard is
+    placed (see ShardCache.place)."""
 
     path: str
     part: str
@@ -203,17 +207,26 @@ class ShardCache:
 
     @contextlib.contextmanager
     def reserved(
-        self, path: str, size: int, limit: int, url: str, wait: float, wait_for_room: bool = True
+        self,
+        path: str,
+        size: int,
+        limit: int,
+        url: str,
+        wait: float,
+        wait_for_room: bool = True,
+        ranges: list[tuple[int, int]] | None = None,
     ) -> Iterator[Reservation]:
-        """Room for the `size` bytes of the shard at `path` (from `url`) while the block
-        writes them into the reservation's file, for a caller that holds the shard's lock
-        (see shard_lock). Waits up to `wait` seconds for room; without `wait_for_room`,
-        NoRoom at once. What place() did not take is removed after the block."""
-        room = Reservation(path, path + _PART)
+        """Room for the `size` bytes of the shard at `path` (from `url`), or for its byte
+        `ranges` only (a copy in part), while the block writes them into the reservation's
+        file, for a caller that holds the shard's lock (see shard_lock). Waits up to `wait`
+        seconds for room; without `wait_for_room`, NoRoom at once. What place() did not
+        take is removed after the block."""
+        room = Reservation(path, path + (_PART if ranges is None else _SPARSE_PART))
         try:
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(room.part)  # a dead downloader's: we hold this shard's lock now
-            room.fd = self._reserve(room.part, size, limit, url, wait, wait_for_room)
+            for part in (path + _PART, path + _SPARSE_PART):
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(part)  # a dead downloader's: we hold this shard's lock now
+            room.fd = self._reserve(room.part, size, limit, url, wait, wait_for_room, ranges)
             yield room
         except OSError as e:
             if isinstance(e, StokerError):
@@ -256,22 +269,31 @@ class ShardCache:
             close_locked_fd(lock)
 
     def _reserve(
-        self, part: str, size: int, limit: int, url: str, wait: float, wait_for_room: bool
+        self,
+        part: str,
+        size: int,
+        limit: int,
+        url: str,
+        wait: float,
+        wait_for_room: bool,
+        ranges: list[tuple[int, int]] | None = None,
     ) -> int:
-        """Make room for `size` bytes (evicting least recently used shards no one holds)
-        and create `part` at its full size, so that every process counts it."""
-        if size > limit:
-            raise StokerError(f"{url}: the shard is {size} bytes, more than cache_limit={limit}")
+        """Make room for `size` bytes, or for the bytes of `ranges` (evicting least
+        recently used shards no one holds), and create `part` at its full size with those
+        bytes allocated, so that every process counts them."""
+        need = size if ranges is None else sum(b - a for a, b in ranges)
+        if need > limit:
+            raise StokerError(f"{url}: the shard is {need} bytes, more than cache_limit={limit}")
         started = time.monotonic()
         waited = False
         while True:
             with self._cache_locked(started + wait):
-                used = self.evict_for(size, limit)
-                if used + size <= limit:
+                used = self.evict_for(need, limit)
+                if used + need <= limit:
                     private_dirs(os.path.dirname(part))
                     fd = os.open(part, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
                     try:
-                        _preallocate(fd, size)
+                        _preallocate(fd, size, ranges)
                     except OSError as e:
                         os.close(fd)
                         os.unlink(part)
@@ -279,7 +301,7 @@ class ShardCache:
                             FetchError,
                             url,
                             0,
-                            f"no room for {size} bytes in the cache {self.root}: {e.strerror or e}",
+                            f"no room for {need} bytes in the cache {self.root}: {e.strerror or e}",
                         ) from e
                     return fd
             if not wait_for_room:
@@ -287,7 +309,7 @@ class ShardCache:
             if time.monotonic() - started > wait:
                 raise StokerError(
                     f"{url}: cache {self.root} is full ({used} of {limit} bytes) of shards "
-                    f"in use; waited {time.monotonic() - started:.0f} s for room for {size} "
+                    f"in use; waited {time.monotonic() - started:.0f} s for room for {need} "
                     "bytes: raise cache_limit, or run fewer processes on it"
                 )
             if not waited:
@@ -295,10 +317,34 @@ class ShardCache:
                 waited = True
             time.sleep(0.1)
 
+    def grow(
+        self, path: str, ranges: list[tuple[int, int]], limit: int, url: str, wait: float
+    ) -> int:
+        """Room for byte `ranges` more of the copy in part at `path`, which the caller
+        holds, and holds the lock of: a descriptor to write them with, the blocks
+        allocated so that every process counts them."""
+        need = sum(b - a for a, b in ranges)
+        with self._cache_locked(time.monotonic() + wait):
+            used = self.evict_for(need, limit)
+            if used + need > limit:
+                raise StokerError(
+                    f"{url}: cache {self.root} is full ({used} of {limit} bytes) of shards in "
+                    f"use; {need} bytes more of the file are needed: raise cache_limit"
+                )
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+            try:
+                _preallocate(fd, -1, ranges)
+            except OSError as e:
+                os.close(fd)
+                what = f"no room for {need} bytes in the cache {self.root}: {e.strerror or e}"
+                raise located(FetchError, url, ranges[0][0], what) from e
+            return fd
+
     # -- eviction -----------------------------------------------------------------
 
     def usage(self) -> int:
-        """Bytes in the cache: complete shards and downloads in flight."""
+        """Bytes in the cache: complete shards (a copy in part: the blocks it has) and
+        downloads in flight."""
         return sum(size for _, size, _ in self._files())
 
     def _files(self) -> list[tuple[str, int, int]]:
@@ -313,7 +359,13 @@ class ShardCache:
                     st = os.lstat(path)
                 except FileNotFoundError:
                     continue
-                out.append((path, st.st_size, st.st_atime_ns))
+                # A whole download in flight counts at its length, whatever its blocks (a
+                # file system without fallocate); any other file, by its blocks (a copy in
+                # part is as long as the whole file).
+                counted = st.st_size
+                if not path.endswith(_PART) or path.endswith(_SPARSE_PART):
+                    counted = min(st.st_size, st.st_blocks * 512)
+                out.append((path, counted, st.st_atime_ns))
         return out
 
     def evict_for(self, size: int, limit: int) -> int:
@@ -338,7 +390,8 @@ class ShardCache:
 
     def _orphaned(self, part: str) -> bool:
         """Remove a partial download whose downloader is gone; True if it was removed."""
-        fd = open_locked_fd(self._lock_file(part[: -len(_PART)]), os.O_RDWR | os.O_CREAT)
+        suffix = _SPARSE_PART if part.endswith(_SPARSE_PART) else _PART
+        fd = open_locked_fd(self._lock_file(part[: -len(suffix)]), os.O_RDWR | os.O_CREAT)
         try:
             if not try_lock(fd, True):
                 return False
@@ -367,15 +420,21 @@ class ShardCache:
             close_locked_fd(fd)
 
 
-def _preallocate(fd: int, size: int) -> None:
-    if size == 0:
-        return
-    try:
-        os.posix_fallocate(fd, 0, size)
-    except OSError as e:
-        if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
-            raise
+def _preallocate(fd: int, size: int, ranges: list[tuple[int, int]] | None = None) -> None:
+    """`fd` made `size` bytes long (-1: as it is), its blocks allocated: all of them, or
+    those of byte `ranges` only."""
+    if size >= 0 and ranges is not None:
         os.ftruncate(fd, size)
+    for start, end in [(0, size)] if ranges is None else ranges:
+        if end <= start:
+            continue
+        try:
+            os.posix_fallocate(fd, start, end - start)
+        except OSError as e:
+            if e.errno not in (errno.EOPNOTSUPP, errno.EINVAL):
+                raise
+            if ranges is None:
+                os.ftruncate(fd, size)
 
 
 def cache_for(root: str) -> ShardCache:

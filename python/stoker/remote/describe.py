@@ -14,7 +14,7 @@ from stoker.formats import samples_and_fields
 from stoker.manifest import MANIFEST_NAME, parse_manifest
 from stoker.remote.cache import Hold, NoRoom, ShardCache
 from stoker.remote.fetching import download, index_copy
-from stoker.remote.http import Fetcher
+from stoker.remote.http import Fetcher, comparable_version
 from stoker.remote.names import cache_name
 from stoker.remote.probe import WholeIsCheaper, probe_index
 from stoker.remote.shard import RemoteShard, apply_entry
@@ -153,9 +153,9 @@ class ShardDescriber:
             if record is not None and not cache.evict(path):  # the object changed
                 raise located(FetchError, shard.url, 0, _CHANGED)
             assert shard.size is not None
-            version = _version(shard.validator)
+            version = comparable_version(shard.validator)
             hold = cache.hold(path, shard.size)
-            if hold is not None and _version(cache.records.copy_version(path)) != version:
+            if hold is not None and comparable_version(cache.records.copy_version(path)) != version:
                 # A copy of another (or an unknown) version of the object: not this one.
                 cache.release(path)
                 hold = None
@@ -218,7 +218,7 @@ def _remembered(shard: RemoteShard, record: dict | None) -> bool:
     if (
         record is None
         or record.get("bytes") != shard.size
-        or record.get("version") != _version(shard.validator)
+        or record.get("version") != comparable_version(shard.validator)
         or record.get("format") != shard.format
         or not isinstance(record.get("samples"), int)
     ):
@@ -227,11 +227,3 @@ def _remembered(shard: RemoteShard, record: dict | None) -> bool:
     fields = record.get("fields")
     shard.fields = [str(f) for f in fields] if isinstance(fields, list) else None
     return True
-
-
-def _version(validator: str | None) -> str | None:
-    """An ETag or Last-Modified as compared: a listing and a response may quote an ETag
-    differently, or mark it weak."""
-    if validator is None:
-        return None
-    return (validator[2:] if validator.startswith("W/") else validator).strip().strip('"')

@@ -15,8 +15,9 @@ from typing import Any, NamedTuple
 import stoker._core as _core
 from stoker.errors import FetchError, located
 from stoker.formats import TABLE_SOURCES
+from stoker.remote import sparse
 from stoker.remote.cache import Hold, Reservation, ShardCache
-from stoker.remote.http import Fetcher
+from stoker.remote.http import Fetcher, write_all_at
 from stoker.tables import index_table_source
 from stoker.unpack import check_hashes, unpack_bytes
 
@@ -41,7 +42,9 @@ class FetchRequest:
     `version` is the object's ETag or Last-Modified when it was looked at (see
     Fetcher.download). A download waiting for a connection goes before those of higher
     `priority`; without `wait_for_room`, NoRoom when the cache is full. `progress` is told
-    the bytes as they come; `index`, what to do once the shard is held."""
+    the bytes as they come; `index`, what to do once the shard is held. `format` is the
+    shard's; of a Parquet file, only the fields `columns` may be fetched (see
+    stoker.remote.sparse), and None asks for the whole file."""
 
     url: str
     name: str
@@ -53,6 +56,8 @@ class FetchRequest:
     wait_for_room: bool = True
     progress: Callable[[int], None] | None = None
     index: IndexStep | None = None
+    format: str = ""
+    columns: frozenset[str] | None = None
 
 
 class Arrival(NamedTuple):
@@ -69,12 +74,15 @@ def hold_shard(request: FetchRequest, cache: ShardCache, fetcher: Fetcher, limit
     lock dies with it). `limit`: the bytes the cache may hold."""
     path = cache.path_of(request.name)
     hold = cache.hold(path, request.size)
-    if hold is not None:
+    if hold is not None and sparse.has_all(hold, request, cache):
         return hold
     with cache.shard_lock(path, request.url):  # a download in flight: wait for it, then look
-        hold = cache.hold(path, request.size)
+        if hold is None:
+            hold = cache.hold(path, request.size)
         if hold is not None:
-            return hold
+            hold = sparse.complete(hold, request, cache, fetcher, limit)
+            if hold is not None:
+                return hold
         return download(request, cache, fetcher, limit)
 
 
@@ -82,6 +90,9 @@ def download(request: FetchRequest, cache: ShardCache, fetcher: Fetcher, limit: 
     """hold_shard for a caller that holds the shard's lock (see ShardCache.shard_lock) and
     found no copy: the shard downloaded into the cache, placed and held."""
     path = cache.path_of(request.name)
+    in_part = sparse.plan_copy(request, fetcher)
+    if in_part is not None:
+        return sparse.fetch_in_part(request, in_part, cache, fetcher, limit)
     wait = fetcher.options.cache_wait
     with cache.reserved(
         path, request.size, limit, request.url, wait, request.wait_for_room
@@ -175,7 +186,5 @@ def _write_parts(fd: int, parts: Iterable[bytes | memoryview]) -> None:
     at = 0
     for part in parts:
         view = memoryview(part).cast("B")
-        while len(view):
-            written = os.pwrite(fd, view, at)
-            at += written
-            view = view[written:]
+        write_all_at(fd, view, at)
+        at += len(view)

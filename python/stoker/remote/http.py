@@ -10,6 +10,7 @@ that keeps throttling gets fewer downloads at once (:mod:`.turns`).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import os
@@ -32,6 +33,9 @@ from stoker.remote.stores import (
     store_error,
 )
 from stoker.remote.transport import Transport, host_of
+
+#: Ranges of one file asked for at once (see Fetcher.download_ranges).
+RANGES_AT_ONCE = 4
 
 
 @dataclass(frozen=True)
@@ -249,17 +253,7 @@ class Fetcher(Transport):
                     )
                 if response.status == 200:
                     state["since"] = _validator(response)
-                async for chunk in response.content.iter_chunked(1 << 20):
-                    got = state["got"]
-                    if got + len(chunk) > size:
-                        raise located(
-                            FetchError, url, got, f"the body runs past the {size} bytes expected"
-                        )
-                    _pwrite_all(fd, chunk, got)
-                    state["hash"].update(chunk)
-                    state["got"] = got + len(chunk)
-                    if progress:
-                        progress(len(chunk))
+                await _write_body(url, response, fd, state, size, progress, state["hash"])
             if state["got"] < size:
                 raise Retryable(f"short body: {state['got']} of {size} bytes")
             digest = state["hash"].hexdigest()
@@ -296,6 +290,99 @@ class Fetcher(Transport):
         finally:
             os.close(fd)
 
+    async def download_ranges(
+        self,
+        url: str,
+        fd: int,
+        ranges: list[tuple[int, int]],
+        size: int,
+        version: str | None,
+        progress: Callable[[int], None] | None = None,
+        priority: tuple[int, int] = (0, 0),
+    ) -> None:
+        """Write the (start, end) byte `ranges` of `url` into `fd` at their own offsets:
+        a file cached in part. Each response must be of the object of `size` bytes and,
+        where both say one, of `version` (its ETag or Last-Modified when first looked
+        at), so that no copy mixes two versions. A range broken off is asked for again
+        from where it stopped."""
+        fd = os.dup(fd)  # (see download)
+
+        async def fetch(start: int, end: int) -> None:
+            state = {"got": start}
+
+            async def attempt() -> None:
+                at = state["got"]
+                headers = _pinned(url, version, {"Range": f"bytes={at}-{end - 1}"})
+                async with self._request(url, headers) as response:
+                    await self._check_response(url, at, response)
+                    if response.status != 206 or _range_start(response) != at:
+                        self.note_rangeless(url)
+                        raise located(
+                            FetchError, url, at, "the server no longer answers range requests"
+                        )
+                    total = _total_size(response)
+                    now = _validator(response)
+                    if (total is not None and total != size) or (
+                        version and now and comparable_version(now) != comparable_version(version)
+                    ):
+                        raise located(
+                            FetchError,
+                            url,
+                            at,
+                            "the file changed on the server since it was first looked at "
+                            f"({total} bytes, version {now}; it was {size} bytes, {version})",
+                        )
+                    await _write_body(url, response, fd, state, end, progress)
+                if state["got"] < end:
+                    raise Retryable(f"short body: {state['got'] - start} of {end - start} bytes")
+
+            await with_retries(url, lambda: state["got"], attempt, self.options)
+
+        # A few ranges at once: a file's column chunks are many short requests, which
+        # one at a time would leave the link idle for a round trip each.
+        at_once = asyncio.Semaphore(RANGES_AT_ONCE)
+
+        async def fetch_one(start: int, end: int) -> None:
+            async with at_once:
+                await fetch(start, end)
+
+        try:
+            async with self._turns.turn(priority):
+                tasks = [asyncio.ensure_future(fetch_one(a, b)) for a, b in ranges]
+                try:
+                    await asyncio.gather(*tasks)
+                finally:
+                    for task in tasks:
+                        task.cancel()
+                    await asyncio.gather(*tasks, return_exceptions=True)
+                self._turns.passed()
+        finally:
+            os.close(fd)
+
+
+async def _write_body(
+    url: str,
+    response: Any,
+    fd: int,
+    state: dict[str, Any],
+    end: int,
+    progress: Callable[[int], None] | None,
+    digest: Any = None,
+) -> None:
+    """The body of `response` written into `fd` from byte ``state["got"]`` of the file on,
+    which follows it; `end`: the byte it must not run past. `digest` is updated with it."""
+    async for chunk in response.content.iter_chunked(1 << 20):
+        got = state["got"]
+        if got + len(chunk) > end:
+            what = f"the body runs past byte {end}, where it was to end"
+            raise located(FetchError, url, got, what)
+        write_all_at(fd, chunk, got)
+        if digest is not None:
+            digest.update(chunk)
+        state["got"] = got + len(chunk)
+        if progress:
+            progress(len(chunk))
+
 
 def _pinned(url: str, version: str | None, headers: dict[str, str]) -> dict[str, str]:
     """`headers`, asking a store for the object only as of `version` (its ETag when it was
@@ -316,7 +403,16 @@ def _validator(response: Any) -> str | None:
     return response.headers.get("Last-Modified")
 
 
-def _pwrite_all(fd: int, data: bytes, offset: int) -> None:
+def comparable_version(validator: str | None) -> str | None:
+    """An ETag or Last-Modified as compared: a listing and a response may quote an ETag
+    differently, or mark it weak."""
+    if validator is None:
+        return None
+    return (validator[2:] if validator.startswith("W/") else validator).strip().strip('"')
+
+
+def write_all_at(fd: int, data: bytes | memoryview, offset: int) -> None:
+    """All of `data` written into `fd` at `offset`."""
     view = memoryview(data)
     while view:
         n = os.pwrite(fd, view, offset)

@@ -9,6 +9,7 @@ from typing import TypedDict
 import stoker._core as _core
 from stoker.remote.http import Fetcher
 from stoker.remote.shard import RemoteShard
+from stoker.remote.sparse import remember_footer
 from stoker.remote.transport import host_of
 from stoker.tables import remote_table_index
 
@@ -64,5 +65,13 @@ def probe_index(shard: RemoteShard, fetcher: Fetcher, give_up: bool) -> dict:
     if shard.format == "arrow":  # its metadata is spread through it: read it whole
         raise WholeIsCheaper
     if shard.format == "parquet":  # the footer says it all: one or two range reads
-        return remote_table_index(shard.url, size, read)
+        pieces: dict[int, bytes] = {}
+
+        def kept(offset: int, length: int) -> bytes:
+            pieces[offset] = read(offset, length)
+            return pieces[offset]
+
+        index = remote_table_index(shard.url, size, kept)
+        remember_footer(shard.url, size, shard.validator, pieces)  # for its fetch
+        return index
     return _core.index_remote(shard.url, size, shard.format, read, PROBE_WINDOW)

@@ -1,8 +1,9 @@
 """What a node remembers of remote shards, for every process and later run on it: what
 opening a shard without a manifest learnt (its samples and fields, keyed by URL, size and
-ETag or Last-Modified), which servers ignore range requests, and which version of its
-object each cached copy is. Records are small JSON files in the cache's ``.index/``; a
-record is only ever a saving, so one that is damaged or missing is looked up again."""
+ETag or Last-Modified), which servers ignore range requests, which version of its object
+each cached copy is, and what a copy in part holds. Records are small JSON files in the
+cache's ``.index/``; a record is only ever a saving, so one that is damaged or missing is
+looked up again (a copy in part whose record is lost is fetched again)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,25 @@ class NodeRecords:
         version = (record or {}).get("version")
         return version if isinstance(version, str) else None
 
-    def remember_copy(self, path: str, version: str | None) -> None:
-        """Which version of its object the copy at `path` is: a copy is trusted for what is
-        remembered of that version only."""
-        self.write(_COPY + os.path.relpath(path, self.root), {"version": version})
+    def copy_ranges(self, path: str) -> list[tuple[int, int]] | None:
+        """The (start, end) byte ranges the copy at `path` holds, where it is a file
+        cached in part (see stoker.remote.sparse); None where none are remembered."""
+        record = self.read(_COPY + os.path.relpath(path, self.root))
+        ranges = (record or {}).get("ranges")
+        if not isinstance(ranges, list):
+            return None
+        try:
+            return [(int(a), int(b)) for a, b in ranges]
+        except (TypeError, ValueError):
+            return None
+
+    def remember_copy(
+        self, path: str, version: str | None, ranges: list[tuple[int, int]] | None = None
+    ) -> None:
+        """Which version of its object the copy at `path` is (a copy is trusted for what
+        is remembered of that version only), and, for a copy in part, which byte ranges
+        it holds."""
+        record: dict = {"version": version}
+        if ranges is not None:
+            record["ranges"] = [list(r) for r in ranges]
+        self.write(_COPY + os.path.relpath(path, self.root), record)

@@ -33,9 +33,11 @@ class RemoteShard:
         wait_for_room: bool = True,
         progress: Callable[[int], None] | None = None,
         index: IndexStep | None = None,
+        columns: frozenset[str] | None = None,
     ) -> FetchRequest:
         """What fetching this shard into the cache asks, once its size and name are known
-        (see RemoteShards.describe)."""
+        (see RemoteShards.describe); of a Parquet file, the fields `columns` only, where
+        given (None: all of it)."""
         assert self.size is not None
         return FetchRequest(
             self.url,
@@ -48,6 +50,8 @@ class RemoteShard:
             wait_for_room,
             progress,
             index,
+            self.format,
+            columns if self.format == "parquet" else None,
         )
 
 

@@ -94,30 +94,44 @@ class RemoteShards:
         progress: Callable[[int], None] | None = None,
         wait_for_room: bool = True,
         priority: tuple[int, int] = (0, 0),
+        columns: frozenset[str] | None = None,
     ) -> Hold:
         """Hold shard `i` in the cache, fetching it if needed (blocks). A download waiting
-        for a connection goes before those of higher `priority`."""
-        request = self.shards[i].request(priority, wait_for_room, progress)
+        for a connection goes before those of higher `priority`. Of a Parquet file, the
+        fields `columns` are enough (None: all of it)."""
+        request = self.shards[i].request(priority, wait_for_room, progress, columns=columns)
         return hold_shard(request, self.cache, self.fetcher, self.limit)
 
     def start(
-        self, i: int, priority: tuple[int, int] = (0, 0), index: IndexStep | None = None
+        self,
+        i: int,
+        priority: tuple[int, int] = (0, 0),
+        index: IndexStep | None = None,
+        columns: frozenset[str] | None = None,
     ) -> concurrent.futures.Future:
         """acquire(i) on the process's shard threads, then the `index` step there; the
         future's result is an Arrival."""
-        return self._pool.submit(lambda: self._arrive(i, priority, index))
+        return self._pool.submit(lambda: self._arrive(i, priority, index, columns))
 
-    def _arrive(self, i: int, priority: tuple[int, int], index: IndexStep | None) -> Arrival:
-        request = self.shards[i].request(priority, index=index)
+    def _arrive(
+        self,
+        i: int,
+        priority: tuple[int, int],
+        index: IndexStep | None,
+        columns: frozenset[str] | None,
+    ) -> Arrival:
+        request = self.shards[i].request(priority, index=index, columns=columns)
         return arrive(request, self.cache, self.fetcher, self.limit)
 
-    def warm(self, i: int, priority: tuple[int, int] = (1, 0)) -> concurrent.futures.Future:
+    def warm(
+        self, i: int, priority: tuple[int, int] = (1, 0), columns: frozenset[str] | None = None
+    ) -> concurrent.futures.Future:
         """Fetch shard `i` into the cache without holding it, if there is room now: a
         prefetch that never crowds out the shards being read."""
 
         def task() -> bool:
             try:
-                self.acquire(i, wait_for_room=False, priority=priority)
+                self.acquire(i, wait_for_room=False, priority=priority, columns=columns)
             except NoRoom:
                 return False
             self.release(i)

@@ -48,10 +48,13 @@ class _Leaf:
     repeated_definition: int  # the definition level of its repeated field (-1: none)
 
 
-def read_footer(path: str, read: Callable[[int, int], bytes] | None = None, size: int = -1) -> dict:
+def read_footer(
+    path: str, read: Callable[[int, int], bytes] | None = None, size: int = -1, tail: int = _TAIL
+) -> dict:
     """The file's FileMetaData, as _core.parquet_metadata gives it, with ``file_size`` and
-    ``footer_offset``. `read(offset, length)` reads a remote file of `size` bytes (two
-    range requests, most often one); else `path` is opened."""
+    ``footer_offset``. `read(offset, length)` reads a remote file of `size` bytes: its last
+    `tail` bytes (at least 8), then the rest of the footer if they did not hold it all (so
+    two range requests, most often one); else `path` is opened."""
     if read is None:
         try:
             with open(path, "rb") as f:
@@ -64,14 +67,14 @@ def read_footer(path: str, read: Callable[[int, int], bytes] | None = None, size
                 return read_footer(path, read_local, size)
         except OSError as e:
             raise located(ShardFormatError, path, 0, f"cannot read its footer: {e}") from e
-    tail_size = min(size, _TAIL)
-    tail = read(size - tail_size, tail_size)
-    offset, length = _core.parquet_footer(tail, size, path)
+    tail_size = min(size, max(tail, 8))
+    end = read(size - tail_size, tail_size)
+    offset, length = _core.parquet_footer(end, size, path)
     if offset < size - tail_size:
         data = read(offset, length)
     else:
         at = offset - (size - tail_size)
-        data = tail[at : at + length]
+        data = end[at : at + length]
     meta = _core.parquet_metadata(data, path, offset)
     meta["file_size"] = size
     meta["footer_offset"] = offset
@@ -105,6 +108,30 @@ def parquet_fields(
     page_index = _page_index(path, meta, read) if read is not None else None
     fields = [_field(path, meta, j, leaf, groups, page_index) for j, leaf in enumerate(leaves)]
     return rows, fields, groups
+
+
+def column_byte_ranges(path: str, meta: dict, names: frozenset[str]) -> list[tuple[int, int]]:
+    """The (start, end) byte ranges a reader of fields `names` needs of the file `meta`
+    describes, in file order: the column chunks of those leaves, the offset index, and
+    the footer. The leading magic is not among them (a copy of the file in part is told from a
+    whole one by it)."""
+    _, fields, _ = parquet_fields(path, meta)
+    ranges = [
+        (int(u[2]), int(u[2] + u[3]))
+        for f in fields
+        if f.name in names and f.units is not None
+        for u in f.units
+    ]
+    offset_indexes = [  # (the column index, of statistics, is never read)
+        (int(c["offset_index_offset"]), int(c["offset_index_length"]))
+        for group in meta["row_groups"]
+        for c in group["columns"]
+        if int(c.get("offset_index_offset", -1)) > 0 and int(c.get("offset_index_length", 0)) > 0
+    ]
+    footer = int(meta["footer_offset"])
+    ranges += [(o, o + n) for o, n in offset_indexes if o + n <= footer]
+    ranges.append((footer, int(meta["file_size"])))
+    return sorted(ranges)
 
 
 def _page_index(path: str, meta: dict, read: Callable[[int, int], bytes]) -> dict:
