@@ -425,8 +425,10 @@ class ShardReader:
         max_open_files: Descriptors kept open at most.
 
     Attributes:
-        chunk_cache_bytes: Bytes of decoded array chunks (HDF5, Zarr) kept across batches,
-            per process; 0 keeps none.
+        chunk_cache_bytes: Bytes of decoded array chunks (HDF5, Zarr) and Parquet units
+            kept across batches, per process, at most; 0 keeps none. The cache starts at
+            an eighth of it (32 MiB at most) and doubles whenever a chunk it dropped is
+            asked for again. Setting it empties the cache.
     """
 
     def __init__(self, num_threads: int = 0, max_open_files: int = 256) -> None: ...

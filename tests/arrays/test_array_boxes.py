@@ -184,6 +184,30 @@ def test_boxes_share_chunks_and_the_cache(tmp_path):
     assert pending.bytes_read() == stored
 
 
+def test_the_chunk_cache_grows_to_what_is_read_again(tmp_path):
+    """The cache starts at an eighth of its limit (so a first pass touches fresh memory
+    for what it needs only) and doubles whenever a chunk it dropped is asked for again,
+    until what passes read again fits."""
+    h5py = pytest.importorskip("h5py")
+    path = str(tmp_path / "v.h5")
+    data = np.random.default_rng(5).integers(0, 1 << 30, (48, 64, 64), dtype=np.int32)
+    with h5py.File(path, "w") as f:  # 12 chunks of 64 KiB, ~768 KiB in all
+        f.create_dataset("v", data=data, chunks=(4, 64, 64), compression="gzip")
+    _, fields = hdf5_arrays(path, None)
+    layout = fields[0].layout
+    reader = _core.ShardReader(2)
+    reader.chunk_cache_bytes = 1 << 20  # starts at 128 KiB: two chunks
+    whole = [(0, [0, 0, 0], [48, 64, 64])]
+    reads = []
+    for _ in range(6):
+        got, pending = read_boxes([layout], [data.dtype], whole, reader)
+        check(whole, got, [data])
+        reads.append(pending.bytes_read())
+    assert reads[0] == reads[1] == layout.stored_bytes  # (the first misses make it grow)
+    assert reads[-1] == 0, reads  # grown to hold every chunk
+    assert sorted(reads, reverse=True) == reads
+
+
 def test_box_of_unfiltered_chunks_reads_whole_chunks(tmp_path):
     h5py = pytest.importorskip("h5py")
     path = str(tmp_path / "v.h5")

@@ -365,6 +365,11 @@ class ColumnDecoder {
       const uint64_t likely = std::min(rows_ <= room / width_ ? rows_ * width_ : room,
                                        size <= room / 8 ? size * 8 + 65536 : room);
       output_.expect(std::min(likely, room));
+    } else if (width_ == 0) {
+      // Byte strings: about the pages' own size (a little more, for compressed pages),
+      // made once, not grown page by page, each growth a copy into fresh memory.
+      const uint64_t room = spec_.max_decoded_bytes - output_.total_size();
+      output_.expect(std::min(size <= room ? size + size / 8 : room, room));
     }
     uint64_t pos = 0;
     bool first = true;

@@ -137,25 +137,41 @@ uint64_t next_layout_id() {
 
 ChunkCache::Bytes ChunkCache::find(uint64_t layout, uint64_t chunk) {
   std::lock_guard<std::mutex> lock(mutex_);
-  auto it = entries_.find(Key{layout, chunk});
-  if (it == entries_.end()) return nullptr;
+  const Key key{layout, chunk};
+  auto it = entries_.find(key);
+  if (it == entries_.end()) {
+    if (dropped_.count(key) && capacity_ < limit_) {  // too small for what is read
+      capacity_ = std::min(limit_, std::max<size_t>(capacity_ * 2, 1));
+      dropped_.clear();
+      dropped_order_.clear();
+    }
+    return nullptr;
+  }
   lru_.splice(lru_.begin(), lru_, it->second.position);
   return it->second.bytes;
 }
 
 void ChunkCache::put(uint64_t layout, uint64_t chunk, Bytes bytes) {
-  if (bytes->size() > capacity_ / 4) return;  // one chunk never pushes out most of the rest
+  if (bytes->size() > limit_ / 4) return;  // one chunk never pushes out most of the rest
   std::lock_guard<std::mutex> lock(mutex_);
   Key key{layout, chunk};
   if (entries_.count(key)) return;  // decoded meanwhile by another batch: the same bytes
   bytes_ += bytes->size();
   lru_.push_front(key);
   entries_.emplace(key, Entry{std::move(bytes), lru_.begin()});
-  while (bytes_ > capacity_ && !lru_.empty()) {
-    auto it = entries_.find(lru_.back());
+  while (bytes_ > capacity_ && lru_.size() > 1) {
+    const Key gone = lru_.back();
+    auto it = entries_.find(gone);
     bytes_ -= it->second.bytes->size();
     entries_.erase(it);
     lru_.pop_back();
+    if (capacity_ < limit_ && dropped_.insert(gone).second) {
+      dropped_order_.push_back(gone);
+      if (dropped_order_.size() > kDroppedKept) {
+        dropped_.erase(dropped_order_.front());
+        dropped_order_.pop_front();
+      }
+    }
   }
 }
 
@@ -505,7 +521,7 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     const uint64_t bytes = a.decoded_bytes(task.chunk);
     chunk = decode_chunk(a, mask, raw.data(), size, bytes, scratch_a, scratch_b, path, offset,
                          where, region);
-    if (filtered && !partial && bytes <= decoded.capacity() / 4) {
+    if (filtered && !partial && bytes <= decoded.limit() / 4) {
       decoded.put(a.id, task.chunk,
                   std::make_shared<const std::vector<uint8_t>>(chunk, chunk + bytes));
     }

@@ -5,11 +5,14 @@
 // from several chunks where chunks cut across a row or a box).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
+#include <deque>
 #include <list>
 #include <memory>
 #include <mutex>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "stoker/io/file_cache.hpp"
@@ -33,13 +36,28 @@ struct ArrayPlan {
 // shuffled epoch draws a chunk's rows over several batches (see the sampler's
 // groups), and each should not decode it again. Per process (a forked child
 // starts its own); entries are never changed, so readers share them unlocked.
+//
+// It holds up to `limit` bytes, but starts at kStartBytes (an eighth of a
+// smaller limit) and doubles each time
+// a chunk it dropped is asked for again: memory touched for the first time costs
+// more than the copy into it (page faults, zeroing), so a cache that grew to the
+// limit for an epoch whose chunks are each read in one window would spend most
+// of a first epoch on fresh pages, where a cache of the window's size reuses
+// the buffers it drops.
 class ChunkCache {
  public:
   using Bytes = std::shared_ptr<const std::vector<uint8_t>>;
-  explicit ChunkCache(size_t capacity) : capacity_(capacity) {}
+  static constexpr size_t kStartBytes = 32 * 1024 * 1024;
+  explicit ChunkCache(size_t limit) : limit_(limit), capacity_(std::min(limit / 8, kStartBytes)) {}
   Bytes find(uint64_t layout, uint64_t chunk);
   void put(uint64_t layout, uint64_t chunk, Bytes bytes);
-  size_t capacity() const { return capacity_; }
+  // The most it may hold: a chunk of more than a quarter of it is not kept.
+  size_t limit() const { return limit_; }
+  // What it holds at most now (see the class's words).
+  size_t capacity() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return capacity_;
+  }
 
  private:
   struct Key {
@@ -53,11 +71,16 @@ class ChunkCache {
     Bytes bytes;
     std::list<Key>::iterator position;
   };
-  size_t capacity_;
+  // Chunks dropped since the cache last grew, the latest kDroppedKept of them.
+  static constexpr size_t kDroppedKept = 1 << 16;
+  const size_t limit_;
   std::mutex mutex_;
+  size_t capacity_;
   size_t bytes_ = 0;
   std::list<Key> lru_;  // front: most recently used
   std::unordered_map<Key, Entry, Hash> entries_;
+  std::unordered_set<Key, Hash> dropped_;
+  std::deque<Key> dropped_order_;
 };
 
 // Throws Error unless `r` (a kArrayRow request) names a row of an array of `files`.

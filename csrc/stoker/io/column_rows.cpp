@@ -209,7 +209,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
       throw FormatError(e.path(), e.offset(),
                         "row group " + std::to_string(u.row_group) + ", " + e.detail());
     }
-    if (values->size() <= decoded.capacity() / 4) decoded.put(c.id, task.unit, values);
+    if (values->size() <= decoded.limit() / 4) decoded.put(c.id, task.unit, values);
   }
   const ColumnValues v = c.decoder->view(*values);
   if (v.rows != u.rows) {
