@@ -61,6 +61,24 @@ def _photos() -> list[np.ndarray]:
     return [p[..., :3] for p in photos if p.ndim == 3]
 
 
+def photo_jpeg(photo, rng: random.Random) -> bytes:
+    """A JPEG (quality 90) of a random window of the PIL image `photo`, at one of SIZES,
+    flipped half the time."""
+    from PIL import Image
+
+    w, h = SIZES[rng.randrange(len(SIZES))]
+    scale = rng.uniform(0.5, 1.0)  # the window keeps the output's aspect ratio
+    cw = min(photo.width, photo.height * w / h) * scale
+    ch = cw * h / w
+    x0, y0 = rng.uniform(0, photo.width - cw), rng.uniform(0, photo.height - ch)
+    image = photo.resize((w, h), Image.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch))
+    if rng.random() < 0.5:
+        image = image.transpose(Image.FLIP_LEFT_RIGHT)
+    out = io.BytesIO()
+    image.save(out, "JPEG", quality=90)
+    return out.getvalue()
+
+
 def prepare(folder: str, n: int, shards: int = 10) -> None:
     """Write the files, the shards and the re-encoded shards, each unless already there."""
     from PIL import Image
@@ -79,19 +97,7 @@ def prepare(folder: str, n: int, shards: int = 10) -> None:
             for s in range(shards)
         ]
         for i in range(n):
-            photo = photos[i % len(photos)]
-            w, h = SIZES[rng.randrange(len(SIZES))]
-            # A random window of the photo with the output's aspect ratio.
-            scale = rng.uniform(0.5, 1.0)
-            cw = min(photo.width, photo.height * w / h) * scale
-            ch = cw * h / w
-            x0, y0 = rng.uniform(0, photo.width - cw), rng.uniform(0, photo.height - ch)
-            image = photo.resize((w, h), Image.BICUBIC, box=(x0, y0, x0 + cw, y0 + ch))
-            if rng.random() < 0.5:
-                image = image.transpose(Image.FLIP_LEFT_RIGHT)
-            out = io.BytesIO()
-            image.save(out, "JPEG", quality=90)
-            data, label = out.getvalue(), i % 1000
+            data, label = photo_jpeg(photos[i % len(photos)], rng), i % 1000
             name = f"{i:06d}.jpg"
             with open(os.path.join(folder, "files", name), "wb") as f:
                 f.write(data)

@@ -157,9 +157,9 @@ def signed_requests(monkeypatch) -> list[str]:
     sent: list[str] = []
     sign = ObjectStore.sign
 
-    async def counting(self, method: str, url: str, headers: dict) -> dict:
+    async def counting(self, method: str, url: str, headers: dict, body=None) -> dict:
         sent.append(url)
-        return await sign(self, method, url, headers)
+        return await sign(self, method, url, headers, body)
 
     monkeypatch.setattr(ObjectStore, "sign", counting)
     return sent

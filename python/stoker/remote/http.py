@@ -197,6 +197,29 @@ class Fetcher(Transport):
 
         return await with_retries(url, lambda: 0, attempt, self.options)
 
+    async def upload(self, url: str, path: str) -> None:
+        """The file `path` put at `url` (an object in a store) in one request: the store
+        shows the object whole, once it has all of it, or not at all."""
+        size = os.path.getsize(path)
+
+        async def attempt() -> None:
+            with open(path, "rb") as body:
+                headers = {"Content-Length": str(size)}
+                async with self._request(url, headers, method="PUT", body=body) as response:
+                    await self._check_response(url, 0, response)
+
+        await with_retries(url, lambda: 0, attempt, self.options)
+
+    async def delete(self, url: str) -> None:
+        """The object `url` removed (one already gone is no error)."""
+
+        async def attempt() -> None:
+            async with self._request(url, method="DELETE") as response:
+                if response.status not in (204, 404):
+                    await self._check_response(url, 0, response)
+
+        await with_retries(url, lambda: 0, attempt, self.options)
+
     async def download(
         self,
         url: str,

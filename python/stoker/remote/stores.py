@@ -265,9 +265,12 @@ class ObjectStore:
             )
         return found
 
-    async def sign(self, method: str, url: str, headers: dict[str, str]) -> dict[str, str]:
+    async def sign(
+        self, method: str, url: str, headers: dict[str, str], body: Any = None
+    ) -> dict[str, str]:
         """`headers` plus the store's: SigV4 authorization (unless unsigned) and
-        requester-pays."""
+        requester-pays. `body`: a PUT's open file, whose sha256 the signature holds (read
+        through here, off the event loop, and put back at its start)."""
         headers = dict(headers)
         if self.requester_pays:
             headers["x-amz-request-payer"] = "requester"
@@ -284,8 +287,14 @@ class ObjectStore:
                 frozen = await loop.run_in_executor(None, found.get_frozen_credentials)
             else:
                 frozen = found.get_frozen_credentials()
-            request = botocore.awsrequest.AWSRequest(method=method, url=url, headers=headers)
-            botocore.auth.S3SigV4Auth(frozen, "s3", self.region).add_auth(request)
+            request = botocore.awsrequest.AWSRequest(
+                method=method, url=url, headers=headers, data=body
+            )
+            signer = botocore.auth.S3SigV4Auth(frozen, "s3", self.region)
+            if body is None:
+                signer.add_auth(request)
+            else:
+                await loop.run_in_executor(None, signer.add_auth, request)
         except Exception as e:  # an expired SSO token, a failing credential_process...
             raise StokerError(
                 f"cannot sign the request: {type(e).__name__}: {clip(str(e))}"

@@ -122,10 +122,11 @@ class Transport:
         headers: dict[str, str] | None = None,
         method: str = "GET",
         target: str | None = None,
+        body: Any = None,
     ) -> Any:
         """A request for `url`: an http(s) URL, sent as given, or an object in a store,
         sent to its https URL (or to `target`, a request of the store's that is not an
-        object's: a listing), signed."""
+        object's: a listing), signed. `body`: what a PUT sends (an open file, streamed)."""
         yarl = self._yarl
         headers = dict(headers or {})
         redirects = True
@@ -133,7 +134,7 @@ class Transport:
             store = self.store_of(url)
             target = target or store.url_of(ObjectName.parse(url))
             try:
-                headers = await store.sign(method, target, headers)
+                headers = await store.sign(method, target, headers, body)
             except StokerError as e:  # credentials that cannot be had: no retry helps
                 kind = UsageError if isinstance(e, UsageError) else FetchError
                 raise located(kind, url, 0, str(e)) from None
@@ -150,6 +151,7 @@ class Transport:
             method,
             sent,
             headers=headers,
+            data=body,
             allow_redirects=redirects,
             max_redirects=self.options.max_redirects,
         ) as response:

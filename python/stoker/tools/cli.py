@@ -79,6 +79,7 @@ def _pack(args: argparse.Namespace) -> int:
         quiet=_quiet(args),
         image_size=args.image_size,
         image_quality=args.quality,
+        ray=args.ray,
     )
     print(
         f"packed {result.samples:,} samples into {len(result.shards)} shard(s), "
@@ -100,7 +101,10 @@ def _index(args: argparse.Namespace) -> int:
             cache_dir=args.cache_dir,
             cache_limit=args.cache_limit,
             fetch=_fetch_options(args),
+            ray=args.ray,
         )
+    elif args.ray:
+        raise stoker.UsageError("stoker index --ray: for remote shards (local ones: without it)")
     elif len(args.source) > 1:
         raise stoker.UsageError("stoker index: one local source (a folder, glob or pattern)")
     else:
@@ -183,6 +187,18 @@ def _bench(args: argparse.Namespace) -> int:
     from stoker.tools import bench
 
     return bench.run(args)
+
+
+def _ray_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--ray",
+        nargs="?",
+        const=True,
+        default=False,
+        metavar="ADDRESS",
+        help=f"{what} on a Ray cluster: the one at ADDRESS ('auto': the one this machine is "
+        "in), else the one RAY_ADDRESS names, else a new local one",
+    )
 
 
 def _fetch_options(args: argparse.Namespace, **more: object) -> stoker.FetchOptions:
@@ -286,6 +302,7 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument(
         "--quality", type=int, default=90, help="JPEG quality of --image-size (default 90)"
     )
+    _ray_argument(pack, "write each shard as a Ray task, into an OUT every node sees,")
     pack.set_defaults(run=_pack)
 
     index = _command(
@@ -308,6 +325,7 @@ def build_parser() -> argparse.ArgumentParser:
     index.add_argument("--cache-limit", type=parse_size, help="remote shards: the cache's limit")
     index.add_argument("--threads", type=_count, default=0, help="local shards read at once")
     _store_arguments(index)
+    _ray_argument(index, "remote shards: fetch, index and hash each as a Ray task")
     index.set_defaults(run=_index)
 
     inspect = _command(

@@ -8,6 +8,7 @@ import json
 import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -85,12 +86,15 @@ def index_remote(
     cache_dir: str | None = None,
     cache_limit: int | None = None,
     fetch: FetchOptions | None = None,
+    ray: str | bool = False,
 ) -> tuple[str, list[dict], str]:
     """Write ``stoker.json`` for remote shards (http(s), ``s3://``, ``gs://``) to the local
     file `out` (default ``./stoker.json``), to be put beside them. Each shard is fetched
     through the node cache once (as a first epoch would) and described from its copy
     there: bytes, samples, fields, sha256. Paths are relative to the shards' common
-    folder (returned too), where the manifest belongs."""
+    folder (returned too), where the manifest belongs. `ray`: each shard described by a
+    Ray task, through the cache of the node it runs on, on the cluster at that address
+    (True: the one joined, else a local one); the same manifest as without it."""
     from stoker.dataset import Dataset
 
     ds = Dataset(
@@ -106,19 +110,32 @@ def index_remote(
     folder = os.path.commonprefix([url.rsplit("/", 1)[0] + "/" for url in urls])
     folder = folder[: folder.rfind("/") + 1]
 
-    def one(i: int) -> dict:
-        hold = remote.acquire(i)
-        try:
-            entry = shard_entry(hold.path, os.path.dirname(hold.path))
-        finally:
-            remote.release(i)
-        entry["path"] = urls[i][len(folder) :]
-        return entry
+    if ray:
+        from stoker.ray.tasks import run_each
 
-    with ThreadPoolExecutor(remote.options.connections) as pool:
-        entries = list(pool.map(one, range(len(urls))))
+        address = ray if isinstance(ray, str) else None
+        entries: list[dict] = [{}] * len(urls)
+        # (the task holds the pickled Dataset: its shards' URLs, not their bytes)
+        for i, text in run_each(len(urls), lambda i: json.dumps(_remote_entry(ds, i)), address):
+            entries[i] = json.loads(text)
+    else:
+        with ThreadPoolExecutor(remote.options.connections) as pool:
+            entries = list(pool.map(lambda i: _remote_entry(ds, i), range(len(urls))))
+    for described, url in zip(entries, urls):
+        described["path"] = url[len(folder) :]
     written = write_entries(out or MANIFEST_NAME, entries)
     return written, entries, folder
+
+
+def _remote_entry(ds: Any, i: int) -> dict:
+    """The manifest entry of remote shard `i` of `ds`, from its copy in the node cache (its
+    path not yet made relative)."""
+    remote = ds.remote
+    hold = remote.acquire(i)
+    try:
+        return shard_entry(hold.path, os.path.dirname(hold.path))
+    finally:
+        remote.release(i)
 
 
 @dataclass

@@ -196,12 +196,15 @@ def pack(
     prefix: str = "shard",
     image_size: int | None = None,
     image_quality: int = 90,
+    ray: str | bool = False,
 ) -> PackResult:
     """Pack `ds` into tar shards and a ``stoker.json`` in `out` (new or empty). Everything
     is written in a hidden folder and moved into `out` at the end: a run that fails leaves
     nothing behind. `image_size`: JPEG members re-encoded (at `image_quality`) so that their
     shorter side is at most that many pixels; shards are then smaller than `shard_size`,
-    which is reckoned on the members as they were."""
+    which is reckoned on the members as they were. `ray`: the shards written by Ray tasks
+    (see stoker.ray.packing), on the cluster at that address (True: the one joined, or a
+    local one); the same shards as without it."""
     if shard_size is not None and samples_per_shard is not None:
         raise StokerError("give --shard-size or --samples-per-shard, not both")
     if shard_size is None and samples_per_shard is None:
@@ -248,8 +251,9 @@ def pack(
     writers = max(1, num_threads or os.cpu_count() or 1)
     steps: list[Callable[[list[dict]], None]] = []
     if image_size is not None:
-        # Shards are written side by side; their decoding threads share the cores.
-        threads = max(1, usable_cores() // min(writers, len(plan) or 1))
+        # Shards are written side by side; their decoding threads share the cores (a
+        # Ray task has the one core Ray gave it).
+        threads = 1 if ray else max(1, usable_cores() // min(writers, len(plan) or 1))
         resize = ImageResize(image_size, image_quality, threads)
         steps.append(lambda batch: shrink_images(batch, resize, ds.source))
     if is_table_dataset(ds):  # (after shrinking, which looks for JPEGs among the arrays)
@@ -264,19 +268,37 @@ def pack(
     try:
         lock = threading.Lock()
         with _progress(len(ds), quiet, "samples", "pack") as bar:
+            shards_done = [0]
 
             def progress(n: int) -> None:
                 with lock:
                     bar.update(n)
+                    shards_done[0] += 1
+                    if ray:
+                        bar.set_postfix_str(f"{shards_done[0]}/{len(plan)} shard tasks")
 
-            write_shards(
-                ds,
-                plan,
-                [os.path.join(work, name) for name in names],
-                num_threads=writers,
-                progress=progress,
-                transform=transform if steps else None,
-            )
+            paths = [os.path.join(work, name) for name in names]
+            if ray:
+                from stoker.ray.packing import write_shards_on_ray
+
+                address = ray if isinstance(ray, str) else None
+                write_shards_on_ray(
+                    ds,
+                    plan,
+                    paths,
+                    address=address,
+                    progress=progress,
+                    transform=transform if steps else None,
+                )
+            else:
+                write_shards(
+                    ds,
+                    plan,
+                    paths,
+                    num_threads=writers,
+                    progress=progress,
+                    transform=transform if steps else None,
+                )
         extra = {"classes": list(classes)} if classes is not None else None
         write_manifest([os.path.join(work, n) for n in names], work, extra=extra)
         if made:
