@@ -974,7 +974,12 @@ def _scenario_fork(libs: list[str], root: str) -> dict:
 
     path = os.path.join(root, "a.npy")
     np.save(path, np.arange(10))
-    _core.CopyStream(0)  # the parent has initialised the driver
+    # The parent has initialised the driver, and its stream stays alive, idle, over the
+    # fork: the stand-in runs a thread per stream, and a thread starting or ending while
+    # the process forks can hold the ASan allocator's lock (gcc 12's libasan takes no
+    # lock at fork), which deadlocks the child's first malloc.
+    stream = _core.CopyStream(0)
+    stream.record().wait()
     parent_status = stoker.cuda_status()
     read_end, write_end = os.pipe()
     pid = os.fork()
@@ -1002,7 +1007,8 @@ def _scenario_fork(libs: list[str], root: str) -> dict:
             os.write(write_end, json.dumps(result).encode())
             os._exit(0)
     os.close(write_end)
-    ready, _, _ = select.select([read_end], [], [], 20)
+    # (the child imports torch: 15 s under ASan on 2 busy cores)
+    ready, _, _ = select.select([read_end], [], [], 60)
     if not ready:
         os.kill(pid, 9)
         os.waitpid(pid, 0)
@@ -1011,11 +1017,12 @@ def _scenario_fork(libs: list[str], root: str) -> dict:
     while chunk := os.read(read_end, 65536):
         chunks.append(chunk)
     os.waitpid(pid, 0)
+    del stream
     return {"hang": False, "parent": parent_status, "child": json.loads(b"".join(chunks))}
 
 
 def test_forked_child_gets_a_clear_error(standin_libs, tmp_path):
-    r = _run("fork", standin_libs, root=str(tmp_path), timeout=60)
+    r = _run("fork", standin_libs, root=str(tmp_path), timeout=120)
     assert not r["hang"]
     child = r["child"]
     assert "crash" not in child, child
