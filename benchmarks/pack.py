@@ -1,7 +1,9 @@
 """Packing JPEGs re-encoded at 256: ``stoker pack --image-size 256`` in one process, the same
 with ``--ray`` on one and on two Ray workers, LitData's ``optimize`` with two workers, and
 webdataset's ``ShardWriter`` fed by a ``multiprocessing.Pool`` of two; plus Ray's fixed
-costs (starting a local cluster, and one empty task).
+costs (starting a local cluster, and one empty task). The ``--ray`` entries run twice:
+starting a local cluster of their own, as ``--ray`` alone does, and joining one started
+beforehand (``ray start --head``, outside the timing), as on a cluster that is already up.
 
     python benchmarks/pack.py [--images 20000] [--runs 3] [--only NAME ...]
 
@@ -86,10 +88,10 @@ def pillow_resized(path: str) -> bytes:
 # -- the entries (each in a child process) -------------------------------------------
 
 
-def run_stoker(tree: str, out: str, ray: int | None) -> dict:
+def run_stoker(tree: str, out: str, ray: int | None, address: str | None = None) -> dict:
     from stoker.tools.cli import main
 
-    extra: list[str] = []
+    extra: list[str] = ["--ray", address] if address else []
     started = None
     if ray is not None:
         import ray as ray_module
@@ -176,13 +178,25 @@ ENTRIES = {
     "LitData optimize(num_workers=2)": run_litdata,
     "webdataset ShardWriter + Pool(2)": run_webdataset,
 }
+#: The --ray entries joining a cluster already up: its CPUs.
+JOINING = {"--ray auto, 1 worker (cluster up)": 1, "--ray auto, 2 workers (cluster up)": 2}
+RAY_PORT = 6391
+
+
+def ray_command(*args: str) -> None:
+    import subprocess
+
+    ray = os.path.join(os.path.dirname(sys.executable), "ray")
+    subprocess.run([ray, *args], check=True, capture_output=True, timeout=300)
 
 
 def child(name: str, tree: str, out: str) -> dict:
     began = time.perf_counter()
     if name == "ray costs":
         return run_ray_costs(tree, out)
-    extra = ENTRIES[name](tree, out)
+    # (joining by "auto": Ray then reads the token `ray start` made, see docs/cluster.md)
+    joined = name in JOINING
+    extra = run_stoker(tree, out, None, "auto") if joined else ENTRIES[name](tree, out)
     return {"seconds": time.perf_counter() - began, **extra}
 
 
@@ -191,7 +205,7 @@ def main() -> None:
     parser.add_argument("--images", type=int, default=20_000)
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--data", default="/tmp/stoker-bench-pack")
-    parser.add_argument("--only", nargs="+", choices=list(ENTRIES), help="run only these")
+    parser.add_argument("--only", nargs="+", choices=[*ENTRIES, *JOINING], help="run only these")
     parser.add_argument("--json", help="write the figures here too")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     parser.add_argument("--tree", help=argparse.SUPPRESS)
@@ -201,7 +215,7 @@ def main() -> None:
         print(json.dumps(child(args.child, args.tree, args.out)))
         return
     tree = prepare(args.data, args.images)
-    names = args.only or list(ENTRIES)
+    names = args.only or [*ENTRIES, *JOINING]
     results: dict[str, list[dict]] = {n: [] for n in [*names, "ray costs"]}
     failed: dict[str, str] = {}
     out = os.path.join(args.data, "out")
@@ -211,7 +225,20 @@ def main() -> None:
                 continue
             shutil.rmtree(out, ignore_errors=True)
             command = [sys.executable, __file__, "--child", name, "--tree", tree, "--out", out]
-            run = measure.run_child(command, timeout=TIMEOUT)
+            if name in JOINING:
+                ray_command(
+                    "start",
+                    "--head",
+                    f"--port={RAY_PORT}",
+                    f"--num-cpus={JOINING[name]}",
+                    "--include-dashboard=false",
+                    "--disable-usage-stats",
+                )
+            try:
+                run = measure.run_child(command, timeout=TIMEOUT)
+            finally:
+                if name in JOINING:
+                    ray_command("stop", "--force")
             if run.failed:
                 failed[name] = f"{run.failed}: {run.stderr[-400:]}"
                 print(f"{name}: {failed[name]}", flush=True)
@@ -237,14 +264,17 @@ def report(results: dict[str, list[dict]], failed: dict[str, str], images: int) 
     }
     base = median.get("LitData optimize(num_workers=2)")
     print(f"\n{images:,} JPEGs re-encoded at {SIZE} (medians of {max(map(len, results.values()))})")
-    print(f"{'entry':36} {'seconds':>8} {'images/s':>9} {'vs LitData':>10} {'peak RSS':>9}")
+    print(f"{'entry':40} {'seconds':>8} {'images/s':>9} {'vs LitData':>10} {'peak RSS':>9}")
     for name, seconds in median.items():
         ratio = f"{base / seconds:.2f}x" if base else "-"
         rss = max(r["peak_rss"] for r in results[name]) / 1e6
-        print(f"{name:36} {seconds:8.1f} {images / seconds:9.0f} {ratio:>10} {rss:8.0f}M")
-    one, two = median.get("stoker pack --ray, 1 worker"), median.get("stoker pack --ray, 2 workers")
-    if one and two:
-        print(f"--ray: 2 workers {one / two:.2f}x its 1-worker figure")
+        print(f"{name:40} {seconds:8.1f} {images / seconds:9.0f} {ratio:>10} {rss:8.0f}M")
+    for one, two in [
+        ("stoker pack --ray, 1 worker", "stoker pack --ray, 2 workers"),
+        (*JOINING,),
+    ]:
+        if median.get(one) and median.get(two):
+            print(f"{two}: {median[one] / median[two]:.2f}x its 1-worker figure")
     costs = results.get("ray costs") or []
     if costs:
         get = lambda key: statistics.median(c[key] for c in costs)  # noqa: E731

@@ -231,3 +231,19 @@ def test_a_task_error_ends_the_job_naming_the_file(ray_cluster, tmp_path):
     paths = [str(tmp_path / "shard-0.tar"), str(tmp_path / "shard-1.tar")]
     with pytest.raises(stoker.ReadError, match="f3.bin"):
         write_shards_on_ray(ds, [np.arange(3), np.arange(3, 6)], paths)
+
+
+def test_a_failed_join_by_address_says_how_to_give_the_token(monkeypatch, tmp_path):
+    """Ray looks for a token-authenticated cluster's token only when joining by ``auto``
+    or with RAY_AUTH_MODE set; joining by HOST:PORT without them fails as InvalidAuthToken."""
+    from stoker.ray.tasks import _token_hint
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("RAY_AUTH_MODE", raising=False)
+    assert "RAY_AUTH_MODE=token and RAY_AUTH_TOKEN" in _token_hint("10.0.0.1:6379")
+    (tmp_path / ".ray").mkdir()
+    (tmp_path / ".ray" / "auth_token").write_text("x" * 64)
+    assert "~/.ray/auth_token" in _token_hint("10.0.0.1:6379")
+    assert _token_hint("auto") == _token_hint(None) == ""
+    monkeypatch.setenv("RAY_AUTH_MODE", "token")
+    assert _token_hint("10.0.0.1:6379") == ""

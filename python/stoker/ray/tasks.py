@@ -39,8 +39,26 @@ def connect(address: str | None) -> Any:
     names, else to a new local one."""
     ray = require_ray()
     if not ray.is_initialized():
-        ray.init(address=address, log_to_driver=False, configure_logging=False)
+        try:
+            ray.init(address=address, log_to_driver=False, configure_logging=False)
+        except ConnectionError as e:
+            raise ConnectionError(f"{e}{_token_hint(address)}") from e
     return ray
+
+
+def _token_hint(address: str | None) -> str:
+    """How to reach a cluster that wants a token, where that may be why a join failed.
+
+    Clusters started by ``ray start`` (Ray 2.5x) check a token, which Ray looks for only
+    when the address is ``auto`` or RAY_AUTH_MODE says so."""
+    token = os.path.join(os.path.expanduser("~"), ".ray", "auth_token")
+    if address in (None, "auto") or "RAY_AUTH_MODE" in os.environ:
+        return ""
+    where = "the token in ~/.ray/auth_token" if os.path.exists(token) else "RAY_AUTH_TOKEN"
+    return (
+        f" (a cluster with token authentication is joined with --ray auto on one of its"
+        f" nodes, or with RAY_AUTH_MODE=token and {where})"
+    )
 
 
 #: Times Ray runs a task again whose worker died (an error the task raised is not retried).
