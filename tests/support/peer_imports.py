@@ -4,7 +4,10 @@ datasets) and transformers (for its dataloader's batch types) at import time. Wh
 them cannot be imported (PyPI's torchvision does not load beside the CPU torch CI installs;
 transformers is not installed), placeholder modules stand in for it, so that the real
 StreamingDataset and MDSWriter are what run; they hold what other libraries look up in a
-module they find in sys.modules (datasets: transformers.PreTrainedTokenizerBase)."""
+module they find in sys.modules (datasets: transformers.PreTrainedTokenizerBase). They
+leave sys.modules once streaming is imported (it takes what it needs from them then):
+other libraries in the same process ask sys.modules whether torchvision is installed
+(torchmetrics, under Lightning, then imports torchvision.models)."""
 
 from __future__ import annotations
 
@@ -14,8 +17,9 @@ import types
 from typing import Any
 
 
-def _placeholders(modules: list[tuple[str, dict[str, Any]]]) -> None:
+def _placeholders(modules: list[tuple[str, dict[str, Any]]], added: list[str]) -> None:
     for name, attrs in modules:
+        added.append(name)
         module = types.ModuleType(name)
         module.__spec__ = importlib.machinery.ModuleSpec(name, None, is_package=True)
         module.__path__ = []
@@ -26,6 +30,15 @@ def _placeholders(modules: list[tuple[str, dict[str, Any]]]) -> None:
 
 def import_streaming() -> Any:
     """mosaicml-streaming (ImportError when it is not installed)."""
+    added: list[str] = []
+    try:
+        return _import_streaming(added)
+    finally:
+        for name in added:
+            sys.modules.pop(name, None)
+
+
+def _import_streaming(added: list[str]) -> Any:
     try:
         import torchvision  # noqa: F401
     except Exception:
@@ -39,7 +52,8 @@ def import_streaming() -> Any:
                 ("torchvision.datasets", {"VisionDataset": VisionDataset}),
                 ("torchvision.transforms", {}),
                 ("torchvision.transforms.functional", {"to_tensor": None}),
-            ]
+            ],
+            added,
         )
     try:
         import transformers  # noqa: F401
@@ -62,7 +76,8 @@ def import_streaming() -> Any:
                 ("transformers.models", {}),
                 ("transformers.models.auto", {}),
                 ("transformers.models.auto.tokenization_auto", {"AutoTokenizer": None}),
-            ]
+            ],
+            added,
         )
     import streaming
 

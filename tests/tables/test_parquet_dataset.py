@@ -610,3 +610,34 @@ def test_a_page_index_reads_by_runs_of_pages(tmp_path, monkeypatch, dictionary):
         units = column.units
         assert len(units) > 3 * 3, len(units)  # several per row group
         assert (units[:, 5] > 0).any() == dictionary  # the dictionary page read before them
+
+
+def test_batches_in_flight_together_read_a_row_group_they_share_once(tmp_path):
+    """Batches read ahead at once (prefetch) on two threads all want the one row group of
+    each file: one thread reads and decodes it, the others wait for its values."""
+    paths = []
+    for f in range(8):
+        path = str(tmp_path / f"one-group-{f}.parquet")
+        labels = pa.array(np.arange(20_000, dtype=np.int64) + f)
+        pq.write_table(
+            pa.table({"label": labels}),
+            path,
+            row_group_size=20_000,
+            compression="none",
+            use_dictionary=False,
+        )
+        paths.append(path)
+    for path in paths:
+        ds = stoker.Dataset(path)
+        loader = stoker.Loader(
+            ds,
+            batch_size=16,
+            fields={"label": stoker.Int()},
+            shuffle=True,
+            seed=0,
+            num_threads=2,
+            prefetch=8,
+        )
+        for _, batch in zip(range(16), loader):
+            assert len(batch["label"]) == 16
+        assert loader.stats()["bytes_read"] == chunk_bytes(path, "label"), path

@@ -137,7 +137,32 @@ uint64_t next_layout_id() {
 
 ChunkCache::Bytes ChunkCache::find(uint64_t layout, uint64_t chunk) {
   std::lock_guard<std::mutex> lock(mutex_);
+  return find_locked(Key{layout, chunk});
+}
+
+ChunkCache::Bytes ChunkCache::find_or_claim(uint64_t layout, uint64_t chunk, Claim& claim) {
+  std::unique_lock<std::mutex> lock(mutex_);
   const Key key{layout, chunk};
+  // (each task claims one chunk and holds no other while it waits: no cycle to wait on)
+  released_.wait(lock, [&] { return !claimed_.count(key); });
+  if (Bytes found = find_locked(key)) return found;
+  claimed_.insert(key);
+  claim.cache_ = this;
+  claim.layout_ = layout;
+  claim.chunk_ = chunk;
+  return nullptr;
+}
+
+ChunkCache::Claim::~Claim() {
+  if (cache_ == nullptr) return;
+  {
+    std::lock_guard<std::mutex> lock(cache_->mutex_);
+    cache_->claimed_.erase(Key{layout_, chunk_});
+  }
+  cache_->released_.notify_all();
+}
+
+ChunkCache::Bytes ChunkCache::find_locked(const Key& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     if (dropped_.count(key) && capacity_ < limit_) {  // too small for what is read

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <algorithm>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <list>
@@ -50,6 +51,25 @@ class ChunkCache {
   static constexpr size_t kStartBytes = 32 * 1024 * 1024;
   explicit ChunkCache(size_t limit) : limit_(limit), capacity_(std::min(limit / 8, kStartBytes)) {}
   Bytes find(uint64_t layout, uint64_t chunk);
+
+  // A chunk one thread is decoding: the others that want it meanwhile wait for its
+  // bytes instead of reading it too (batches in flight at once share row groups and
+  // chunks). Released when it ends, whether the decode put its bytes or threw.
+  class Claim {
+   public:
+    Claim() = default;
+    Claim(const Claim&) = delete;
+    Claim& operator=(const Claim&) = delete;
+    ~Claim();
+
+   private:
+    friend class ChunkCache;
+    ChunkCache* cache_ = nullptr;
+    uint64_t layout_ = 0, chunk_ = 0;
+  };
+  // find(), except that on a miss it waits while another thread holds the chunk's
+  // claim, and where the chunk is still missing, claims it in `claim` for the caller.
+  Bytes find_or_claim(uint64_t layout, uint64_t chunk, Claim& claim);
   void put(uint64_t layout, uint64_t chunk, Bytes bytes);
   // The most it may hold: a chunk of more than a quarter of it is not kept.
   size_t limit() const { return limit_; }
@@ -81,6 +101,9 @@ class ChunkCache {
   std::unordered_map<Key, Entry, Hash> entries_;
   std::unordered_set<Key, Hash> dropped_;
   std::deque<Key> dropped_order_;
+  std::unordered_set<Key, Hash> claimed_;
+  std::condition_variable released_;
+  Bytes find_locked(const Key& key);
 };
 
 // Throws Error unless `r` (a kArrayRow request) names a row of an array of `files`.

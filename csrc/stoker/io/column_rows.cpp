@@ -179,7 +179,8 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
   const ColumnUnit& u = c.units[task.unit];
   const std::string& path = files.paths[c.file];
   uint64_t read = 0;
-  ChunkCache::Bytes values = decoded.find(c.id, task.unit);
+  ChunkCache::Claim claim;
+  ChunkCache::Bytes values = decoded.find_or_claim(c.id, task.unit, claim);
   if (!values) {
     const uint64_t total = u.dictionary_size + u.size;
     if (total > kMaxUnitBytes || total < u.size) {
