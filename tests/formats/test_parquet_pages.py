@@ -597,3 +597,20 @@ def test_null_list_element_refused(tmp_path):
     path = tmp_path / "holes.parquet"
     pq.write_table(pa.table({"l": pa.array([[1], [2, None]], pa.list_(pa.int32()))}), path)
     refused(lambda: _decode(path.read_bytes(), path, 0, 0), "row 1", "null element")
+
+
+@pytest.mark.parametrize("first", [None, []], ids=["null", "empty"])
+def test_an_entry_continuing_a_null_or_empty_list_refused(tmp_path, first):
+    """A null or empty list is all of its row; an entry whose repetition level continues
+    it (found by the fuzzer: it gave a null row a value) is refused."""
+    path = tmp_path / "ended.parquet"
+    table = pa.table({"l": pa.array([first, [5]], pa.list_(pa.int32()))})
+    pq.write_table(table, path, use_dictionary=False, compression="none", data_page_version="1.0")
+    raw = path.read_bytes()
+    _decode(raw, path, 0, 0)  # as written, it decodes
+    # The page's repetition levels, [0, 0]: one RLE run (4-byte length 2, header 2<<1, value
+    # 0). Bit-packed, [0, 1] is as long: header 1<<1|1, then the bits 0b10.
+    levels = bytes([2, 0, 0, 0, 4, 0])
+    assert raw.count(levels) == 1
+    damaged = raw.replace(levels, bytes([2, 0, 0, 0, 3, 2]))
+    refused(lambda: _decode(damaged, path, 0, 0), "row 0", "null or empty list", "continues")

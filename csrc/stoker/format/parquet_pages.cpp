@@ -588,8 +588,13 @@ class ColumnDecoder {
           fail("it holds more rows than the " + std::to_string(rows_) + " of the column chunk");
         }
         output_.set_offset(row_++, at);
+        // A null or empty list is the whole of its row: no entry may continue it.
+        list_ended_ = listed && static_cast<int32_t>(definition) < element_definition_;
       } else if (row_ == 0) {
         fail("its first entry continues a list (repetition level 1) that no page began");
+      } else if (list_ended_) {
+        fail("row " + std::to_string(row_ - 1) +
+             " is a null or empty list, and an entry after it continues that list");
       }
       if (definition == max_definition) {
         if (width_ > 0) {
@@ -824,6 +829,7 @@ class ColumnDecoder {
   Output output_;
   uint64_t row_ = 0;  // rows started
   bool any_null_ = false;
+  bool list_ended_ = false;  // the row begun last is a null or empty list
   std::vector<uint32_t> repetitions_ = std::vector<uint32_t>(kBatch);
   std::vector<uint32_t> definitions_ = std::vector<uint32_t>(kBatch);
   // The page's values: PLAIN bytes (or bits, for booleans; values, for BYTE_STREAM_SPLIT)
