@@ -23,15 +23,8 @@ pytest.importorskip("botocore")
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):
-    try:
-        server = object_store.SeaweedS3().start(tmp_path_factory.mktemp("weed"))
-    except object_store.ObjectStoreUnavailable as e:
-        pytest.skip(str(e))
-    try:
-        server.make_bucket("ray")
+    with object_store.started_for_tests(tmp_path_factory, "ray") as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -34,14 +34,8 @@ def options(**kw: object) -> stoker.FetchOptions:
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory: pytest.TempPathFactory):
-    try:
-        server = object_store.SeaweedS3().start(tmp_path_factory.mktemp("weed"))
-    except object_store.ObjectStoreUnavailable as e:
-        pytest.skip(str(e))
-    try:
+    with object_store.started_for_tests(tmp_path_factory) as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture(scope="module")

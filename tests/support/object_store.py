@@ -488,6 +488,24 @@ if __name__ == "__main__":  # manual smoke test: python tests/object_store.py
         sys.stdout.flush()
 
 
+@contextlib.contextmanager
+def started_for_tests(tmp_path_factory: Any, *buckets: str) -> Iterator[SeaweedS3]:
+    """A SeaweedS3 for a test module's fixture, with `buckets` made; the module is skipped
+    where weed cannot start here. Stopped when the block ends."""
+    import pytest
+
+    try:
+        server = SeaweedS3().start(tmp_path_factory.mktemp("weed"))
+    except ObjectStoreUnavailable as e:
+        pytest.skip(str(e))
+    try:
+        for bucket in buckets:
+            server.make_bucket(bucket)
+        yield server
+    finally:
+        server.stop()
+
+
 def use_store(store: SeaweedS3, monkeypatch: Any, tmp_path: Path) -> Any:
     """`monkeypatch` with the environment set for `store`: its credentials, its endpoint in
     AWS_ENDPOINT_URL_S3, and nothing read from this machine's own AWS files or metadata

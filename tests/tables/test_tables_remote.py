@@ -299,18 +299,11 @@ def options(**kw: object) -> stoker.FetchOptions:
 @pytest.fixture(scope="module")
 def store(tmp_path_factory, data):
     pytest.importorskip("botocore")
-    try:
-        server = object_store.SeaweedS3().start(tmp_path_factory.mktemp("weed"))
-    except object_store.ObjectStoreUnavailable as e:
-        pytest.skip(str(e))
-    try:
-        server.make_bucket("tables")
+    with object_store.started_for_tests(tmp_path_factory, "tables") as server:
         for name in [*NAMES, "wide.parquet", "rows.arrow"]:
             folder = "wide" if name == "wide.parquet" else "set"
             server.put_file("tables", f"{folder}/{name}", os.path.join(data, name))
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture
