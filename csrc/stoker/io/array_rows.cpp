@@ -529,6 +529,11 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
   // of its four tiles, on average; most tiles are never drawn again).
   ChunkRegion region;
   const bool partial = !cached && !rows && jpeg_region(a, requests, plan, task, grid_at, region);
+  // A chunk that will be kept is claimed: a task on another thread (the rows of one box
+  // spread over several) that wants it meanwhile waits for its bytes instead of reading
+  // it too. A partly decoded tile is not kept, so nobody waits for it.
+  ChunkCache::Claim claim;
+  if (filtered && !cached && !partial) cached = decoded.find_or_claim(a.id, task.chunk, claim);
   const uint8_t* chunk = cached ? cached->data() : nullptr;
   if (chunk == nullptr) {
     std::string where = coordinates(grid_at);
