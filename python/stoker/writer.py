@@ -244,16 +244,22 @@ def write_shards(
     num_threads: int = 1,
     progress: Callable[[int], None] | None = None,
     transform: Callable[[list[dict]], None] | None = None,
+    then: Callable[[int], None] | None = None,
 ) -> None:
-    """Shard `paths[i]` of the samples `plan[i]`, `num_threads` at a time. When one fails
-    (or on Ctrl-C) the others stop where they are; the caller removes what was written."""
+    """Shard `paths[i]` of the samples `plan[i]`, `num_threads` at a time, each followed
+    by ``then(i)`` on its thread once written (stoker pack puts it in an object store).
+    When one fails (or on Ctrl-C) the others stop where they are; the caller removes what
+    was written."""
     stop = threading.Event()
     pool = ThreadPoolExecutor(max(1, num_threads))
+
+    def one(i: int) -> None:
+        write_shard(ds, plan[i], paths[i], progress, stop, transform)
+        if then is not None:
+            then(i)
+
     try:
-        futures = [
-            pool.submit(write_shard, ds, members, path, progress, stop, transform)
-            for members, path in zip(plan, paths)
-        ]
+        futures = [pool.submit(one, i) for i in range(len(plan))]
         for future in futures:
             future.result()
     except BaseException:

@@ -150,7 +150,9 @@ def test_read_refuses_what_it_cannot_read(shards):
         read(shards, fields=FIELDS, batch_size=0)
 
 
-def test_index_on_ray_writes_the_manifest_index_writes(ray_cluster, shards, tmp_path):
+def test_index_on_ray_writes_the_manifest_index_writes(ray_cluster, shards, tmp_path, capsys):
+    from stoker.tools.inspect import index_remote
+
     names = sorted(n for n in os.listdir(shards) if n.endswith(".tar"))
     with ShardServer(shards) as server:
         urls = [f"{server.url}/{n}" for n in names]
@@ -159,6 +161,11 @@ def test_index_on_ray_writes_the_manifest_index_writes(ray_cluster, shards, tmp_
         assert main(["index", *urls, "--out", str(plain), *cache]) == 0
         ray_cache = ["--cache-dir", str(tmp_path / "ray-cache")]
         assert main(["index", *urls, "--out", str(on_ray), *ray_cache, "--ray"]) == 0
+        capsys.readouterr()
+        cache_dir = str(tmp_path / "shown")
+        index_remote(urls, str(tmp_path / "shown.json"), cache_dir=cache_dir, ray=True, quiet=False)
+        shown = capsys.readouterr().err  # the progress bar: shards done, samples, bytes
+        assert f"{len(names)}/{len(names)}" in shown and "samples" in shown, shown
     with open(plain) as f, open(on_ray) as g:
         assert json.load(g) == json.load(f)
     with open(os.path.join(shards, "stoker.json")) as f:

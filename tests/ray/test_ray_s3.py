@@ -7,12 +7,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 import stoker
 import stoker.ray
+from stoker.ray.tasks import KILL_ONCE_ENV
 from tests.support import REPO, object_store
 
 pytestmark = pytest.mark.xdist_group("ray")
@@ -93,3 +96,62 @@ def test_write_shards_refuses_a_prefix_holding_other_files(ray_cluster, store, e
     store.put("ray", "other/notes.txt", b"not a shard")
     with pytest.raises(stoker.StokerError, match="other files"):
         stoker.ray.write_shards(ray.data.from_items(rows(5)), "s3://ray/other/")
+
+
+@pytest.fixture(scope="module")
+def tree(tmp_path_factory) -> str:
+    """A class-per-folder tree of 600 files of random bytes (a pack reads them as is)."""
+    root = tmp_path_factory.mktemp("tree")
+    rng = np.random.default_rng(5)
+    for i in range(600):
+        folder = root / f"class{i % 3}"
+        folder.mkdir(exist_ok=True)
+        (folder / f"f{i:04d}.jpg").write_bytes(rng.bytes(int(rng.integers(10, 5000))))
+    return str(root)
+
+
+def listed_bodies(store, bucket: str, prefix: str) -> dict[str, bytes]:
+    client = store.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix)["Contents"]]
+    return {k[len(prefix) :]: client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+
+
+@pytest.mark.parametrize("kill", [False, True], ids=["whole", "a-worker-killed"])
+def test_pack_on_ray_into_an_s3_prefix(ray_cluster, store, env, tree, tmp_path, monkeypatch, kill):
+    """`stoker pack SRC s3://... --ray`: each task puts its shard (member index first) from
+    its node, the driver the manifest last; the objects are those of a pack into a folder
+    on one machine, the shards byte for byte, also when a worker dies mid-shard and Ray
+    runs it again."""
+    from stoker.tools.cli import main
+
+    args = ["--samples-per-shard", "100", "--quiet"]
+    assert main(["pack", tree, str(tmp_path / "folder"), *args]) == 0
+    if kill:
+        marker = tmp_path / "killed-once"
+        monkeypatch.setenv(KILL_ONCE_ENV, str(marker))
+    prefix = f"pack-{kill:d}/"
+    # The driver in a process of its own (the store's credentials are looked up once per
+    # process), joining the tests' cluster.
+    command = [sys.executable, "-m", "stoker", "pack", tree, f"s3://ray/{prefix}", *args]
+    run = subprocess.run(
+        [*command, "--ray", ray_cluster],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    assert run.returncode == 0, run.stderr
+    if kill:
+        assert marker.exists()  # a worker died, halfway through a shard
+    got = listed_bodies(store, "ray", prefix)
+    want = {}
+    for name in os.listdir(tmp_path / "folder"):
+        with open(tmp_path / "folder" / name, "rb") as f:
+            want[name] = f.read()
+    assert sorted(got) == sorted(want)
+    assert json.loads(got.pop("stoker.json")) == json.loads(want.pop("stoker.json"))
+    shards = sorted(n for n in want if n.endswith(".tar"))
+    # every shard byte for byte (a member index holds its shard's local time: not compared)
+    assert {n: got[n] for n in shards} == {n: want[n] for n in shards}
+    ds = stoker.Dataset(f"s3://ray/{prefix}", cache_dir=str(tmp_path / "cache"))
+    assert len(ds) == 600

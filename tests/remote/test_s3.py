@@ -416,3 +416,45 @@ def test_torchrun_ddp_over_an_s3_glob(local, env, tmp_path):
         a, b = (set(r["epochs"][epoch]) for r in ranks)
         assert len(a) == len(b) == 40 and not a & b
         assert {k.split("/")[0] for k in a | b} == {"s0", "s2"}
+
+
+def test_stoker_pack_into_an_s3_prefix(local, store, env, tmp_path):
+    """`stoker pack SRC s3://...`: the shards a pack into a folder writes, put one by one
+    (each with its member index), the manifest last; what an unfinished pack left is
+    replaced; a prefix holding a finished dataset, or other files, is refused."""
+    from stoker.tools.cli import main
+
+    def pack(out: str) -> subprocess.CompletedProcess:
+        # (a process of its own: the store's credentials are looked up once per process)
+        command = [sys.executable, "-m", "stoker", "pack", source, out, "--quiet"]
+        return subprocess.run(
+            [*command, "--samples-per-shard", "60"], capture_output=True, text=True, timeout=120
+        )
+
+    source = os.path.join(local, "indexed")
+    assert main(["pack", source, str(tmp_path / "folder"), "--samples-per-shard", "60"]) == 0
+    store.make_bucket("packed")
+    store.put("packed", "set/shard-000009.tar", b"left by a pack that died")
+    store.put("packed", "set/shard-000000.tar", b"half a shard")
+    run = pack("s3://packed/set")
+    assert run.returncode == 0, run.stderr
+    client = store.client()
+    keys = {o["Key"] for o in client.list_objects_v2(Bucket="packed", Prefix="set/")["Contents"]}
+    folder = sorted(n for n in os.listdir(tmp_path / "folder") if n.endswith(".tar"))
+    assert keys == {f"set/{n}{s}" for n in folder for s in ("", ".stoker-idx")} | {
+        "set/stoker.json"
+    }
+    for name in folder:
+        body = client.get_object(Bucket="packed", Key=f"set/{name}")["Body"].read()
+        with open(tmp_path / "folder" / name, "rb") as f:
+            assert body == f.read()  # the same shard, byte for byte
+    manifest = json.loads(client.get_object(Bucket="packed", Key="set/stoker.json")["Body"].read())
+    with open(tmp_path / "folder" / "stoker.json") as f:
+        assert manifest == json.load(f)
+    ds = stoker.Dataset("s3://packed/set/", cache_dir=tmp_path / "c", fetch=options())
+    assert samples_of(ds) == samples_of(stoker.Dataset(str(tmp_path / "folder")))
+    run = pack("s3://packed/set")
+    assert run.returncode != 0 and "s3://packed/set/: holds a finished dataset" in run.stderr
+    store.put("packed", "other/notes.txt", b"not a shard")
+    run = pack("s3://packed/other/")
+    assert run.returncode != 0 and "the output holds other files ('notes.txt'" in run.stderr

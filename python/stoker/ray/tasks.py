@@ -66,7 +66,10 @@ TASK_RETRIES = 3
 
 
 def run_each(
-    count: int, work: Callable[[int], str], address: str | None = None
+    count: int,
+    work: Callable[[int], str],
+    address: str | None = None,
+    env: dict[str, str] | None = None,
 ) -> Iterator[tuple[int, str]]:
     """``work(i)`` for i in [0, count), each a Ray task; yields (i, its result) as tasks end,
     in no set order. `work` is put in Ray's object store once, pickled, and unpickled once
@@ -76,12 +79,16 @@ def run_each(
     ends the job with its error; one whose worker dies is run again, TASK_RETRIES times.
 
     These are Ray Core tasks: a job's first ends after about 1 s, then 10 ms a task here,
-    against 2.3 s and 23 ms through Ray Data (measured on 2 cores, benchmarks/pack.py)."""
+    against 2.3 s and 23 ms through Ray Data (measured on 2 cores, benchmarks/pack.py).
+    `env`: variables set in the tasks' workers (beside the job's own)."""
     ray = connect(address)
     # (in a list: Ray hands a task its ObjectRef then, not the object, so that each
     # worker unpickles the work once, on its first task, see _run_one)
     held = [ray.put(cloudpickle_dumps(work))]
-    task = ray.remote(max_retries=TASK_RETRIES, scheduling_strategy="SPREAD")(_run_one)
+    options: dict[str, Any] = {"max_retries": TASK_RETRIES, "scheduling_strategy": "SPREAD"}
+    if env:
+        options["runtime_env"] = {"env_vars": env}
+    task = ray.remote(**options)(_run_one)
     most = max(2, 4 * int(ray.cluster_resources().get("CPU", 1)))
     waiting: dict[Any, int] = {}
     next_item = 0

@@ -15,12 +15,9 @@ that dies before the end writes no ``stoker.json``.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
-import tempfile
-import uuid
 from collections.abc import Iterable
 from typing import Any
 
@@ -29,15 +26,13 @@ import numpy as np
 from stoker import _core
 from stoker.errors import StokerError, UsageError
 from stoker.formats import is_url
-from stoker.manifest import MANIFEST_NAME, write_entries
+from stoker.manifest import MANIFEST_NAME
+from stoker.outputs import Folder, Prefix, is_shard_name, refuse_unless_free, remove_stale
 from stoker.ray.tasks import KILL_ONCE_ENV, die_once, require_ray
 from stoker.remote import FetchOptions
-from stoker.remote.http import fetcher_for
 from stoker.remote.stores import STORE_SCHEMES
 from stoker.tools.pack import ImageResize, shrink_images
 from stoker.writer import ShardWriter
-
-_TASK_FOLDER = ".stoker-ray-task-"
 
 
 def write_shards(
@@ -113,85 +108,6 @@ def write_shards(
     return target.path_of(MANIFEST_NAME)
 
 
-class Folder:
-    """A folder every node sees: each task writes in a hidden folder inside it, and a
-    finished shard is renamed into place."""
-
-    def __init__(self, out: str) -> None:
-        self.out = os.path.abspath(out)
-
-    def path_of(self, name: str) -> str:
-        return os.path.join(self.out, name)
-
-    def prepare(self) -> None:
-        os.makedirs(self.out, exist_ok=True)
-
-    def names(self) -> list[str]:
-        return os.listdir(self.out)
-
-    def task_folder(self, task: int) -> str:
-        return os.path.join(self.out, f"{_TASK_FOLDER}{task:06d}-{uuid.uuid4().hex[:8]}")
-
-    def put(self, folder: str, name: str) -> None:
-        os.replace(os.path.join(folder, name), self.path_of(name))
-
-    def remove(self, name: str) -> None:
-        path = self.path_of(name)
-        if name.startswith(_TASK_FOLDER):  # a task's that died
-            shutil.rmtree(path, ignore_errors=True)
-        else:
-            os.unlink(path)
-
-    def put_manifest(self, entries: list[dict]) -> None:
-        write_entries(self.path_of(MANIFEST_NAME), entries)
-
-
-class Prefix:
-    """An ``s3://`` or ``gs://`` prefix: each task writes in a temporary folder of its
-    node, and a finished shard is put in one request, signed as stoker signs its reads
-    (with the node's own credentials)."""
-
-    def __init__(self, out: str, options: FetchOptions) -> None:
-        self.out = out.rstrip("/") + "/"
-        self.options = options
-
-    def path_of(self, name: str) -> str:
-        return self.out + name
-
-    def _call(self, work: Any) -> Any:
-        return fetcher_for(self.options).call(work)
-
-    def prepare(self) -> None:
-        pass  # (a prefix needs no making)
-
-    def names(self) -> list[str]:
-        listed = self._call(fetcher_for(self.options).list_objects(self.out))
-        names = [url[len(self.out) :] for url, _, _ in listed if url.startswith(self.out)]
-        return [n for n in names if "/" not in n]
-
-    def task_folder(self, task: int) -> str:
-        # Named for the output and the task: a run again after its worker died clears
-        # what the dead one left on this node.
-        digest = hashlib.sha256(self.out.encode()).hexdigest()[:12]
-        folder = os.path.join(tempfile.gettempdir(), f"{_TASK_FOLDER}{digest}-{task:06d}")
-        shutil.rmtree(folder, ignore_errors=True)
-        return folder
-
-    def put(self, folder: str, name: str) -> None:
-        self._call(fetcher_for(self.options).upload(self.path_of(name), os.path.join(folder, name)))
-
-    def remove(self, name: str) -> None:
-        self._call(fetcher_for(self.options).delete(self.path_of(name)))
-
-    def put_manifest(self, entries: list[dict]) -> None:
-        folder = tempfile.mkdtemp(prefix=_TASK_FOLDER)
-        try:
-            write_entries(os.path.join(folder, MANIFEST_NAME), entries)
-            self.put(folder, MANIFEST_NAME)
-        finally:
-            shutil.rmtree(folder, ignore_errors=True)
-
-
 def _sink_class() -> type:
     """The Datasink, defined once Ray is imported (importing this module must not need
     Ray)."""
@@ -222,27 +138,7 @@ def _sink_class() -> type:
             return "StokerShards"
 
         def on_write_start(self, schema: Any = None) -> None:
-            self.out.prepare()
-            names = self.out.names()
-            where = self.out.out
-            if MANIFEST_NAME in names:
-                raise StokerError(
-                    f"{where}: holds a finished dataset ({MANIFEST_NAME}): write into "
-                    "another folder or prefix"
-                )
-            others = [n for n in names if not self._ours(n)]
-            if others:
-                raise StokerError(
-                    f"{where}: the output holds other files ({others[0]!r}, ...): "
-                    "give a new or empty folder or prefix"
-                )
-
-        def _ours(self, name: str) -> bool:
-            """A name a run of this write leaves: a shard, its index, a task's folder."""
-            shard = name.removesuffix(_core.SIDECAR_SUFFIX)
-            return name.startswith(_TASK_FOLDER) or (
-                shard.startswith(self.prefix + "-") and shard.endswith(".tar")
-            )
+            refuse_unless_free(self.out, lambda name: is_shard_name(name, self.prefix))
 
         def write(self, blocks: Iterable[Any], ctx: Any) -> list[dict]:
             from ray.data.block import BlockAccessor
@@ -296,12 +192,8 @@ def _sink_class() -> type:
                 (e for returned in write_result.write_returns for e in returned),
                 key=lambda e: e["path"],
             )
-            listed = {e["path"] for e in entries}
-            for name in self.out.names():
-                if name.startswith(_TASK_FOLDER) or (
-                    self._ours(name) and name.removesuffix(_core.SIDECAR_SUFFIX) not in listed
-                ):
-                    self.out.remove(name)  # a dead task's, or an earlier run's no task redid
+            # (a dead task's folder, or an earlier run's shards no task redid)
+            remove_stale(self.out, {e["path"] for e in entries}, self.prefix)
             self.out.put_manifest(entries)
 
     return ShardSink

@@ -80,6 +80,7 @@ def _pack(args: argparse.Namespace) -> int:
         image_size=args.image_size,
         image_quality=args.quality,
         ray=args.ray,
+        fetch=_fetch_options(args),
     )
     print(
         f"packed {result.samples:,} samples into {len(result.shards)} shard(s), "
@@ -102,6 +103,7 @@ def _index(args: argparse.Namespace) -> int:
             cache_limit=args.cache_limit,
             fetch=_fetch_options(args),
             ray=args.ray,
+            quiet=_quiet(args),
         )
     elif args.ray:
         raise stoker.UsageError("stoker index --ray: for remote shards (local ones: without it)")
@@ -217,7 +219,7 @@ def _fetch_options(args: argparse.Namespace, **more: object) -> stoker.FetchOpti
 
 
 def _store_arguments(parser: argparse.ArgumentParser) -> None:
-    group = parser.add_argument_group("s3:// and gs:// sources (see the README, Object stores)")
+    group = parser.add_argument_group("s3:// and gs:// stores (see the README, Object stores)")
     group.add_argument(
         "--endpoint-url",
         help="the s3:// store (default: $AWS_ENDPOINT_URL_S3, $AWS_ENDPOINT_URL, "
@@ -281,7 +283,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="a class-per-folder tree or a stoker source: shards, Parquet files (a folder, "
         "glob), a datasets save_to_disk folder",
     )
-    pack.add_argument("out", help="the output folder (new or empty)")
+    pack.add_argument(
+        "out", help="the output folder (new or empty), or an s3:// or gs:// prefix (empty)"
+    )
     pack.add_argument("--csv", help="a CSV of filename,label rows, beside --root")
     pack.add_argument("--root", help="the folder the CSV's file names are in")
     size = pack.add_mutually_exclusive_group()
@@ -302,7 +306,8 @@ def build_parser() -> argparse.ArgumentParser:
     pack.add_argument(
         "--quality", type=int, default=90, help="JPEG quality of --image-size (default 90)"
     )
-    _ray_argument(pack, "write each shard as a Ray task, into an OUT every node sees,")
+    _store_arguments(pack)
+    _ray_argument(pack, "write each shard as a Ray task (OUT: a folder all nodes see, or a prefix)")
     pack.set_defaults(run=_pack)
 
     index = _command(
@@ -310,6 +315,7 @@ def build_parser() -> argparse.ArgumentParser:
         "index",
         "write stoker.json (samples, fields, sha256 of each shard) for existing shards",
         "stoker index data/\n  stoker index 's3://bucket/set/shard-{000000..000099}.tar'",
+        quiet=True,
     )
     index.add_argument(
         "source",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,6 +87,7 @@ def index_remote(
     cache_limit: int | None = None,
     fetch: FetchOptions | None = None,
     ray: str | bool = False,
+    quiet: bool = True,
 ) -> tuple[str, list[dict], str]:
     """Write ``stoker.json`` for remote shards (http(s), ``s3://``, ``gs://``) to the local
     file `out` (default ``./stoker.json``), to be put beside them. Each shard is fetched
@@ -94,8 +95,10 @@ def index_remote(
     there: bytes, samples, fields, sha256. Paths are relative to the shards' common
     folder (returned too), where the manifest belongs. `ray`: each shard described by a
     Ray task, through the cache of the node it runs on, on the cluster at that address
-    (True: the one joined, else a local one); the same manifest as without it."""
+    (True: the one joined, else a local one); the same manifest as without it. Unless
+    `quiet`, a progress bar counts the shards described, their samples and bytes."""
     from stoker.dataset import Dataset
+    from stoker.tools.progress import progress_bar
 
     ds = Dataset(
         sources if len(sources) > 1 else sources[0],
@@ -110,17 +113,30 @@ def index_remote(
     folder = os.path.commonprefix([url.rsplit("/", 1)[0] + "/" for url in urls])
     folder = folder[: folder.rfind("/") + 1]
 
-    if ray:
-        from stoker.ray.tasks import run_each
+    entries: list[dict] = [{}] * len(urls)
+    with progress_bar(total=len(urls), unit="shard", desc="index", disable=quiet) as bar:
+        samples = size = 0
 
-        address = ray if isinstance(ray, str) else None
-        entries: list[dict] = [{}] * len(urls)
-        # (the task holds the pickled Dataset: its shards' URLs, not their bytes)
-        for i, text in run_each(len(urls), lambda i: json.dumps(_remote_entry(ds, i)), address):
-            entries[i] = json.loads(text)
-    else:
-        with ThreadPoolExecutor(remote.options.connections) as pool:
-            entries = list(pool.map(lambda i: _remote_entry(ds, i), range(len(urls))))
+        def done(i: int, entry: dict) -> None:
+            nonlocal samples, size
+            entries[i] = entry
+            samples, size = samples + entry["samples"], size + entry["bytes"]
+            bar.update(1)
+            bar.set_postfix_str(f"{samples:,} samples, {human(size)}")
+
+        if ray:
+            from stoker.ray.tasks import run_each
+
+            address = ray if isinstance(ray, str) else None
+            # (the task holds the pickled Dataset: its shards' URLs, not their bytes)
+            work = run_each(len(urls), lambda i: json.dumps(_remote_entry(ds, i)), address)
+            for i, text in work:
+                done(i, json.loads(text))
+        else:
+            with ThreadPoolExecutor(remote.options.connections) as pool:
+                futures = {pool.submit(_remote_entry, ds, i): i for i in range(len(urls))}
+                for future in as_completed(futures):
+                    done(futures[future], future.result())
     for described, url in zip(entries, urls):
         described["path"] = url[len(folder) :]
     written = write_entries(out or MANIFEST_NAME, entries)

@@ -14,6 +14,7 @@ import logging
 import os
 import shutil
 import sys
+import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -27,8 +28,11 @@ from stoker._work import make_work_folder, remove_dead_work
 from stoker.dataset import Dataset
 from stoker.errors import StokerError, quoted
 from stoker.fields import require_image_support
-from stoker.formats import SHARD_FORMATS
+from stoker.formats import SHARD_FORMATS, is_url
 from stoker.manifest import MANIFEST_NAME, write_manifest
+from stoker.outputs import Prefix, is_shard_name, put_shard, refuse_unless_free, remove_stale
+from stoker.remote import FetchOptions
+from stoker.remote.stores import STORE_SCHEMES
 from stoker.sources import Source
 from stoker.tools.table_members import hub_class_names, is_table_dataset, table_members
 from stoker.writer import assign, sample_sizes, write_shards
@@ -197,12 +201,17 @@ def pack(
     image_size: int | None = None,
     image_quality: int = 90,
     ray: str | bool = False,
+    fetch: FetchOptions | None = None,
 ) -> PackResult:
     """Pack `ds` into tar shards and a ``stoker.json`` in `out` (new or empty). Everything
     is written in a hidden folder and moved into `out` at the end: a run that fails leaves
-    nothing behind. `image_size`: JPEG members re-encoded (at `image_quality`) so that their
-    shorter side is at most that many pixels; shards are then smaller than `shard_size`,
-    which is reckoned on the members as they were. `ray`: the shards written by Ray tasks
+    nothing behind. `out` may be an ``s3://`` or ``gs://`` prefix (`fetch`: the store's
+    settings): each shard, once written in a local temporary folder, is put in one signed
+    request, its member index first, and the manifest last, once all are there; a prefix
+    holding only what an unfinished pack left is written again. `image_size`: JPEG members
+    re-encoded (at `image_quality`) so that their shorter side is at most that many
+    pixels; shards are then smaller than `shard_size`, which is reckoned on the members as
+    they were. `ray`: the shards written by Ray tasks
     (see stoker.ray.packing), on the cluster at that address (True: the one joined, or a
     local one); the same shards as without it."""
     if shard_size is not None and samples_per_shard is not None:
@@ -226,12 +235,19 @@ def pack(
             raise StokerError(
                 "--stratify needs labels: a CSV's label column, class folders or a .cls field"
             )
-    out = os.path.abspath(out)
-    for folder in (out, os.path.dirname(out)):
-        remove_dead_work(folder)  # (what a killed pack left does not count)
-    made = not os.path.exists(out)
-    if not made and (not os.path.isdir(out) or os.listdir(out)):
-        raise StokerError(f"{out}: the output folder exists and is not empty")
+    store = None
+    if is_url(out):
+        if not out.startswith(STORE_SCHEMES):
+            raise StokerError(f"{out}: stoker pack writes to a folder or an s3:// or gs:// prefix")
+        store = Prefix(out, fetch or FetchOptions())
+        refuse_unless_free(store, lambda name: is_shard_name(name, prefix))
+    else:
+        out = os.path.abspath(out)
+        for folder in (out, os.path.dirname(out)):
+            remove_dead_work(folder)  # (what a killed pack left does not count)
+        made = not os.path.exists(out)
+        if not made and (not os.path.isdir(out) or os.listdir(out)):
+            raise StokerError(f"{out}: the output folder exists and is not empty")
     plan = assign(
         sample_sizes(ds),
         shard_size=shard_size,
@@ -245,8 +261,11 @@ def pack(
     names = [f"{prefix}-{i:0{width}d}.tar" for i in range(len(plan))]
     # A new folder is written beside its place and renamed into it whole; an empty one
     # gets a hidden work folder whose files are moved in at the end, manifest last.
-    parent = os.path.dirname(out)
-    work = make_work_folder(out if not made else parent, "pack")
+    if store is None:
+        parent = os.path.dirname(out)
+        work = make_work_folder(out if not made else parent, "pack")
+    else:  # local: each shard is put in the store once written, then removed
+        work = tempfile.mkdtemp(prefix=".stoker-pack-")
     moved: list[str] = []
     writers = max(1, num_threads or os.cpu_count() or 1)
     steps: list[Callable[[list[dict]], None]] = []
@@ -278,19 +297,28 @@ def pack(
                         bar.set_postfix_str(f"{shards_done[0]}/{len(plan)} shard tasks")
 
             paths = [os.path.join(work, name) for name in names]
+            entries: list[dict] = [{} for _ in names]
             if ray:
                 from stoker.ray.packing import write_shards_on_ray
 
                 address = ray if isinstance(ray, str) else None
-                write_shards_on_ray(
+                entries = write_shards_on_ray(
                     ds,
                     plan,
                     paths,
                     address=address,
                     progress=progress,
                     transform=transform if steps else None,
+                    store=store,
                 )
             else:
+
+                def put(i: int) -> None:
+                    assert store is not None
+                    entries[i] = put_shard(store, paths[i])
+                    for path in (paths[i], paths[i] + _core.SIDECAR_SUFFIX):
+                        os.unlink(path)
+
                 write_shards(
                     ds,
                     plan,
@@ -298,8 +326,15 @@ def pack(
                     num_threads=writers,
                     progress=progress,
                     transform=transform if steps else None,
+                    then=put if store is not None else None,
                 )
         extra = {"classes": list(classes)} if classes is not None else None
+        if store is not None:
+            remove_stale(store, set(names), prefix)  # an unfinished earlier pack's
+            store.put_manifest(entries, extra)
+            shutil.rmtree(work, ignore_errors=True)
+            urls = [store.path_of(n) for n in names]
+            return PackResult(store.out, urls, len(ds), sum(e["bytes"] for e in entries))
         write_manifest([os.path.join(work, n) for n in names], work, extra=extra)
         if made:
             os.rename(work, out)
