@@ -14,6 +14,11 @@ from typing import Any, Protocol
 
 import numpy as np
 
+# numpy imports these on first use (np.unique asks numpy.ma whether an array is masked),
+# 25 ms that would otherwise fall on the first batch of a loader's first epoch.
+import numpy.ma  # noqa: F401
+import numpy.random  # noqa: F401
+
 # Random streams, each its own tag, so that changing how one is drawn never shifts another
 # (tags 1 and 2: the first order's keys, and the sampler's augment_seed; a Mix's sources
 # are seeded with tag 3 in another position of the words, see stoker.loader.mixing).
