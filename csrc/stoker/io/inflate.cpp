@@ -58,8 +58,11 @@ void inflate_exact(const uint8_t* src, uint64_t src_length, uint8_t* dest, uint6
   const char* kind = wrapper_name(wrapper);
   uint64_t in_left = src_length;
   uint64_t out_left = dest_length;
-  z.next_in = const_cast<Bytef*>(src);
-  z.next_out = dest;
+  // zlib refuses a null buffer even when it is told to write nothing into it, and an
+  // empty member's buffer may be null.
+  uint8_t unused;
+  z.next_in = const_cast<Bytef*>(src ? src : &unused);
+  z.next_out = dest ? dest : &unused;
   for (;;) {
     // zlib counts in 32-bit words; feed it at most that much at a time.
     if (z.avail_in == 0 && in_left > 0) {
@@ -78,7 +81,8 @@ void inflate_exact(const uint8_t* src, uint64_t src_length, uint8_t* dest, uint6
       }
       break;
     }
-    if (status == Z_DATA_ERROR || status == Z_NEED_DICT || status == Z_MEM_ERROR) {
+    if (status == Z_DATA_ERROR || status == Z_NEED_DICT || status == Z_MEM_ERROR ||
+        status == Z_STREAM_ERROR) {
       throw FormatError(
           path, offset,
           std::string("corrupt ") + kind + " data: " + (z.msg ? z.msg : "zlib error"));
@@ -96,7 +100,7 @@ void inflate_exact(const uint8_t* src, uint64_t src_length, uint8_t* dest, uint6
       status = inflate(&z, Z_NO_FLUSH);
       if (status == Z_STREAM_END && z.avail_out == 1 &&
           !(wrapper == Wrapper::kGzip && another_member(z, in_left))) {
-        break;
+        return;  // (the probe byte stayed unwritten: exactly dest_length were produced)
       }
       throw FormatError(path, offset,
                         std::string(kind) + " data inflates past its declared size of " +
