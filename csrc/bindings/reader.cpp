@@ -14,6 +14,7 @@
 #include "stoker/errors.hpp"
 #include "stoker/io/column_rows.hpp"
 #include "stoker/io/shard_reader.hpp"
+#include "stoker/io/strided_copy.hpp"
 
 namespace py = pybind11;
 
@@ -114,6 +115,75 @@ std::vector<io::ReadRequest> make_box_requests(const Column<uint32_t>& arrays, c
       box->dest_strides.push_back(unsigned_of(dest_strides, i, d, "dest_strides"));
     }
     r.box = std::move(box);
+  }
+  return requests;
+}
+
+// Span i is lengths[i] bytes at offsets[i] of files.paths[file_ids[i]], read whole; box
+// box_ids[i] of it lands at dest_offsets[i]. A box is (extents, src_strides,
+// dest_strides) along its axes, in bytes, around elements of itemsizes bytes.
+std::vector<io::ReadRequest> make_span_requests(
+    const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
+    const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets,
+    const Column<uint32_t>& box_ids, const Table& extents, const Table& src_strides,
+    const Table& dest_strides, const Column<uint64_t>& itemsizes) {
+  const py::ssize_t n = file_ids.size(), m = itemsizes.size();
+  for (const auto& [size, name] : {std::pair<py::ssize_t, const char*>{offsets.size(), "offsets"},
+                                   {lengths.size(), "lengths"},
+                                   {dest_offsets.size(), "dest_offsets"},
+                                   {box_ids.size(), "box_ids"}}) {
+    if (size != n) {
+      throw py::value_error(std::string(name) + " has " + std::to_string(size) +
+                            " entries but file_ids has " + std::to_string(n));
+    }
+  }
+  const py::ssize_t rank = extents.ndim() == 2 ? extents.shape(1) : 0;
+  for (const auto& [table, name] : {std::pair<const Table*, const char*>{&extents, "extents"},
+                                    {&src_strides, "src_strides"},
+                                    {&dest_strides, "dest_strides"}}) {
+    if (table->ndim() != 2 || table->shape(0) != m || table->shape(1) != rank) {
+      throw py::value_error(std::string(name) + " must have shape (len(itemsizes), rank)");
+    }
+  }
+  std::vector<io::StridedBox> boxes(m);
+  for (py::ssize_t b = 0; b < m; ++b) {
+    io::StridedBox& box = boxes[b];
+    box.block = itemsizes.data()[b];
+    if (box.block == 0) throw py::value_error("itemsizes must be positive");
+    for (py::ssize_t d = 0; d < rank; ++d) {
+      int64_t e = extents.data()[b * rank + d], s = src_strides.data()[b * rank + d],
+              t = dest_strides.data()[b * rank + d];
+      if (e <= 0 || s < 0 || t < 0) {
+        throw py::value_error("extents must be positive and strides not negative");
+      }
+      box.outer.push_back(
+          {static_cast<uint64_t>(e), static_cast<uint64_t>(s), static_cast<uint64_t>(t)});
+    }
+    io::simplify(box);
+  }
+  // One decoder per box and span length: the spans of one patch share theirs.
+  std::vector<std::shared_ptr<const io::FieldDecoder>> decoders(m);
+  std::vector<uint64_t> decoder_span(m, 0);
+  std::vector<io::ReadRequest> requests(n);
+  for (py::ssize_t i = 0; i < n; ++i) {
+    const uint32_t b = box_ids.data()[i];
+    if (b >= static_cast<uint64_t>(m)) {
+      throw py::value_error("box_ids[" + std::to_string(i) + "] is " + std::to_string(b) +
+                            " but there are " + std::to_string(m) + " boxes");
+    }
+    const uint64_t span = lengths.data()[i];
+    if (!decoders[b] || decoder_span[b] != span) {
+      decoders[b] = io::span_box_decoder(boxes[b], span);
+      decoder_span[b] = span;
+    }
+    io::ReadRequest& r = requests[i];
+    r.file = file_ids.data()[i];
+    r.offset = offsets.data()[i];
+    r.length = span;
+    r.dest_offset = dest_offsets.data()[i];
+    r.codec = io::Codec::kSpanBox;
+    r.decoder = decoders[b];
+    r.out_length = r.decoder->output_bytes();
   }
   return requests;
 }
@@ -326,7 +396,32 @@ void register_reader(py::module_& m) {
           "Read boxes of array layouts into `dest` (a writable C-contiguous buffer kept alive "
           "until done): box i is [starts[i], starts[i] + extents[i]) of files.arrays[arrays[i]], "
           "its element (j0, j1, ...) at byte dest_offsets[i] + sum(j_d * dest_strides[i, d]). "
-          "Each chunk the boxes touch is read and decoded once.");
+          "Each chunk the boxes touch is read and decoded once.")
+      .def(
+          "read_spans_into",
+          [](io::ShardReader& reader, py::buffer dest, std::shared_ptr<io::FileTable> files,
+             const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,
+             const Column<uint64_t>& lengths, const Column<uint64_t>& dest_offsets,
+             const Column<uint32_t>& box_ids, const Table& extents, const Table& src_strides,
+             const Table& dest_strides, const Column<uint64_t>& itemsizes) {
+            auto info = std::make_unique<py::buffer_info>(dest.request(true));
+            if (!PyBuffer_IsContiguous(info->view(), 'C')) {
+              throw py::value_error("read_spans_into needs a C-contiguous buffer");
+            }
+            auto requests = make_span_requests(file_ids, offsets, lengths, dest_offsets, box_ids,
+                                               extents, src_strides, dest_strides, itemsizes);
+            auto pending = reader.submit(std::move(files), std::move(requests),
+                                         static_cast<uint8_t*>(info->ptr),
+                                         static_cast<uint64_t>(info->size * info->itemsize));
+            return PyPendingRead(std::move(pending), dest, std::move(info));
+          },
+          py::arg("dest"), py::arg("files"), py::arg("file_ids"), py::arg("offsets"),
+          py::arg("lengths"), py::arg("dest_offsets"), py::arg("box_ids"), py::arg("extents"),
+          py::arg("src_strides"), py::arg("dest_strides"), py::arg("itemsizes"),
+          "Read spans whole and keep a strided box of each: span i is lengths[i] bytes at "
+          "offsets[i] of files.paths[file_ids[i]]; element (j0, j1, ...) of box b = "
+          "box_ids[i], at byte sum(j_d * src_strides[b, d]) of the span, lands at byte "
+          "dest_offsets[i] + sum(j_d * dest_strides[b, d]) of `dest`.");
 
   m.def(
       "bench_pread",

@@ -533,6 +533,50 @@ class ShardReader:
         """Read the size in bytes of row ``rows[i]`` of column ``files.columns[columns[i]]``
         as uint64 `i` of the buffer (``2**64 - 1``: the value is null). Each unit the rows
         lie in is decoded once, and kept for the reads of the values themselves."""
+    def read_spans_into(
+        self,
+        dest: Any,
+        files: FileTable,
+        file_ids: npt.ArrayLike,
+        offsets: npt.ArrayLike,
+        lengths: npt.ArrayLike,
+        dest_offsets: npt.ArrayLike,
+        box_ids: npt.ArrayLike,
+        extents: npt.ArrayLike,
+        src_strides: npt.ArrayLike,
+        dest_strides: npt.ArrayLike,
+        itemsizes: npt.ArrayLike,
+    ) -> PendingRead:
+        """Start reading spans of files whole, keeping a strided box of each: a patch of a
+        volume stored in place, its rows read a few long spans at a time and the short gaps
+        between them dropped by the reader's threads.
+
+        Span i is ``lengths[i]`` bytes at ``offsets[i]`` of ``files.paths[file_ids[i]]``.
+        Element ``(j0, j1, ...)`` of box ``b = box_ids[i]``, ``itemsizes[b]`` bytes at byte
+        ``sum(j_d * src_strides[b, d])`` of the span, lands at byte
+        ``dest_offsets[i] + sum(j_d * dest_strides[b, d])`` of `dest`.
+
+        Args:
+            dest: A writable C-contiguous buffer, kept alive until the read is done.
+            files: The table the spans' files are in.
+            file_ids: ``(n,)``: each span's file.
+            offsets: ``(n,)``: where each span starts in its file.
+            lengths: ``(n,)``: each span's bytes.
+            dest_offsets: ``(n,)``: where each span's box starts in `dest`.
+            box_ids: ``(n,)``: each span's box, a row of the tables below.
+            extents: ``(m, rank)``: each box's extent along each axis (an axis of extent
+                1 pads a box to the others' rank).
+            src_strides: ``(m, rank)``: each box's byte strides in its span.
+            dest_strides: ``(m, rank)``: each box's byte strides in `dest`.
+            itemsizes: ``(m,)``: each box's element size in bytes.
+
+        Returns:
+            The batch being read; ``wait()`` returns `dest`.
+
+        Raises:
+            ValueError: The arguments differ in length or shape, or a box id is out of range.
+            StokerError: A box reaches past its span, or lands past the end of `dest`.
+        """
     def read_boxes_into(
         self,
         dest: Any,
@@ -624,6 +668,7 @@ class Codec(enum.IntEnum):
     ARRAY_ROW = 6
     ARRAY_BOX = 7
     COLUMN_VALUE = 8
+    SPAN_BOX = 9
 
 class FieldKind(enum.IntEnum):
     RAW = 0

@@ -173,6 +173,43 @@ def test_short_read_never_returns_a_buffer(tmp_path):
         _read(reader, table, [0, 0], [0, 900], [100, 200])
 
 
+def test_spans_read_whole_keep_their_boxes(files):
+    # read_spans_into: each span read whole, a strided box of it copied to its place by
+    # the reader's threads; checked element by element against the file's bytes.
+    table, blobs = files
+    reader = stoker.ShardReader(2)
+    file_ids = [3, 3, 4, 1]
+    offsets = [1_000, 9_000, 50, 123_457]
+    lengths = [6_000, 6_000, 4_000, 777]
+    # box 0: 3 x 5 rows of two 4-byte elements, at strides of 400 and 40 bytes, packed in C
+    # order; box 1: every third of 30 elements of 2 bytes, packed.
+    extents = [[3, 5, 2], [1, 1, 30]]
+    src_strides = [[400, 40, 4], [0, 0, 6]]
+    dest_strides = [[40, 8, 4], [0, 0, 2]]
+    box_ids = [0, 0, 0, 1]
+    places = [0, 240, 480, 720]
+    dest = np.full(800, 0xEE, np.uint8)
+    reader.read_spans_into(
+        dest, table, file_ids, offsets, lengths, places, box_ids,
+        np.array(extents), np.array(src_strides), np.array(dest_strides), [4, 2],
+    ).wait()  # fmt: skip
+    for f, o, n, at, b in zip(file_ids, offsets, lengths, places, box_ids):
+        span = blobs[f][o : o + n]
+        item = 4 if b == 0 else 2
+        expected = bytearray()
+        for i in range(extents[b][0]):
+            for j in range(extents[b][1]):
+                for k in range(extents[b][2]):
+                    start = i * src_strides[b][0] + j * src_strides[b][1] + k * src_strides[b][2]
+                    expected += span[start : start + item]
+        assert bytes(dest[at : at + len(expected)]) == bytes(expected)
+    assert bytes(dest[780:]) == b"\xee" * 20  # nothing written past the last box
+    with pytest.raises(stoker.StokerError, match="reaches 6001 bytes into a span of 6000"):
+        reader.read_spans_into(dest, table, [3], [0], [6000], [0], [0], [[6001]], [[1]], [[1]], [1])
+    with pytest.raises(ValueError, match="box_ids"):
+        reader.read_spans_into(dest, table, [3], [0], [6000], [0], [1], [[1]], [[1]], [[1]], [1])
+
+
 def test_bad_requests(files):
     table, _ = files
     reader = stoker.ShardReader(2)

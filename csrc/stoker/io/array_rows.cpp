@@ -7,6 +7,7 @@
 
 #include "stoker/errors.hpp"
 #include "stoker/io/chunk_codec.hpp"
+#include "stoker/io/strided_copy.hpp"
 
 namespace stoker::io {
 
@@ -24,47 +25,12 @@ std::string coordinates(const std::vector<uint64_t>& at) {
   return out + (at.size() == 1 ? ",)" : ")");
 }
 
-struct Axis {
-  uint64_t extent, src_stride, dst_stride;  // strides in bytes
-};
-
-// The part of a row or box a chunk holds, as nested loops over `outer`
-// (outermost first) around contiguous blocks of `block` bytes on both sides.
-struct Box {
-  std::vector<Axis> outer;
-  uint64_t block = 0;
-  uint64_t dst_start = 0;  // where the part starts in the row or box
-  uint64_t src_start = 0;  // where it starts in the chunk (a box's; a row's is its slab)
-};
-
-// Fewer, longer copies: an axis of extent 1 moves nothing; an axis that steps
-// over the whole of the next one on both sides is one axis with it; inner axes
-// contiguous on both sides become part of the block.
-void simplify(Box& box) {
-  std::vector<Axis> kept;
-  for (const Axis& axis : box.outer) {
-    if (axis.extent == 1) continue;
-    if (!kept.empty() && kept.back().src_stride == axis.src_stride * axis.extent &&
-        kept.back().dst_stride == axis.dst_stride * axis.extent) {
-      kept.back() = {kept.back().extent * axis.extent, axis.src_stride, axis.dst_stride};
-      continue;
-    }
-    kept.push_back(axis);
-  }
-  while (!kept.empty() && kept.back().src_stride == box.block &&
-         kept.back().dst_stride == box.block) {
-    box.block *= kept.back().extent;
-    kept.pop_back();
-  }
-  box.outer = std::move(kept);
-}
-
-Box box_of(const ArrayLayout& a, const std::vector<uint64_t>& grid_at,
-           const std::vector<uint64_t>& chunk_strides) {
+StridedBox box_of(const ArrayLayout& a, const std::vector<uint64_t>& grid_at,
+                  const std::vector<uint64_t>& chunk_strides) {
   const size_t rank = a.shape.size();
   std::vector<uint64_t> row_strides(rank, a.itemsize);
   for (size_t d = rank - 1; d > 1; --d) row_strides[d - 1] = row_strides[d] * a.shape[d];
-  Box box{{}, a.itemsize, 0, 0};
+  StridedBox box{{}, a.itemsize, 0, 0};
   for (size_t d = 1; d < rank; ++d) {
     uint64_t start = grid_at[d] * a.chunk_shape[d];
     uint64_t extent = std::min(a.chunk_shape[d], a.shape[d] - start);
@@ -78,9 +44,9 @@ Box box_of(const ArrayLayout& a, const std::vector<uint64_t>& grid_at,
 // The part of box `b` that the chunk at `grid_at` holds (the plan lists only
 // chunks a box touches, so it holds some). An edge chunk is stored whole: the
 // box, inside the array, never reaches its padding.
-Box box_part(const ArrayLayout& a, const ArrayBox& b, const std::vector<uint64_t>& grid_at,
-             const std::vector<uint64_t>& chunk_strides) {
-  Box box{{}, a.itemsize, 0, 0};
+StridedBox box_part(const ArrayLayout& a, const ArrayBox& b, const std::vector<uint64_t>& grid_at,
+                    const std::vector<uint64_t>& chunk_strides) {
+  StridedBox box{{}, a.itemsize, 0, 0};
   for (size_t d = 0; d < a.shape.size(); ++d) {
     uint64_t chunk_start = grid_at[d] * a.chunk_shape[d];
     uint64_t lo = std::max(b.start[d], chunk_start);
@@ -91,41 +57,6 @@ Box box_part(const ArrayLayout& a, const ArrayBox& b, const std::vector<uint64_t
   }
   simplify(box);
   return box;
-}
-
-// Copies the box from `src` (nullptr: the fill value) into `dst`.
-void copy_box(const Box& box, const uint8_t* src, uint8_t* dst, const ArrayLayout& a) {
-  auto put = [&](const uint8_t* from, uint8_t* to) {
-    if (from != nullptr) {
-      std::memcpy(to, from, box.block);
-    } else if (a.itemsize == 1) {
-      std::memset(to, a.fill[0], box.block);
-    } else {
-      for (uint64_t at = 0; at < box.block; at += a.itemsize) {
-        std::memcpy(to + at, a.fill.data(), a.itemsize);
-      }
-    }
-  };
-  const size_t depth = box.outer.size();
-  if (depth == 0) {
-    put(src, dst);
-    return;
-  }
-  for (const Axis& axis : box.outer) {
-    if (axis.extent == 0) return;
-  }
-  std::vector<uint64_t> index(depth, 0);
-  for (;;) {
-    uint64_t s = 0, d = 0;
-    for (size_t k = 0; k < depth; ++k) {
-      s += index[k] * box.outer[k].src_stride;
-      d += index[k] * box.outer[k].dst_stride;
-    }
-    put(src ? src + s : nullptr, dst + d);
-    size_t k = depth;
-    while (k > 0 && ++index[k - 1] == box.outer[k - 1].extent) index[--k] = 0;
-    if (k == 0) return;
-  }
 }
 
 }  // namespace
@@ -461,7 +392,7 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
   for (uint32_t k = task.first; k < task.first + task.count; ++k) {
     (requests[plan.requests[k]].codec == Codec::kArrayBox ? boxes : rows) = true;
   }
-  Box box = rows ? box_of(a, grid_at, chunk_strides) : Box{};
+  StridedBox box = rows ? box_of(a, grid_at, chunk_strides) : StridedBox{};
   const uint64_t first_row = grid_at[0] * a.chunk_shape[0];
   const uint64_t slab = chunk_strides[0];  // one row's part of the chunk, when axis 0 is outermost
   // Copies each request's part of the decoded `chunk` (nullptr: the fill value).
@@ -469,12 +400,12 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     for (uint32_t k = task.first; k < task.first + task.count; ++k) {
       const ReadRequest& r = requests[plan.requests[k]];
       if (r.codec == Codec::kArrayBox) {
-        Box part = box_part(a, *r.box, grid_at, chunk_strides);
-        copy_box(part, chunk ? chunk + part.src_start : nullptr,
-                 dest + r.dest_offset + part.dst_start, a);
+        StridedBox part = box_part(a, *r.box, grid_at, chunk_strides);
+        copy_strided(part, chunk ? chunk + part.src_start : nullptr,
+                     dest + r.dest_offset + part.dst_start, a.fill);
       } else {
-        copy_box(box, chunk ? chunk + (r.offset - first_row) * slab : nullptr,
-                 dest + r.dest_offset + box.dst_start, a);
+        copy_strided(box, chunk ? chunk + (r.offset - first_row) * slab : nullptr,
+                     dest + r.dest_offset + box.dst_start, a.fill);
       }
     }
   };
@@ -515,7 +446,7 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
         pread_exact(fd->get(), path, into, slab, at);
       } else {
         pread_exact(fd->get(), path, raw.data(), slab, at);
-        copy_box(box, raw.data(), into, a);
+        copy_strided(box, raw.data(), into, a.fill);
       }
     }
     return slab * task.count;

@@ -20,12 +20,12 @@ Registry& registry() {
   // Never destroyed, nor any entry: pool threads may look codes up at exit.
   static Registry* r = [] {
     auto* fresh = new Registry;
-    for (CodecEntry own :
-         {CodecEntry{Codec::kStored, "STORED", false, nullptr, false},
-          CodecEntry{Codec::kDeflate, "DEFLATE", true, nullptr, false},
-          CodecEntry{Codec::kArrayRow, "ARRAY_ROW", false, nullptr, false},
-          CodecEntry{Codec::kArrayBox, "ARRAY_BOX", false, nullptr, false},
-          CodecEntry{Codec::kColumnValue, "COLUMN_VALUE", false, nullptr, false}}) {
+    for (CodecEntry own : {CodecEntry{Codec::kStored, "STORED", false, nullptr, false},
+                           CodecEntry{Codec::kDeflate, "DEFLATE", true, nullptr, false},
+                           CodecEntry{Codec::kArrayRow, "ARRAY_ROW", false, nullptr, false},
+                           CodecEntry{Codec::kArrayBox, "ARRAY_BOX", false, nullptr, false},
+                           CodecEntry{Codec::kColumnValue, "COLUMN_VALUE", false, nullptr, false},
+                           CodecEntry{Codec::kSpanBox, "SPAN_BOX", false, nullptr, true}}) {
       fresh->entries[static_cast<uint8_t>(own.code)].store(new CodecEntry(own));
     }
     return fresh;

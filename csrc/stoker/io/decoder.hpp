@@ -51,6 +51,9 @@ enum class Codec : uint8_t {
   // Row `offset` of column FileTable::columns[array] (column_rows.hpp): its value copied,
   // or handed to the request's decoder (an image's, an integer's).
   kColumnValue = 8,
+  // A span of a file read whole, of which the request's decoder (span_box_decoder in
+  // strided_copy.hpp) copies a strided box into the request's place.
+  kSpanBox = 9,
 };
 
 struct CodecEntry {

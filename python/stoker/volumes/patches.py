@@ -367,7 +367,6 @@ class PatchLoader:
             )
             for pending in reads.submit(buffer, self._files):
                 pending.wait()
-            reads.finish(buffer)
             values = _to_patch_order(buffer, array, shape)
             out.append(values.reshape(-1, *extent)[0])
         return out
@@ -446,7 +445,6 @@ class PatchLoader:
             self._stats.read_seconds += read.busy_seconds()
         for read in pending.reads[pending.plan.box_reads_from :]:
             self._stats.bytes_read += read.bytes_read()
-        pending.plan.finish(pending.buffer)
         batch, n = pending.batch, len(pending.batch)
         stored: dict[str, Any] = {}
         for (base, per_patch, shape, dtype), key in zip(pending.layouts, self.volumes.keys):

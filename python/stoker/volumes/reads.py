@@ -24,12 +24,11 @@ class PatchReads:
     """What one buffer needs read: runs of bytes of arrays read in place (merged into spans
     read into scratch memory where their gaps are short, see patch_spans), boxes of
     chunked ones (each chunk a box touches read and decoded once by the C++ reader).
-    After the reads, `finish` moves the spans' boxes into the buffer."""
+    The reader's threads move each span's box into its place, its gaps dropped."""
 
     def __init__(self) -> None:
         self.runs: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.spans: list[tuple[int, PatchSpans, int, np.dtype]] = []  # file, spans, at, dtype
-        self.scratch: np.ndarray | None = None
         self.boxes: list[tuple[int, list[int], list[int], int, list[int]]] = []
         self.patch_bytes = 0  # the patches' own bytes inside their arrays
         self.box_reads_from = 0  # where the box reads start in submit()'s list
@@ -79,26 +78,6 @@ class PatchReads:
         ids, offsets, lengths = (np.concatenate(p) for p in zip(*pieces))
         return bytes_read(ids, offsets, lengths)
 
-    def finish(self, buffer: np.ndarray) -> None:
-        """Once the reads are done: each span's box, its gaps left behind, into its place."""
-        at_scratch = 0
-        for _, spans, at, dtype in self.spans:
-            assert self.scratch is not None
-            unit = np.dtype(f"u{dtype.itemsize}") if dtype.itemsize in (1, 2, 4, 8) else dtype
-            outer_pitch = byte_strides(spans.outer_shape, spans.span)
-            shape = spans.outer_shape + spans.inner_shape
-            source = np.ndarray(
-                shape,
-                unit,
-                buffer=self.scratch,
-                offset=at_scratch,
-                strides=(*outer_pitch, *spans.inner_strides),
-            )
-            where, strides = at + spans.dest_offset, spans.dest_strides
-            target = np.ndarray(shape, unit, buffer=buffer, offset=where, strides=strides)
-            np.copyto(target, source)
-            at_scratch += spans.offsets.size * spans.span
-
     def submit(self, buffer: np.ndarray, files: Any) -> list[Any]:
         """The reads, started: runs first, then the boxes (the reader groups those by
         chunk); each a _core.PendingRead."""
@@ -108,15 +87,7 @@ class PatchReads:
             ids, offsets, lengths, dests = (np.concatenate(p) for p in zip(*self.runs))
             pending.append(reader.read_into(buffer, files, ids, offsets, lengths, dests))
         if self.spans:
-            total = sum(spans.offsets.size * spans.span for _, spans, _, _ in self.spans)
-            self.scratch = np.empty(total, np.uint8)
-            ids = np.concatenate([np.full(sp.offsets.size, f) for f, sp, _, _ in self.spans])
-            offsets = np.concatenate([sp.offsets for _, sp, _, _ in self.spans])
-            lengths = np.concatenate(
-                [np.full(sp.offsets.size, sp.span, np.int64) for _, sp, _, _ in self.spans]
-            )
-            dests = np.cumsum(lengths) - lengths
-            pending.append(reader.read_into(self.scratch, files, ids, offsets, lengths, dests))
+            pending.append(reader.read_spans_into(buffer, files, *_span_columns(self.spans)))
         self.box_reads_from = len(pending)
         by_rank: dict[int, list[tuple[int, list[int], list[int], int, list[int]]]] = {}
         for box in self.boxes:
@@ -135,3 +106,42 @@ class PatchReads:
                 )
             )
         return pending
+
+
+def _span_columns(spans: list[tuple[int, PatchSpans, int, np.dtype]]) -> tuple[np.ndarray, ...]:
+    """read_spans_into's columns: per span its file, offset, length and place; per patch
+    its box (inner axes, each patch's padded with axes of extent 1 to one rank)."""
+    rank = max(len(sp.inner_shape) for _, sp, _, _ in spans)
+    count = len(spans)
+    extents = np.ones((count, rank), np.int64)
+    src_strides = np.zeros((count, rank), np.int64)
+    dest_strides = np.zeros((count, rank), np.int64)
+    itemsizes = np.empty(count, np.uint64)
+    ids, offsets, lengths, places, box_ids = [], [], [], [], []
+    for b, (file_id, sp, at, dtype) in enumerate(spans):
+        inner = len(sp.inner_shape)
+        outer = len(sp.outer_shape)
+        extents[b, rank - inner :] = sp.inner_shape
+        src_strides[b, rank - inner :] = sp.inner_strides
+        dest_strides[b, rank - inner :] = sp.dest_strides[outer:]
+        itemsizes[b] = dtype.itemsize
+        n = sp.offsets.size
+        # Span k, in C order over the outer axes, lands that far along them in the patch.
+        grid = np.indices(sp.outer_shape, np.int64).reshape(outer, n)
+        outer_steps = np.asarray(sp.dest_strides[:outer], np.int64)
+        places.append(at + sp.dest_offset + outer_steps @ grid)
+        ids.append(np.full(n, file_id, np.uint32))
+        offsets.append(sp.offsets)
+        lengths.append(np.full(n, sp.span, np.uint64))
+        box_ids.append(np.full(n, b, np.uint32))
+    return (
+        np.concatenate(ids),
+        np.concatenate(offsets).astype(np.uint64),
+        np.concatenate(lengths),
+        np.concatenate(places).astype(np.uint64),
+        np.concatenate(box_ids),
+        extents,
+        src_strides,
+        dest_strides,
+        itemsizes,
+    )
