@@ -9,6 +9,8 @@
 #include "stoker/io/array_layout.hpp"
 #include "stoker/io/chunk_codec.hpp"
 #include "stoker/io/inflate.hpp"
+#include "stoker/io/strided_copy.hpp"
+#include "stoker/io/thread_pool.hpp"
 
 namespace py = pybind11;
 
@@ -143,6 +145,34 @@ void register_arrays(py::module_& m) {
                            s.size() > 14 && s[14].cast<bool>());
       }));
 
+  m.def(
+      "permute_into",
+      [](const py::array& src, py::array dst) {
+        if (!(dst.flags() & py::array::c_style) || !dst.writeable()) {
+          throw py::value_error("permute_into needs a writable C-contiguous dst");
+        }
+        if (src.ndim() != dst.ndim() || src.itemsize() != dst.itemsize()) {
+          throw py::value_error("permute_into: src and dst differ in rank or element size");
+        }
+        std::vector<uint64_t> shape(src.ndim());
+        std::vector<int64_t> strides(src.ndim());
+        for (py::ssize_t d = 0; d < src.ndim(); ++d) {
+          if (src.shape(d) != dst.shape(d)) {
+            throw py::value_error("permute_into: src and dst differ in shape");
+          }
+          shape[d] = static_cast<uint64_t>(src.shape(d));
+          strides[d] = static_cast<int64_t>(src.strides(d));
+        }
+        const auto* from = static_cast<const uint8_t*>(src.data());
+        auto* to = static_cast<uint8_t*>(dst.mutable_data());
+        py::gil_scoped_release release;
+        io::permute_copy(from, strides, to, shape, static_cast<uint64_t>(src.itemsize()),
+                         io::ThreadPool::default_size());
+      },
+      py::arg("src"), py::arg("dst"),
+      "Copy `src`, an array of any strides, into `dst`, a C-contiguous array of its shape "
+      "and element size, in tiles over several threads (a faster np.copyto for a transposed "
+      "view). The arrays must not overlap.");
   m.def("set_codec_search_dirs", &io::set_codec_search_dirs, py::arg("dirs"),
         "Folders searched for libzstd, libblosc and liblz4 before the dynamic "
         "loader's path.");

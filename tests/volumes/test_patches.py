@@ -62,6 +62,55 @@ def test_patches_are_exact(tmp_path, kind, dtype):
     assert check_batches(grid, truth, pad=5) > 10
 
 
+def test_one_batch_of_subjects_stored_in_other_axis_orders(tmp_path):
+    # A .nii (Fortran order), a .npy and a Fortran .npy of one cubic shape: their stored
+    # boxes look alike, but each is turned into the patch's order by its own axes.
+    shape = (20, 20, 20)
+    truth, subjects = [], []
+    for i, kind in enumerate(["nii", "npy", "npy-fortran"]):
+        data = volume(shape, np.int16, seed=i)
+        if kind == "nii":
+            path = nifti(tmp_path / "v", data)
+            data = reference(path)
+        else:
+            path = str(tmp_path / f"{kind}.npy")
+            np.save(path, np.asfortranarray(data) if "fortran" in kind else data)
+        truth.append(np.asarray(data))
+        subjects.append({"image": path})
+    vols = stoker.Volumes(subjects)
+    loader = stoker.PatchLoader(vols, (6, 5, 7), 6, patches_per_subject=4, seed=2)
+    assert check_batches(loader, truth) == 12
+    assert any(len({int(s) for s in b["subject_index"]}) > 1 for b in loader)
+
+
+@pytest.mark.parametrize(
+    "shape,axes,dtype",
+    [
+        ((8, 64, 64, 64), (0, 3, 2, 1), np.int16),  # a batch of NIfTI patches, turned
+        ((3, 1, 20, 9, 13), (0, 1, 4, 3, 2), np.uint8),
+        ((5, 7, 3), (2, 0, 1), np.float64),
+        ((6, 4), (1, 0), np.dtype("V3")),  # elements of no power-of-two size
+        ((2, 9, 1, 5), (3, 2, 1, 0), np.int32),
+        ((4, 33, 17), (0, 1, 2), np.int16),  # already in order
+        ((11,), (0,), np.int8),
+    ],
+)
+def test_permute_into_copies_any_strides_in_c_order(shape, axes, dtype):
+    from stoker import _core
+
+    item = np.dtype(dtype).itemsize
+    raw = np.random.default_rng(0).integers(0, 256, int(np.prod(shape)) * item, np.uint8)
+    view = np.transpose(raw.view(dtype).reshape(shape), axes)
+    for src in (view, view[..., ::-1], view[::2]):  # negative and skipping strides too
+        out = np.empty(src.shape, dtype)
+        _core.permute_into(src, out)
+        assert out.tobytes() == np.ascontiguousarray(src).tobytes()
+    with pytest.raises(ValueError, match="C-contiguous"):
+        _core.permute_into(view, np.empty((*view.shape[:-1], 2 * view.shape[-1]), dtype)[..., ::2])
+    with pytest.raises(ValueError, match="shape"):
+        _core.permute_into(view, np.empty((*view.shape[:-1], view.shape[-1] + 1), dtype))
+
+
 def test_channels_of_a_4d_nifti_and_a_channel_first_npy(tmp_path):
     data = volume((12, 10, 8, 3), np.float32)
     path = nifti(tmp_path / "four", data)

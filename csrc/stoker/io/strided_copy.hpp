@@ -38,6 +38,14 @@ void copy_strided(const StridedBox& box, const uint8_t* src, uint8_t* dst,
 uint64_t source_reach(const StridedBox& box);
 uint64_t destination_reach(const StridedBox& box);
 
+// Copies an array of `shape`, `src_strides` bytes apart along each axis in `src` (any
+// order, negative strides too), into `dst` in C order: a batch of patches stored in a
+// file's axis order (a NIfTI's is Fortran order) turned into the order the patch names.
+// Cut into tiles along the destination's innermost axis and the source's, so that both
+// sides move whole cache lines, and over up to `threads` threads along the outermost axis.
+void permute_copy(const uint8_t* src, const std::vector<int64_t>& src_strides, uint8_t* dst,
+                  const std::vector<uint64_t>& shape, uint64_t itemsize, size_t threads);
+
 // A Codec::kSpanBox request's decoder: the request's bytes are a span of a file read
 // whole, of which `box` (at its src_start) is copied to the request's place. So a patch
 // of a volume stored in place is read a few long spans at a time, and the short gaps

@@ -391,14 +391,16 @@ class PatchLoader:
         slot = self._stage.acquire(total) if self._stage is not None else None
         buffer = slot if slot is not None else np.empty(total, np.uint8)
         reads = PatchReads()
-        for (base, per_patch, shape, dtype), key in zip(layouts, keys):
+        for (base, per_patch, _, dtype), key in zip(layouts, keys):
+            first = self.volumes.arrays[batch[0][0]][key]
             for i, ((s, _), start) in enumerate(zip(batch, starts)):
                 array = self.volumes.arrays[s][key]
-                if stored_box_shape(array, self.patch_size) != shape or array.dtype != dtype:
+                if array.channels != first.channels or array.dtype != dtype:
                     raise UsageError(
                         f"{key!r} of subject {self.volumes.name(s)} ({array.path}) is "
-                        f"{array.dtype} of channels {array.channels}, other subjects' "
-                        f"{dtype}: patches of one batch need one type and channel count"
+                        f"{array.dtype} of {array.channels} channel(s), another subject's "
+                        f"{dtype} of {first.channels}: patches of one batch need one type "
+                        "and channel count"
                     )
                 at = base + i * per_patch
                 array_id = self._array_ids.get((s, key))
@@ -477,15 +479,36 @@ class PatchLoader:
         batch, starts, n = pending.batch, pending.starts, len(pending.batch)
         out: dict[str, Any] = {}
         for key in self.volumes.keys:
-            array = self.volumes.arrays[batch[0][0]][key]
-            order = [0] + [1 + a for a in (*array.channel_axes, *array.spatial_axes)]
-            tensor = stored[key].permute(*order)
-            if _channels_last(array):
+            arrays = [self.volumes.arrays[s][key] for s, _ in batch]
+            orders = [(*a.channel_axes, *a.spatial_axes) for a in arrays]
+            if any(o != orders[0] for o in orders):
+                # Subjects stored in other axis orders (a .nii beside a .npy): each turned.
+                shape = (arrays[0].channels, *self.patch_size)
+                out[key] = torch.stack(
+                    [
+                        stored[key][i]
+                        .reshape(stored_box_shape(a, self.patch_size))
+                        .permute(*o)
+                        .reshape(shape)
+                        for i, (a, o) in enumerate(zip(arrays, orders))
+                    ]
+                )
+                continue
+            tensor = stored[key].permute(0, *(1 + a for a in orders[0]))
+            if _channels_last(arrays[0]):
                 # Samples stored interleaved (an RGB slide): the permuted view is already
                 # torch's channels_last layout, which convolutions prefer; no copy.
                 out[key] = tensor
+                continue
+            tensor = tensor.reshape(n, arrays[0].channels, *self.patch_size)
+            if tensor.is_contiguous() or tensor.device.type != "cpu":
+                out[key] = tensor.contiguous()
             else:
-                out[key] = tensor.reshape(n, array.channels, *self.patch_size).contiguous()
+                # Stored in another axis order (a NIfTI's is Fortran order): turned in
+                # cache-sized tiles on every core, 5x torch's contiguous() here.
+                turned = torch.empty(tensor.shape, dtype=tensor.dtype)
+                _core.permute_into(tensor.numpy(), turned.numpy())
+                out[key] = turned
         out["subject"] = [self.volumes.name(s) for s, _ in batch]
         out["subject_index"] = torch.tensor([s for s, _ in batch], dtype=torch.int64)
         out["location"] = torch.tensor(starts, dtype=torch.int64).reshape(n, -1)
