@@ -6,7 +6,7 @@ covers whole (channels, and spatial axes as long as the patch) and the first one
 not give contiguous runs, one per position of the outer axes. A 64^3 patch of a 256^3
 int16 volume is 4,096 runs of 128 bytes, 512 bytes apart within a slice. Runs less than
 8 KiB apart are merged into spans (patch_spans): that patch costs 64 reads of 32 KiB (its
-slices' rows, whole) into scratch memory and one strided copy that drops the gaps: 4x
+slices' rows, whole), each cut to the patch's rows by the reader's thread that read it: 4x
 the patch's own bytes, where a read per run would cost 4,096 system calls (and the
 reader 4,096 requests to plan), and reading the whole slab of each slice (or the volume,
 as whole-volume loaders do) 64x. Gaps under 8 KiB are cheaper read than skipped.
@@ -138,7 +138,7 @@ def patch_spans(
     goes straight to its place, as patch_runs gives them). Runs less than MERGE_GAP apart
     are merged here rather than by the reader: one request per span instead of one per run
     (a 64^3 patch of a 256^3 int16 volume: 64 requests of 32 KiB, not 4,096 of 128 bytes),
-    the gaps dropped afterwards by one strided copy."""
+    the gaps dropped by the reader's threads (read_spans_into)."""
     stored = array.stored_shape
     dest_shape = stored_box_shape(array, patch_size)
     first, extent, dest_first, padded = stored_box(array, start, patch_size)
