@@ -9,6 +9,7 @@
 #include "stoker/io/array_layout.hpp"
 #include "stoker/io/chunk_codec.hpp"
 #include "stoker/io/inflate.hpp"
+#include "stoker/io/label_counts.hpp"
 #include "stoker/io/strided_copy.hpp"
 #include "stoker/io/thread_pool.hpp"
 
@@ -173,6 +174,33 @@ void register_arrays(py::module_& m) {
       "Copy `src`, an array of any strides, into `dst`, a C-contiguous array of its shape "
       "and element size, in tiles over several threads (a faster np.copyto for a transposed "
       "view). The arrays must not overlap.");
+  m.def(
+      "label_block_counts",
+      [](const py::array& labels, uint64_t block) {
+        py::dtype dtype = labels.dtype();
+        char kind = dtype.kind();
+        if (!(labels.flags() & py::array::c_style) || (kind != 'u' && kind != 'i') ||
+            labels.itemsize() > 2 || labels.ndim() == 0) {
+          throw py::value_error(
+              "label_block_counts needs a C-contiguous array of 1- or 2-byte integers");
+        }
+        if (block == 0) throw py::value_error("label_block_counts: block must be at least 1");
+        std::vector<uint64_t> shape(labels.shape(), labels.shape() + labels.ndim());
+        io::LabelBlockCounts result;
+        {
+          py::gil_scoped_release release;
+          result =
+              io::count_label_blocks(labels.data(), shape, static_cast<unsigned>(labels.itemsize()),
+                                     kind == 'i', block, io::ThreadPool::default_size());
+        }
+        std::vector<py::ssize_t> counts_shape{static_cast<py::ssize_t>(result.values.size())};
+        for (uint64_t g : result.grid) counts_shape.push_back(static_cast<py::ssize_t>(g));
+        py::array counts = vector_to_numpy(std::move(result.counts)).reshape(counts_shape);
+        return py::make_tuple(vector_to_numpy(std::move(result.values)), counts);
+      },
+      py::arg("labels"), py::arg("block"),
+      "The values present in `labels` (ascending) and the voxels of each per block of "
+      "`block` voxels a side: (values, counts of shape (len(values), *grid)).");
   m.def("set_codec_search_dirs", &io::set_codec_search_dirs, py::arg("dirs"),
         "Folders searched for libzstd, libblosc and liblz4 before the dynamic "
         "loader's path.");

@@ -198,6 +198,16 @@ class ArrayLayout:
     @property
     def stored_bytes(self) -> int: ...
 
+def label_block_counts(labels: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray]:
+    """The values present in `labels`, a C-contiguous array of 1- or 2-byte integers, as
+    int64 (ascending), and the voxels of each per block of `block` voxels a side (shorter
+    at the far edges): ``(values, counts)``, counts int64 of shape ``(len(values),
+    *grid)``. Counted on every core with the GIL released.
+
+    Raises:
+        ValueError: `labels` is not such an array, or `block` is 0.
+    """
+
 def permute_into(src: np.ndarray, dst: np.ndarray) -> None:
     """Copy `src`, an array of any strides, into `dst`, a writable C-contiguous array of
     its shape and element size, in cache-sized tiles on several threads with the GIL

@@ -289,7 +289,9 @@ def test_label_balanced_class_weights(tmp_path):
         assert within_binomial((centres == value).sum(), n, p), (value, np.bincount(centres))
 
 
-@pytest.mark.parametrize("dtype", [np.uint8, np.int16, np.int32], ids=str)
+@pytest.mark.parametrize(
+    "dtype", [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.float32], ids=str
+)
 def test_occupancy_counts_every_value_per_block(tmp_path, dtype):
     """The occupancy grid against a count of every block by hand: blocks that do not
     divide the volume (short ones at the far edges), negative values, the commonest value
@@ -297,7 +299,7 @@ def test_occupancy_counts_every_value_per_block(tmp_path, dtype):
     from stoker.volumes.samplers import occupancy
 
     rng = np.random.default_rng(4)
-    low = -3 if np.dtype(dtype).kind == "i" else 250
+    low = -3 if np.dtype(dtype).kind in "if" else 250
     choices = np.array([low, 0, 5, 7], dtype)
     label = rng.choice(choices, size=(21, 18, 11), p=[0.2, 0.1, 0.6, 0.1])
     path = nifti(tmp_path / "lab", label)
@@ -311,6 +313,40 @@ def test_occupancy_counts_every_value_per_block(tmp_path, dtype):
             for index in np.ndindex(*grid.counts.shape[1:]):
                 box = tuple(slice(i * block, (i + 1) * block) for i in index)
                 assert grid.counts[(k, *index)] == (label[box] == v).sum(), (v, index)
+
+
+def test_block_counts_of_any_rank_order_and_block():
+    """The C++ count against numpy's, for 2-D to 4-D labels, views in any axis order
+    (flipped too), blocks larger than the volume, one value only and an empty label."""
+    from stoker.volumes.samplers import block_counts
+
+    rng = np.random.default_rng(9)
+    cases = [
+        (rng.integers(0, 3, (300, 7), np.uint8), 16),
+        (rng.integers(-2, 2, (9, 10, 11), np.int16).transpose(2, 0, 1), 4),
+        (rng.integers(0, 4, (5, 6, 7, 3), np.uint8)[::-1, :, ::2], 3),
+        (rng.integers(0, 2, (6, 5, 4), np.uint8), 50),
+        (np.full((8, 8), 3, np.uint8), 3),
+        (np.zeros((0, 4), np.uint8), 2),
+    ]
+    for labels, block in cases:
+        values, counts = block_counts(labels, block, "x")
+        assert values.dtype == labels.dtype
+        assert list(values) == list(np.unique(labels))
+        grid = tuple(-(-s // block) for s in labels.shape)
+        assert counts.shape == (len(values), *grid)
+        for k, v in enumerate(values):
+            for index in np.ndindex(*grid):
+                box = tuple(slice(i * block, (i + 1) * block) for i in index)
+                assert counts[(k, *index)] == (labels[box] == v).sum(), (labels.shape, v, index)
+
+
+def test_a_label_of_too_many_values_is_refused_by_name():
+    from stoker.volumes.samplers import block_counts
+
+    image = np.arange(70_000, dtype=np.float32).reshape(70, 1000)
+    with pytest.raises(stoker.UsageError, match=r"ct\.nii.*70000 distinct values"):
+        block_counts(image, 8, "ct.nii")
 
 
 def test_aggregator_rebuilds_the_volume(tmp_path):
