@@ -133,9 +133,9 @@ py::array_t<T> view_of(const T* at, size_t count, const py::object& owner) {
   return out;
 }
 
-py::tuple decoded_arrays(std::vector<uint8_t>&& decoded) {
-  auto* owned = new std::vector<uint8_t>(std::move(decoded));
-  py::capsule owner(owned, [](void* p) { delete static_cast<std::vector<uint8_t>*>(p); });
+py::tuple decoded_arrays(io::ByteVector&& decoded) {
+  auto* owned = new io::ByteVector(std::move(decoded));
+  py::capsule owner(owned, [](void* p) { delete static_cast<io::ByteVector*>(p); });
   pq::DecodedView v = pq::view_decoded(*owned);
   py::object nulls = py::none();
   if (v.nulls != nullptr) nulls = view_of(v.nulls, v.rows, owner);
@@ -227,7 +227,7 @@ void register_parquet(py::module_& m) {
         spec.codec = static_cast<pq::Compression>(small_enum(codec, "codec"));
         spec.name = name;
         spec.max_decoded_bytes = max_decoded_bytes;
-        std::vector<uint8_t> decoded;
+        io::ByteVector decoded;
         {
           py::gil_scoped_release release;
           decoded = pq::decode_column_chunk(b.data(), b.size(), file_offset, spec, rows, p);

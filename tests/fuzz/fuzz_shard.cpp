@@ -624,7 +624,7 @@ void fuzz_tiff(const uint8_t* bytes, uint64_t size) {
 // What the reader assumes of a decoded Parquet chunk: `rows` rows whose offsets rise to
 // the end of the data, empty values for null rows, one value's width for a fixed-width
 // scalar that is not null.
-void check_parquet_rows(const std::vector<uint8_t>& decoded, uint64_t rows,
+void check_parquet_rows(const stoker::io::ByteVector& decoded, uint64_t rows,
                         const stoker::format::parquet::ColumnSpec& spec) {
   using stoker::format::parquet::PhysicalType;
   stoker::format::parquet::DecodedView v;
@@ -717,7 +717,7 @@ void fuzz_parquet(const uint8_t* bytes, uint64_t size) {
             std::min<uint64_t>(chunk.total_compressed_size, size - static_cast<uint64_t>(start));
         const uint64_t rows = static_cast<uint64_t>(group.num_rows);
         expected("decode_column_chunk", [&] {
-          std::vector<uint8_t> out = pq::decode_column_chunk(
+          stoker::io::ByteVector out = pq::decode_column_chunk(
               bytes + start, length, static_cast<uint64_t>(start), spec, rows, path);
           check_parquet_rows(out, rows, spec);
         });

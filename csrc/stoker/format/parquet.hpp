@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "stoker/io/byte_vector.hpp"
 namespace stoker::format::parquet {
 
 enum class PhysicalType : uint8_t {
@@ -142,7 +143,7 @@ std::vector<LeafColumn> leaf_columns(const FileMetaData& metadata, const std::st
                                      uint64_t offset);
 
 // A decoded run of rows (a whole column chunk, or some of its pages), as ONE byte
-// buffer so that it can sit in a cache of std::shared_ptr<const std::vector<uint8_t>>.
+// buffer so that it can sit in a cache of std::shared_ptr<const io::ByteVector>.
 // Row r's value is data[offsets[r], offsets[r+1]): fixed-width types one little-endian
 // value (BOOLEAN one byte, 0 or 1); BYTE_ARRAY the bytes; FIXED_LEN_BYTE_ARRAY its
 // type_length bytes; a list (max_repetition 1) its elements' values back to back. A null
@@ -155,16 +156,16 @@ struct DecodedView {
   const uint8_t* data = nullptr;
 };
 // Error when `decoded` is not such a buffer. Offsets and data are 8-byte aligned in it.
-DecodedView view_decoded(const std::vector<uint8_t>& decoded);
+DecodedView view_decoded(const io::ByteVector& decoded);
 
 // The dictionary page at `data` (a page header then its body), decoded into the same
 // format (entry i = "row" i); nullptr when the page there is not a dictionary page.
 // *consumed: the page's bytes (header and body).
-std::shared_ptr<const std::vector<uint8_t>> read_dictionary_page(const uint8_t* data, uint64_t size,
-                                                                 uint64_t file_offset,
-                                                                 const ColumnSpec& spec,
-                                                                 const std::string& path,
-                                                                 uint64_t* consumed);
+std::shared_ptr<const io::ByteVector> read_dictionary_page(const uint8_t* data, uint64_t size,
+                                                           uint64_t file_offset,
+                                                           const ColumnSpec& spec,
+                                                           const std::string& path,
+                                                           uint64_t* consumed);
 
 // Data pages (v1 and v2) back to back at [data, data + size), which start at file
 // offset `file_offset`, holding exactly `rows` rows (else FormatError), decoded;
@@ -172,14 +173,12 @@ std::shared_ptr<const std::vector<uint8_t>> read_dictionary_page(const uint8_t* 
 // dictionary and PLAIN encodings. FormatErrors name `path`, the page header's file
 // offset, spec.name and the page's number (from 0, counting every page the call sees;
 // rows in messages count from the call's first row too).
-std::vector<uint8_t> decode_data_pages(const uint8_t* data, uint64_t size, uint64_t file_offset,
-                                       const ColumnSpec& spec,
-                                       const std::vector<uint8_t>* dictionary, uint64_t rows,
-                                       const std::string& path);
+io::ByteVector decode_data_pages(const uint8_t* data, uint64_t size, uint64_t file_offset,
+                                 const ColumnSpec& spec, const io::ByteVector* dictionary,
+                                 uint64_t rows, const std::string& path);
 
 // A whole column chunk: an optional dictionary page, then data pages.
-std::vector<uint8_t> decode_column_chunk(const uint8_t* data, uint64_t size, uint64_t file_offset,
-                                         const ColumnSpec& spec, uint64_t rows,
-                                         const std::string& path);
+io::ByteVector decode_column_chunk(const uint8_t* data, uint64_t size, uint64_t file_offset,
+                                   const ColumnSpec& spec, uint64_t rows, const std::string& path);
 
 }  // namespace stoker::format::parquet

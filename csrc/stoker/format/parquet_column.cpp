@@ -4,11 +4,10 @@
 
 namespace stoker::format::parquet {
 
-std::vector<uint8_t> ParquetColumnDecoder::decode(const uint8_t* dictionary,
-                                                  uint64_t dictionary_size,
-                                                  uint64_t dictionary_offset, const uint8_t* data,
-                                                  uint64_t size, uint64_t file_offset,
-                                                  uint64_t rows, const std::string& path) const {
+io::ByteVector ParquetColumnDecoder::decode(const uint8_t* dictionary, uint64_t dictionary_size,
+                                            uint64_t dictionary_offset, const uint8_t* data,
+                                            uint64_t size, uint64_t file_offset, uint64_t rows,
+                                            const std::string& path) const {
   if (dictionary_size == 0) {  // a whole column chunk: its dictionary page, if any, first
     return decode_column_chunk(data, size, file_offset, spec_, rows, path);
   }
@@ -22,7 +21,7 @@ std::vector<uint8_t> ParquetColumnDecoder::decode(const uint8_t* dictionary,
   return decode_data_pages(data, size, file_offset, spec_, entries.get(), rows, path);
 }
 
-io::ColumnValues ParquetColumnDecoder::view(const std::vector<uint8_t>& decoded) const {
+io::ColumnValues ParquetColumnDecoder::view(const io::ByteVector& decoded) const {
   DecodedView v = view_decoded(decoded);
   return io::ColumnValues{v.rows, v.offsets, v.nulls, v.data};
 }

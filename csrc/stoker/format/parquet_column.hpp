@@ -14,11 +14,11 @@ namespace stoker::format::parquet {
 class ParquetColumnDecoder final : public io::ColumnDecoder {
  public:
   explicit ParquetColumnDecoder(ColumnSpec spec) : spec_(std::move(spec)) {}
-  std::vector<uint8_t> decode(const uint8_t* dictionary, uint64_t dictionary_size,
-                              uint64_t dictionary_offset, const uint8_t* data, uint64_t size,
-                              uint64_t file_offset, uint64_t rows,
-                              const std::string& path) const override;
-  io::ColumnValues view(const std::vector<uint8_t>& decoded) const override;
+  io::ByteVector decode(const uint8_t* dictionary, uint64_t dictionary_size,
+                        uint64_t dictionary_offset, const uint8_t* data, uint64_t size,
+                        uint64_t file_offset, uint64_t rows,
+                        const std::string& path) const override;
+  io::ColumnValues view(const io::ByteVector& decoded) const override;
   const ColumnSpec& spec() const { return spec_; }
 
  private:

@@ -262,7 +262,9 @@ class Output {
   Output(uint64_t rows, bool nullable) : rows_(rows) {
     nulls_at_ = kHeaderBytes + 8 * (rows + 1);
     data_at_ = nulls_at_ + (nullable ? round8(rows) : 0);
-    buffer_.resize(data_at_);
+    // Null flags are read for every row and set only for the null ones; the rest of the
+    // buffer is written before it is read, so only this part is cleared.
+    buffer_.assign(data_at_, 0);
     used_ = data_at_;
   }
   // Bytes the buffer needs before any data: what `rows` costs whatever the pages hold.
@@ -290,7 +292,7 @@ class Output {
     return at;
   }
 
-  std::vector<uint8_t> finish(bool any_null) {
+  io::ByteVector finish(bool any_null) {
     set_offset(rows_, data_size());
     buffer_.resize(used_);
     uint64_t header[4] = {rows_, any_null ? nulls_at_ : 0, data_at_, data_size()};
@@ -299,7 +301,7 @@ class Output {
   }
 
  private:
-  std::vector<uint8_t> buffer_;
+  io::ByteVector buffer_;
   uint64_t rows_, nulls_at_, data_at_, used_;
 };
 
@@ -409,7 +411,7 @@ class ColumnDecoder {
     check_values_used();
   }
 
-  std::vector<uint8_t> finish() { return output_.finish(any_null_); }
+  io::ByteVector finish() { return output_.finish(any_null_); }
 
   [[noreturn]] void fail(const std::string& why) const { page_.fail(why); }
 
@@ -845,7 +847,7 @@ class ColumnDecoder {
 };
 
 // A dictionary buffer's views, checked once so that every index into it can be trusted.
-Dictionary dictionary_of(const std::vector<uint8_t>& buffer, const ColumnSpec& spec,
+Dictionary dictionary_of(const io::ByteVector& buffer, const ColumnSpec& spec,
                          const std::string& path, uint64_t offset) {
   Dictionary d;
   d.view = view_decoded(buffer);
@@ -866,7 +868,7 @@ Dictionary dictionary_of(const std::vector<uint8_t>& buffer, const ColumnSpec& s
 
 }  // namespace
 
-DecodedView view_decoded(const std::vector<uint8_t>& decoded) {
+DecodedView view_decoded(const io::ByteVector& decoded) {
   uint64_t header[4];
   if (decoded.size() < kHeaderBytes) throw Error("view_decoded: not a decoded Parquet buffer");
   std::memcpy(header, decoded.data(), sizeof header);
@@ -886,11 +888,11 @@ DecodedView view_decoded(const std::vector<uint8_t>& decoded) {
   return v;
 }
 
-std::shared_ptr<const std::vector<uint8_t>> read_dictionary_page(const uint8_t* data, uint64_t size,
-                                                                 uint64_t file_offset,
-                                                                 const ColumnSpec& spec,
-                                                                 const std::string& path,
-                                                                 uint64_t* consumed) {
+std::shared_ptr<const io::ByteVector> read_dictionary_page(const uint8_t* data, uint64_t size,
+                                                           uint64_t file_offset,
+                                                           const ColumnSpec& spec,
+                                                           const std::string& path,
+                                                           uint64_t* consumed) {
   *consumed = 0;
   check_spec(spec, path, file_offset);
   ColumnSpec entries_spec = spec;  // entries have no levels
@@ -914,14 +916,14 @@ std::shared_ptr<const std::vector<uint8_t>> read_dictionary_page(const uint8_t* 
   ColumnDecoder decoder(entries_spec, path, entries, nullptr, 0, file_offset);
   decoder.dictionary_page(h, data + h.header_size);
   *consumed = h.header_size + h.compressed_page_size;
-  return std::make_shared<const std::vector<uint8_t>>(decoder.finish());
+  return std::make_shared<const io::ByteVector>(decoder.finish());
 }
 
 namespace {
 
-std::vector<uint8_t> decode_pages(const uint8_t* data, uint64_t size, uint64_t file_offset,
-                                  const ColumnSpec& spec, const std::vector<uint8_t>* dictionary,
-                                  uint64_t rows, const std::string& path, uint64_t first_page) {
+io::ByteVector decode_pages(const uint8_t* data, uint64_t size, uint64_t file_offset,
+                            const ColumnSpec& spec, const io::ByteVector* dictionary, uint64_t rows,
+                            const std::string& path, uint64_t first_page) {
   check_spec(spec, path, file_offset);
   Dictionary entries;
   if (dictionary != nullptr) entries = dictionary_of(*dictionary, spec, path, file_offset);
@@ -933,18 +935,16 @@ std::vector<uint8_t> decode_pages(const uint8_t* data, uint64_t size, uint64_t f
 
 }  // namespace
 
-std::vector<uint8_t> decode_data_pages(const uint8_t* data, uint64_t size, uint64_t file_offset,
-                                       const ColumnSpec& spec,
-                                       const std::vector<uint8_t>* dictionary, uint64_t rows,
-                                       const std::string& path) {
+io::ByteVector decode_data_pages(const uint8_t* data, uint64_t size, uint64_t file_offset,
+                                 const ColumnSpec& spec, const io::ByteVector* dictionary,
+                                 uint64_t rows, const std::string& path) {
   return decode_pages(data, size, file_offset, spec, dictionary, rows, path, 0);
 }
 
-std::vector<uint8_t> decode_column_chunk(const uint8_t* data, uint64_t size, uint64_t file_offset,
-                                         const ColumnSpec& spec, uint64_t rows,
-                                         const std::string& path) {
+io::ByteVector decode_column_chunk(const uint8_t* data, uint64_t size, uint64_t file_offset,
+                                   const ColumnSpec& spec, uint64_t rows, const std::string& path) {
   uint64_t consumed = 0;
-  std::shared_ptr<const std::vector<uint8_t>> dictionary;
+  std::shared_ptr<const io::ByteVector> dictionary;
   if (size > 0) dictionary = read_dictionary_page(data, size, file_offset, spec, path, &consumed);
   return decode_pages(data + consumed, size - consumed, file_offset + consumed, spec,
                       dictionary.get(), rows, path, dictionary ? 1 : 0);

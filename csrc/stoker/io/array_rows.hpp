@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "stoker/io/byte_vector.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/shard_reader.hpp"
 
@@ -47,7 +48,7 @@ struct ArrayPlan {
 // the buffers it drops.
 class ChunkCache {
  public:
-  using Bytes = std::shared_ptr<const std::vector<uint8_t>>;
+  using Bytes = std::shared_ptr<const ByteVector>;
   static constexpr size_t kStartBytes = 32 * 1024 * 1024;
   explicit ChunkCache(size_t limit) : limit_(limit), capacity_(std::min(limit / 8, kStartBytes)) {}
   Bytes find(uint64_t layout, uint64_t chunk);

@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "stoker/io/byte_vector.hpp"
 namespace stoker::io {
 
 // The rows of a decoded unit: row r's value is data[offsets[r], offsets[r + 1]).
@@ -30,12 +31,11 @@ class ColumnDecoder {
   // which must hold `rows` rows, after the dictionary page they need where it lies
   // apart from them (dictionary_size bytes at `dictionary`, read from
   // `dictionary_offset`; none: 0). Throws FormatError naming `path`.
-  virtual std::vector<uint8_t> decode(const uint8_t* dictionary, uint64_t dictionary_size,
-                                      uint64_t dictionary_offset, const uint8_t* data,
-                                      uint64_t size, uint64_t file_offset, uint64_t rows,
-                                      const std::string& path) const = 0;
+  virtual ByteVector decode(const uint8_t* dictionary, uint64_t dictionary_size,
+                            uint64_t dictionary_offset, const uint8_t* data, uint64_t size,
+                            uint64_t file_offset, uint64_t rows, const std::string& path) const = 0;
   // The rows of what decode() returned.
-  virtual ColumnValues view(const std::vector<uint8_t>& decoded) const = 0;
+  virtual ColumnValues view(const ByteVector& decoded) const = 0;
 };
 
 // Integers Int() widens to int64 (none: Int() parses the values as text).

@@ -189,10 +189,10 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                             " bytes is more than stoker reads at once; write the file with "
                             "smaller row groups (pyarrow: row_group_size=)");
     }
-    thread_local std::vector<uint8_t> raw;
+    thread_local ByteVector raw;
     struct Shrink {  // when decoding throws too
       ~Shrink() {
-        if (raw.capacity() > kUnitScratchKeep) std::vector<uint8_t>().swap(raw);
+        if (raw.capacity() > kUnitScratchKeep) ByteVector().swap(raw);
       }
     } shrink;
     raw.resize(total);
@@ -203,7 +203,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
     pread_exact(fd->get(), path, raw.data() + u.dictionary_size, u.size, u.offset);
     read = total;
     try {
-      values = std::make_shared<const std::vector<uint8_t>>(
+      values = std::make_shared<const ByteVector>(
           c.decoder->decode(raw.data(), u.dictionary_size, u.dictionary_offset,
                             raw.data() + u.dictionary_size, u.size, u.offset, u.rows, path));
     } catch (const FormatError& e) {
