@@ -184,7 +184,6 @@ void register_arrays(py::module_& m) {
           throw py::value_error(
               "label_block_counts needs a C-contiguous array of 1- or 2-byte integers");
         }
-        if (block == 0) throw py::value_error("label_block_counts: block must be at least 1");
         std::vector<uint64_t> shape(labels.shape(), labels.shape() + labels.ndim());
         io::LabelBlockCounts result;
         {

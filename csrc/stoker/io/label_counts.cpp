@@ -13,6 +13,8 @@ namespace {
 // below 2^32, so no bin can overflow.
 constexpr uint64_t kHistogramPiece = uint64_t{1} << 28;
 
+uint64_t blocks_along(uint64_t extent, uint64_t block) { return (extent + block - 1) / block; }
+
 // Four histograms filled in turn, so that runs of one value (a label's background)
 // do not wait on one bin's previous increment.
 template <typename T>
@@ -44,6 +46,7 @@ struct Geometry {
   uint64_t slabs;                   // blocks along axis 0
   uint64_t middle_blocks;           // blocks in one slab, across the middle axes
   uint64_t row_blocks;              // blocks along the last axis
+  uint64_t column_ones;             // most voxels one column sum of a slab adds up
   std::vector<uint32_t> row_block;  // each row of a plane: its block among the middle ones
 };
 
@@ -55,13 +58,15 @@ Geometry geometry_of(const std::vector<uint64_t>& shape, uint64_t block) {
   g.block = block;
   g.planes = s.front();
   g.row = s.back();
-  g.slabs = (g.planes + block - 1) / block;
-  g.row_blocks = (g.row + block - 1) / block;
+  g.slabs = blocks_along(g.planes, block);
+  g.row_blocks = blocks_along(g.row, block);
   g.rows_per_plane = 1;
   g.middle_blocks = 1;
+  g.column_ones = std::min(block, g.planes);
   for (size_t d = 1; d + 1 < s.size(); ++d) {
     g.rows_per_plane *= s[d];
-    g.middle_blocks *= (s[d] + block - 1) / block;
+    g.middle_blocks *= blocks_along(s[d], block);
+    g.column_ones *= std::min(block, s[d]);
   }
   g.row_block.resize(g.rows_per_plane);
   // Rows in C order over the middle axes; a row's block is the C-order index of its
@@ -70,7 +75,7 @@ Geometry geometry_of(const std::vector<uint64_t>& shape, uint64_t block) {
   for (uint64_t r = 0; r < g.rows_per_plane; ++r) {
     uint64_t index = 0;
     for (size_t d = 1; d + 1 < s.size(); ++d) {
-      index = index * ((s[d] + block - 1) / block) + coord[d] / block;
+      index = index * blocks_along(s[d], block) + coord[d] / block;
     }
     g.row_block[r] = static_cast<uint32_t>(index);
     for (size_t d = s.size() - 2; d >= 1; --d) {
@@ -143,11 +148,10 @@ LabelBlockCounts count_typed(const T* data, const std::vector<uint64_t>& shape, 
     if (is_signed && b >= kBins / 2) value -= static_cast<int64_t>(kBins);
     result.values.push_back(value);
   }
-  std::vector<uint64_t> grid;
-  for (uint64_t s : shape) grid.push_back((s + block - 1) / block);
+  for (uint64_t s : shape) result.grid.push_back(blocks_along(s, block));
+  const std::vector<uint64_t>& grid = result.grid;
   uint64_t grid_blocks = 1;
   for (uint64_t b : grid) grid_blocks *= b;
-  result.grid = grid;
   result.counts.assign(present.size() * grid_blocks, 0);
   if (present.empty()) return result;
 
@@ -166,12 +170,7 @@ LabelBlockCounts count_typed(const T* data, const std::vector<uint64_t>& shape, 
   }
   int64_t* counts = result.counts.data();
   if (!counted.empty()) {
-    // A column sum adds at most block^(D-1) ones (D counted with one axis as two).
-    uint64_t per_column = std::min<uint64_t>(block, g.planes);
-    for (size_t d = 1; d + 1 < std::max<size_t>(shape.size(), 2); ++d) {
-      per_column *= std::min<uint64_t>(block, shape[d]);
-    }
-    bool narrow = per_column <= std::numeric_limits<uint16_t>::max();
+    bool narrow = g.column_ones <= std::numeric_limits<uint16_t>::max();
     parallel_for(g.slabs, threads, [&](size_t slab) {
       if (narrow) {
         count_slab<T, uint16_t>(data, g, slab, counted, counted_index, grid_blocks, counts);
@@ -210,7 +209,7 @@ LabelBlockCounts count_label_blocks(const void* labels, const std::vector<uint64
   for (uint64_t s : shape) {
     if (s == 0) {
       LabelBlockCounts empty;
-      for (uint64_t e : shape) empty.grid.push_back((e + block - 1) / block);
+      for (uint64_t e : shape) empty.grid.push_back(blocks_along(e, block));
       return empty;
     }
   }
