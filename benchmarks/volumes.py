@@ -37,9 +37,11 @@ Every peer but TorchIO's (whose Queue has the workers) runs under a DataLoader w
 workers. Reported per row: patches/s (median of --runs), the ratio to the best peer with
 the same sampling (in the same epoch, where a peer has two; where no peer samples that way,
 the best peer of any sampling, marked *), bytes read per patch over the patch's own bytes
-(the processes' ``rchar``: bytes their read calls returned, the measuring process and its
-workers; for rows that load whole volumes at least the volumes' bytes each load, as nibabel
-maps a ``.nii`` rather than reading it), the time to the first batch (from opening the
+(stoker's: its reader's count, epoch by epoch, the merged gaps and the label reads
+included, as it maps files and reads from the mappings; the peers': the processes'
+``rchar``, bytes their read calls returned, the measuring process and its workers; for
+rows that load whole volumes at least the volumes' bytes each load, as nibabel maps a
+``.nii`` rather than reading it), the time to the first batch (from opening the
 subjects) and peak RSS (the measuring process or the largest of its workers), with the
 issue's targets beside stoker's rows.
 """
@@ -371,7 +373,8 @@ def _preimport(row: Row) -> None:
 
 def _build(row: Row, args: argparse.Namespace, subjects: list[dict], scratch: str):
     """The row's loader: (one pass's iterator for pass k, patches in a batch, whole-volume
-    bytes each patch costs at least: 0 for rows that read only patches)."""
+    bytes each patch costs at least: 0 for rows that read only patches, and for stoker's
+    rows the bytes its reader read so far: it maps files, which rchar does not see)."""
     import torch
 
     slide = args.set in SLIDES
@@ -401,18 +404,18 @@ def _build(row: Row, args: argparse.Namespace, subjects: list[dict], scratch: st
             loader.set_epoch(k)
             return iter(loader)
 
-        return one_pass, lambda b: len(b["subject"]), 0
+        return one_pass, lambda b: len(b["subject"]), 0, lambda: loader.stats()["bytes_read"]
     if row.key.startswith("torchio"):
         import torchio as tio
 
         loader = peers.torchio_queue_loader(
             subjects, args.patch, args.batch, label=row.sampling == "label"
         )
-        return lambda k: iter(loader), lambda b: len(b["image"][tio.DATA]), whole
+        return lambda k: iter(loader), lambda b: len(b["image"][tio.DATA]), whole, None
     if row.key.startswith("monai"):
         cache = scratch if row.key == "monai-persistent" else None
         loader = peers.monai_patch_loader(subjects, args.patch, args.batch, cache_dir=cache)
-        return lambda k: iter(loader), lambda b: len(b["image"]), whole
+        return lambda k: iter(loader), lambda b: len(b["image"]), whole, None
     if row.key in ("whole", "sliced"):
         dataset = peers.volume_patch_dataset(
             subjects, args.patch, args.patches, 0, sliced=row.key == "sliced"
@@ -427,13 +430,16 @@ def _build(row: Row, args: argparse.Namespace, subjects: list[dict], scratch: st
         dataset, batch_size=args.batch, num_workers=2, persistent_workers=True
     )
     count = (lambda b: len(b)) if slide else (lambda b: len(b["image"]))
-    return lambda k: iter(loader), count, whole
+    return lambda k: iter(loader), count, whole, None
 
 
 def child(args: argparse.Namespace) -> None:
     row = ROW[args.child]
     subjects = json.loads(args.subjects_json)
     _preimport(row)
+    # This machine's page cache gives files back within a minute (DAMON reclaim): each
+    # measurement reads its files through just before its clock starts.
+    read_through(_files(subjects))
     scratch = tempfile.mkdtemp(prefix=f"stoker-volumes-{row.key}-", dir=args.scratch)
     try:
         result = _measure(row, args, subjects, scratch)
@@ -448,10 +454,11 @@ def _measure(row: Row, args: argparse.Namespace, subjects: list[dict], scratch: 
     workers = Workers()
     before = rchar()
     began = time.perf_counter()
-    one_pass, count, whole = _build(row, args, subjects, scratch)
+    one_pass, count, whole, bytes_read = _build(row, args, subjects, scratch)
     first, epochs, k = None, [], 0
     for e in range(row.epochs):
         start = began if e == 0 else time.perf_counter()
+        read_before = bytes_read() if bytes_read else 0
         n = 0
         while n < args.patches and time.perf_counter() - start < args.max_seconds:
             got = 0
@@ -467,10 +474,12 @@ def _measure(row: Row, args: argparse.Namespace, subjects: list[dict], scratch: 
             if not got:
                 break
         epochs.append({"patches": n, "seconds": time.perf_counter() - start})
+        if bytes_read:
+            epochs[-1]["bytes_per_patch"] = (bytes_read() - read_before) / max(1, n)
         if not row.stoker:
             workers.sample(force=True)
     done = sum(e["patches"] for e in epochs)
-    read = (rchar() - before + workers.read()) / max(1, done)
+    read = (bytes_read() if bytes_read else rchar() - before + workers.read()) / max(1, done)
     return {
         "epochs": epochs,
         "first_batch_s": first,
@@ -537,7 +546,6 @@ def main() -> None:
     with _runner.Interruptible("volumes") as measuring:
         for name in sets:
             subjects = lists[name]
-            read_through(_files(subjects))
             for row in ROWS:
                 if name in row.sets and row.key in keys:
                     results.setdefault(name, {})[row.key] = _runs(row, name, subjects, args, limits)
@@ -599,6 +607,11 @@ def report(results: dict[str, dict[str, list[dict]]], args: argparse.Namespace) 
             first = statistics.median(r["first_batch_s"] or 0 for r in runs)
             rss = max(r["peak_rss"] for r in runs) / 1e6
             for e in range(len(runs[0]["epochs"])):
+                if "bytes_per_patch" in runs[0]["epochs"][e]:  # stoker's, epoch by epoch
+                    amplification = (
+                        statistics.median(r["epochs"][e]["bytes_per_patch"] for r in runs)
+                        / patch_bytes
+                    )
                 rate = rates[row.key][e]
                 best, mark = _best_peer(rates, row.sampling, e), ""
                 if not best:

@@ -333,3 +333,20 @@ def test_damage_anywhere_is_an_error_or_a_read_never_a_crash(tmp_path):
     )
     assert result.returncode == 0, (result.returncode, result.stderr[-3000:])
     assert "errors" in result.stdout
+
+
+def test_a_file_cut_shorter_while_it_is_read_is_an_error_not_a_crash(tmp_path):
+    # The reader maps the files it decodes from: a file truncated after its first rows were
+    # read (its descriptor and mapping kept open) must fail as a short read does, naming
+    # the file, not kill the process with SIGBUS in a decoder.
+    path = write(tmp_path, "cut.parquet", codec="snappy")
+    fields = {"blob": stoker.Bytes(), "label": stoker.Int()}
+    batches = iter(stoker.Loader(stoker.Dataset(path), 5, fields=fields, shuffle=False))
+    first = next(batches)
+    assert first["label"].tolist() == [0, 1, 2, 3, 4]
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 4)
+    with pytest.raises(stoker.ShardFormatError) as caught:
+        for _ in batches:
+            pass
+    assert_names(caught.value, path, "short read|truncated")

@@ -585,3 +585,18 @@ def test_from_torchio(tmp_path):
     )
     vols = stoker.Volumes.from_torchio(subjects)
     assert vols.keys == ("image", "label") and vols.metadata[0]["age"] == 40
+
+
+def test_a_volume_cut_shorter_while_patches_are_read_names_it(tmp_path):
+    # Spans are cut to their boxes from the file's mapping: a volume truncated after the
+    # loader opened and read from it fails with a short read naming the file, no SIGBUS.
+    np.save(tmp_path / "v.npy", volume((32, 32, 32)))
+    vols = stoker.Volumes([{"image": str(tmp_path / "v.npy")}])
+    loader = stoker.PatchLoader(vols, (8, 8, 8), 2, patches_per_subject=64, seed=0)
+    batches = iter(loader)
+    next(batches)
+    with open(tmp_path / "v.npy", "r+b") as f:
+        f.truncate(256)
+    with pytest.raises(stoker.ShardFormatError, match=r"v\.npy.*(short read|truncated)"):
+        for _ in batches:
+            pass

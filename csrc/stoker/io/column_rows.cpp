@@ -189,23 +189,22 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                             " bytes is more than stoker reads at once; write the file with "
                             "smaller row groups (pyarrow: row_group_size=)");
     }
-    thread_local ByteVector raw;
+    thread_local ByteVector raw, raw_dictionary;
     struct Shrink {  // when decoding throws too
       ~Shrink() {
         if (raw.capacity() > kUnitScratchKeep) ByteVector().swap(raw);
+        if (raw_dictionary.capacity() > kUnitScratchKeep) ByteVector().swap(raw_dictionary);
       }
     } shrink;
-    raw.resize(total);
     auto fd = cache.get(path, files.identities.empty() ? FileIdentity{} : files.identities[c.file]);
-    if (u.dictionary_size) {
-      pread_exact(fd->get(), path, raw.data(), u.dictionary_size, u.dictionary_offset);
-    }
-    pread_exact(fd->get(), path, raw.data() + u.dictionary_size, u.size, u.offset);
+    const uint8_t* dictionary =
+        bytes_at(*fd, path, u.dictionary_offset, u.dictionary_size, raw_dictionary);
+    const uint8_t* data = bytes_at(*fd, path, u.offset, u.size, raw);
     read = total;
     try {
       values = std::make_shared<const ByteVector>(
-          c.decoder->decode(raw.data(), u.dictionary_size, u.dictionary_offset,
-                            raw.data() + u.dictionary_size, u.size, u.offset, u.rows, path));
+          c.decoder->decode(dictionary, u.dictionary_size, u.dictionary_offset, data, u.size,
+                            u.offset, u.rows, path));
     } catch (const FormatError& e) {
       throw FormatError(e.path(), e.offset(),
                         "row group " + std::to_string(u.row_group) + ", " + e.detail());

@@ -1,5 +1,7 @@
 #include "stoker/io/file_cache.hpp"
 
+#include <utility>
+
 #include "stoker/errors.hpp"
 
 namespace stoker::io {
@@ -16,8 +18,8 @@ std::shared_ptr<const FileDescriptor> FileCache::get(const std::string& path,
   }
   // Open outside the lock: on a network mount an open can take milliseconds
   // and other threads should keep reading meanwhile.
-  auto fd = std::make_shared<const FileDescriptor>(open_for_read(path));
-  FileIdentity identity = identity_of(fd->get(), path);
+  FileDescriptor opened = open_for_read(path);
+  FileIdentity identity = identity_of(opened.get(), path);
   if (expected.known() && identity != expected) {
     throw FormatError(path, 0,
                       "the file changed after it was indexed (now " +
@@ -26,6 +28,8 @@ std::shared_ptr<const FileDescriptor> FileCache::get(const std::string& path,
                           std::to_string(expected.size) + " bytes, inode " +
                           std::to_string(expected.inode) + "): open the dataset again");
   }
+  opened.map();
+  auto fd = std::make_shared<const FileDescriptor>(std::move(opened));
   std::lock_guard<std::mutex> lock(mutex_);
   auto it = entries_.find(path);
   if (it != entries_.end()) {  // replace whatever is cached: this one is checked

@@ -1,6 +1,7 @@
 #include "stoker/io/posix_file.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -15,15 +16,62 @@ namespace stoker::io {
 
 FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
   if (this != &other) {
+    unmap();
     if (fd_ >= 0) ::close(fd_);
     fd_ = other.fd_;
+    map_ = other.map_;
+    map_size_ = other.map_size_;
     other.fd_ = -1;
+    other.map_ = nullptr;
+    other.map_size_ = 0;
   }
   return *this;
 }
 
 FileDescriptor::~FileDescriptor() {
+  unmap();
   if (fd_ >= 0) ::close(fd_);
+}
+
+namespace {
+
+// Linux's value (asm-generic), for headers older than the kernels that have it: a wheel is
+// built against old headers and run on new kernels.
+#ifndef MADV_POPULATE_READ
+#define MADV_POPULATE_READ 22
+#endif
+
+// Whether the kernel takes MADV_POPULATE_READ (5.14 and later): without it a mapping's
+// faults past the end of a file cut shorter since it was opened would kill the process,
+// so files are not mapped and every read goes through pread.
+bool kernel_populates(const void* at, size_t length) {
+  static const bool works =
+      ::madvise(const_cast<void*>(at), length, MADV_POPULATE_READ) == 0 || errno != EINVAL;
+  return works;
+}
+
+}  // namespace
+
+void FileDescriptor::map() {
+  struct stat st;
+  if (map_ != nullptr || fd_ < 0 || ::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode) ||
+      st.st_size <= 0) {
+    return;
+  }
+  void* at = ::mmap(nullptr, static_cast<size_t>(st.st_size), PROT_READ, MAP_SHARED, fd_, 0);
+  if (at == MAP_FAILED) return;
+  if (!kernel_populates(at, std::min<size_t>(static_cast<size_t>(st.st_size), 4096))) {
+    ::munmap(at, static_cast<size_t>(st.st_size));
+    return;
+  }
+  map_ = static_cast<const uint8_t*>(at);
+  map_size_ = static_cast<uint64_t>(st.st_size);
+}
+
+void FileDescriptor::unmap() {
+  if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
+  map_ = nullptr;
+  map_size_ = 0;
 }
 
 FileDescriptor open_for_read(const std::string& path) {
@@ -83,6 +131,27 @@ namespace {
 void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, uint64_t offset) {
   struct iovec iov = {dest, length};
   preadv_exact(fd, path, &iov, 1, offset);
+}
+
+const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint64_t offset,
+                        uint64_t length, ByteVector& scratch) {
+  if (fd.mapped() != nullptr && offset <= fd.mapped_size() && length <= fd.mapped_size() - offset) {
+    static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+    const auto first = reinterpret_cast<uintptr_t>(fd.mapped() + offset) & ~(page - 1);
+    const auto end = reinterpret_cast<uintptr_t>(fd.mapped() + offset + length);
+    // A file cut shorter since it was mapped reads as zeros to the end of the page that
+    // holds its new end, and faults past that: only a range still in the file is taken.
+    struct stat st;
+    if (length == 0 ||
+        (::fstat(fd.get(), &st) == 0 && offset + length <= static_cast<uint64_t>(st.st_size) &&
+         ::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_READ) == 0)) {
+      return fd.mapped() + offset;
+    }
+    // Else (the file is shorter now; ENOMEM, EINTR): pread says what happened.
+  }
+  scratch.resize(length);
+  pread_exact(fd.get(), path, scratch.data(), length, offset);
+  return scratch.data();
 }
 
 void preadv_exact(int fd, const std::string& path, struct iovec* iov, int count, uint64_t offset) {

@@ -103,8 +103,8 @@ void plan_runs(ReadPlan& plan) {
 // integer text) into `scratch` to be decoded after the read, each gap into
 // `discard`. So a run of images and their labels is one preadv that copies
 // nothing twice. False when pieces overlap: the run is then read whole.
-bool scatter_list(const ReadPlan& plan, const Run& run, uint8_t* discard,
-                  std::vector<uint8_t>& scratch, std::vector<struct iovec>& iov) {
+bool scatter_list(const ReadPlan& plan, const Run& run, uint8_t* discard, ByteVector& scratch,
+                  std::vector<struct iovec>& iov) {
   uint64_t at = run.start, encoded = 0;
   for (uint32_t k = run.first; k < run.first + run.count; ++k) {
     const ReadRequest& r = plan.requests[plan.order[k]];
@@ -158,10 +158,10 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
     r.decoder->decode(src, r.length, r.seed, dest, path, r.offset);
     return;
   }
-  thread_local std::vector<uint8_t> inflated;
+  thread_local ByteVector inflated;
   struct Shrink {  // when decoding throws too
     ~Shrink() {
-      if (inflated.capacity() > kScratchKeep) std::vector<uint8_t>().swap(inflated);
+      if (inflated.capacity() > kScratchKeep) ByteVector().swap(inflated);
     }
   } shrink;
   inflated.resize(r.inflated_length);
@@ -196,9 +196,8 @@ struct OpenFile {
 };
 
 // Returns the bytes it read.
-uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
-                     std::vector<uint8_t>& scratch, OpenFile& open,
-                     std::vector<uint32_t>& blanked) {
+uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache, ByteVector& scratch,
+                     OpenFile& open, std::vector<uint32_t>& blanked) {
   const FileTable& table = *plan.files;
   const std::string& path = table.paths[run.file];
   if (open.file != run.file) {
@@ -207,6 +206,29 @@ uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
     open.file = run.file;
   }
   const auto& fd = open.fd;
+  const uint64_t span = run.end - run.start;
+  bool decoded = false;
+  for (uint32_t k = run.first; k < run.first + run.count && !decoded; ++k) {
+    decoded = plan.requests[plan.order[k]].codec != Codec::kStored;
+  }
+  // A mapped file's run with pieces to decode (images, a patch's boxes cut from a span)
+  // is decoded where it lies in the page cache: neither the run nor its gaps are copied
+  // out first. Runs only copied into the batch are read straight into it, below.
+  if (decoded && fd->mapped() != nullptr) {
+    const uint8_t* base = bytes_at(*fd, path, run.start, span, scratch);
+    for (uint32_t k = run.first; k < run.first + run.count; ++k) {
+      const ReadRequest& r = plan.requests[plan.order[k]];
+      const uint8_t* src = base + (r.offset - run.start);
+      if (r.codec == Codec::kStored) {
+        std::memcpy(plan.dest + r.dest_offset, src, r.length);
+        verify_crc(r, plan.dest + r.dest_offset, r.length, path);
+      } else {
+        decode_or_blank(plan, plan.order[k], src, path, blanked);
+      }
+    }
+    if (scratch.capacity() > kScratchKeep) ByteVector().swap(scratch);
+    return span;
+  }
   // Gap bytes land here and are never read; one per thread, as threads write it at once.
   thread_local uint8_t discard[kMaxGap];
   thread_local std::vector<struct iovec> iov;
@@ -222,17 +244,16 @@ uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache,
         used += r.length;
       }
     }
-    if (scratch.size() > kScratchKeep) std::vector<uint8_t>().swap(scratch);
-    return run.end - run.start;
+    if (scratch.size() > kScratchKeep) ByteVector().swap(scratch);
+    return span;
   }
-  uint64_t span = run.end - run.start;
   if (scratch.size() < span) scratch.resize(span);
   pread_exact(fd->get(), path, scratch.data(), span, run.start);
   for (uint32_t k = run.first; k < run.first + run.count; ++k) {
     const ReadRequest& r = plan.requests[plan.order[k]];
     decode_or_blank(plan, plan.order[k], scratch.data() + (r.offset - run.start), path, blanked);
   }
-  if (scratch.size() > kScratchKeep) std::vector<uint8_t>().swap(scratch);
+  if (scratch.size() > kScratchKeep) ByteVector().swap(scratch);
   return span;
 }
 
@@ -333,7 +354,7 @@ PendingRead::PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan,
 
 void PendingRead::work(std::chrono::steady_clock::time_point deadline,
                        const std::atomic<bool>* stop) {
-  thread_local std::vector<uint8_t> scratch;
+  thread_local ByteVector scratch;
   // Array and column tasks come first: each decodes a chunk, the longest units a batch has.
   const size_t arrays = plan_->arrays.tasks.size();
   const size_t tasks = arrays + plan_->columns.tasks.size();

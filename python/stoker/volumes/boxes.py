@@ -187,21 +187,3 @@ def stored_box(
         dest_first[axis] = first[axis] - lo
     padded = any(extent[a] != p for a, p in zip(array.spatial_axes, patch_size))
     return first, extent, dest_first, padded
-
-
-def bytes_read(file_ids: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> int:
-    """The bytes the reader reads for these ranges: sorted by file and offset, ranges
-    closer than MERGE_GAP read as one, gaps included."""
-    if offsets.size == 0:
-        return 0
-    order = np.lexsort((offsets, file_ids))
-    files, starts = file_ids[order], offsets[order]
-    ends = starts + lengths[order]
-    reach = np.maximum.accumulate(ends)  # overlapping ranges extend the span before them
-    new_span = np.ones(starts.size, bool)
-    new_span[1:] = (files[1:] != files[:-1]) | (starts[1:] - reach[:-1] >= MERGE_GAP)
-    span_ids = np.cumsum(new_span) - 1
-    span_starts = starts[new_span]
-    span_ends = np.zeros(span_starts.size, np.int64)
-    np.maximum.at(span_ends, span_ids, ends)
-    return int((span_ends - span_starts).sum())

@@ -288,7 +288,9 @@ class PatchLoader:
     def stats(self) -> dict[str, Any]:
         """Patches and bytes read so far in this process: ``bytes_read_per_patch`` and
         ``read_amplification`` (bytes read over the patches' own bytes) show that a patch
-        was read, not a volume."""
+        was read, not a volume. The bytes count the label reads of a LabelSampler too (a
+        label volume once for its occupancy grid, unless the cache had it, and a block of
+        labels per patch centre)."""
         return self._stats.as_dict()
 
     # -- positions -----------------------------------------------------------------------
@@ -343,9 +345,11 @@ class PatchLoader:
             assert isinstance(sampler, LabelSampler)
             label = self.volumes.arrays[subject][sampler.label]
             shape = label.spatial_shape
-            whole = self._read_boxes([(subject, (0,) * len(shape), shape)])[0]
             self._occupancy[subject] = occupancy(
-                label, whole, sampler.block, self.volumes.cache_dir
+                label,
+                lambda: self._read_boxes([(subject, (0,) * len(shape), shape)])[0],
+                sampler.block,
+                self.volumes.cache_dir,
             )
         return self._occupancy[subject]
 
@@ -367,6 +371,7 @@ class PatchLoader:
             )
             for pending in reads.submit(buffer, self._files):
                 pending.wait()
+                self._stats.bytes_read += pending.bytes_read()
             values = _to_patch_order(buffer, array, shape)
             out.append(values.reshape(-1, *extent)[0])
         return out
@@ -410,7 +415,6 @@ class PatchLoader:
                     buffer[at : at + per_patch].view(stored_type)[:] = self.pad_value
         pending = reads.submit(buffer, self._files)
         self._stats.patch_bytes += reads.patch_bytes
-        self._stats.bytes_read += reads.run_bytes()
         return _PendingBatch(pending, reads, buffer, slot, batch, starts, layouts)
 
     def _submit_direct(
@@ -445,7 +449,7 @@ class PatchLoader:
         for read in pending.reads:
             read.wait()
             self._stats.read_seconds += read.busy_seconds()
-        for read in pending.reads[pending.plan.box_reads_from :]:
+        for read in pending.reads:  # the reader's count: its merged gaps included
             self._stats.bytes_read += read.bytes_read()
         batch, n = pending.batch, len(pending.batch)
         stored: dict[str, Any] = {}

@@ -12,7 +12,6 @@ from stoker.volumes.arrays import VolumeArray
 from stoker.volumes.boxes import (
     PatchSpans,
     byte_strides,
-    bytes_read,
     patch_runs,
     patch_spans,
     stored_box,
@@ -31,7 +30,6 @@ class PatchReads:
         self.spans: list[tuple[int, PatchSpans, int, np.dtype]] = []  # file, spans, at, dtype
         self.boxes: list[tuple[int, list[int], list[int], int, list[int]]] = []
         self.patch_bytes = 0  # the patches' own bytes inside their arrays
-        self.box_reads_from = 0  # where the box reads start in submit()'s list
 
     def add(
         self,
@@ -65,19 +63,6 @@ class PatchReads:
             self.patch_bytes += int(np.prod(extent)) * array.dtype.itemsize
         return padded
 
-    def run_bytes(self) -> int:
-        """What the reader reads for the runs and spans, gaps it merges included."""
-        pieces = [(ids, offsets, lengths) for ids, offsets, lengths, _ in self.runs]
-        for file_id, spans, _, _ in self.spans:
-            count = spans.offsets.size
-            pieces.append(
-                (np.full(count, file_id), spans.offsets, np.full(count, spans.span, np.int64))
-            )
-        if not pieces:
-            return 0
-        ids, offsets, lengths = (np.concatenate(p) for p in zip(*pieces))
-        return bytes_read(ids, offsets, lengths)
-
     def submit(self, buffer: np.ndarray, files: Any) -> list[Any]:
         """The reads, started: runs first, then the boxes (the reader groups those by
         chunk); each a _core.PendingRead."""
@@ -88,7 +73,6 @@ class PatchReads:
             pending.append(reader.read_into(buffer, files, ids, offsets, lengths, dests))
         if self.spans:
             pending.append(reader.read_spans_into(buffer, files, *_span_columns(self.spans)))
-        self.box_reads_from = len(pending)
         by_rank: dict[int, list[tuple[int, list[int], list[int], int, list[int]]]] = {}
         for box in self.boxes:
             by_rank.setdefault(len(box[1]), []).append(box)

@@ -17,7 +17,7 @@ import hashlib
 import io
 import itertools
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -180,11 +180,15 @@ class Occupancy:
 
 
 def occupancy(
-    label: VolumeArray, labels: np.ndarray, block: int, cache_dir: str | None
+    label: VolumeArray,
+    labels: np.ndarray | Callable[[], np.ndarray],
+    block: int,
+    cache_dir: str | None,
 ) -> Occupancy:
     """The occupancy grid of the label volume whose voxels (spatial axes first, in patch
-    order) are `labels`, from the cache where a process computed it before (keyed by the
-    file's path, size, modification time and the block), else computed and kept."""
+    order) are `labels` (or what calling it reads: only when the grid is not in the cache),
+    from the cache where a process computed it before (keyed by the file's path, size,
+    modification time and the block), else computed and kept."""
     try:
         st = os.stat(label.identity_path)
         key = (
@@ -203,6 +207,8 @@ def occupancy(
                 )
         except (OSError, ValueError, KeyError):
             pass  # a copy that cannot be read is made again
+    if callable(labels):
+        labels = labels()
     values, counts = block_counts(labels, block, label.path)
     result = Occupancy([int(v) for v in values], counts, block, label.spatial_shape)
     if path is not None:
