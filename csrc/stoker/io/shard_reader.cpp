@@ -212,48 +212,36 @@ uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache, Byt
     decoded = plan.requests[plan.order[k]].codec != Codec::kStored;
   }
   // A mapped file's run with pieces to decode (images, a patch's boxes cut from a span)
-  // is decoded where it lies in the page cache: neither the run nor its gaps are copied
-  // out first. Runs only copied into the batch are read straight into it, below.
-  if (decoded && fd->mapped() != nullptr) {
-    const uint8_t* base = bytes_at(*fd, path, run.start, span, scratch);
-    for (uint32_t k = run.first; k < run.first + run.count; ++k) {
-      const ReadRequest& r = plan.requests[plan.order[k]];
-      const uint8_t* src = base + (r.offset - run.start);
-      if (r.codec == Codec::kStored) {
-        std::memcpy(plan.dest + r.dest_offset, src, r.length);
-        verify_crc(r, plan.dest + r.dest_offset, r.length, path);
-      } else {
-        decode_or_blank(plan, plan.order[k], src, path, blanked);
+  // is decoded where it lies in the page cache (below: bytes_at), neither the run nor its
+  // gaps copied out first. Other runs are scattered straight into place by one preadv.
+  if (!(decoded && fd->mapped() != nullptr)) {
+    // Gap bytes land here and are never read; one per thread, as threads write it at once.
+    thread_local uint8_t discard[kMaxGap];
+    thread_local std::vector<struct iovec> iov;
+    if (scatter_list(plan, run, discard, scratch, iov)) {
+      preadv_exact(fd->get(), path, iov.data(), static_cast<int>(iov.size()), run.start);
+      uint64_t used = 0;
+      for (uint32_t k = run.first; k < run.first + run.count; ++k) {
+        const ReadRequest& r = plan.requests[plan.order[k]];
+        if (r.codec == Codec::kStored) {
+          verify_crc(r, plan.dest + r.dest_offset, r.length, path);
+        } else {
+          decode_or_blank(plan, plan.order[k], scratch.data() + used, path, blanked);
+          used += r.length;
+        }
       }
+      if (scratch.size() > kScratchKeep) ByteVector().swap(scratch);
+      return span;
     }
-    if (scratch.capacity() > kScratchKeep) ByteVector().swap(scratch);
-    return span;
   }
-  // Gap bytes land here and are never read; one per thread, as threads write it at once.
-  thread_local uint8_t discard[kMaxGap];
-  thread_local std::vector<struct iovec> iov;
-  if (scatter_list(plan, run, discard, scratch, iov)) {
-    preadv_exact(fd->get(), path, iov.data(), static_cast<int>(iov.size()), run.start);
-    uint64_t used = 0;
-    for (uint32_t k = run.first; k < run.first + run.count; ++k) {
-      const ReadRequest& r = plan.requests[plan.order[k]];
-      if (r.codec == Codec::kStored) {
-        verify_crc(r, plan.dest + r.dest_offset, r.length, path);
-      } else {
-        decode_or_blank(plan, plan.order[k], scratch.data() + used, path, blanked);
-        used += r.length;
-      }
-    }
-    if (scratch.size() > kScratchKeep) ByteVector().swap(scratch);
-    return span;
-  }
-  if (scratch.size() < span) scratch.resize(span);
-  pread_exact(fd->get(), path, scratch.data(), span, run.start);
+  // The run whole: from the mapping, or (an unmapped file's run whose pieces overlap) read
+  // into scratch. decode_or_blank copies a stored piece into place and decodes the rest.
+  const uint8_t* base = bytes_at(*fd, path, run.start, span, scratch);
   for (uint32_t k = run.first; k < run.first + run.count; ++k) {
     const ReadRequest& r = plan.requests[plan.order[k]];
-    decode_or_blank(plan, plan.order[k], scratch.data() + (r.offset - run.start), path, blanked);
+    decode_or_blank(plan, plan.order[k], base + (r.offset - run.start), path, blanked);
   }
-  if (scratch.size() > kScratchKeep) ByteVector().swap(scratch);
+  if (scratch.capacity() > kScratchKeep) ByteVector().swap(scratch);
   return span;
 }
 

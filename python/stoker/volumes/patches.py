@@ -449,8 +449,7 @@ class PatchLoader:
         for read in pending.reads:
             read.wait()
             self._stats.read_seconds += read.busy_seconds()
-        for read in pending.reads:  # the reader's count: its merged gaps included
-            self._stats.bytes_read += read.bytes_read()
+            self._stats.bytes_read += read.bytes_read()  # the reader's count, gaps included
         batch, n = pending.batch, len(pending.batch)
         stored: dict[str, Any] = {}
         for (base, per_patch, shape, dtype), key in zip(pending.layouts, self.volumes.keys):
