@@ -136,6 +136,20 @@ def test_jpeg_tiles_match_tifffile(tmp_path, photometric):
     assert np.abs(decoded.astype(int) - image.astype(int)).mean() < 8
 
 
+@pytest.mark.parametrize("subsampling", [(2, 2), (2, 1), (1, 1)], ids=["420", "422", "444"])
+def test_parts_of_jpeg_tiles_equal_whole_decodes(tmp_path, subsampling):
+    # A patch's part of a tile is decoded alone: columns cropped (with a margin, as a crop's
+    # edge is upsampled without its neighbours) and rows skipped (with none: libjpeg decodes
+    # the rows above that upsampling reads). Thin and small patches at many offsets, from
+    # every chroma subsampling, must equal tifffile's whole-tile decodes.
+    image = rgb_image((700, 900), seed=sum(subsampling))
+    path = tmp_path / "jpeg.tif"
+    tifffile.imwrite(path, image, tile=(256, 256), compression="jpeg", subsampling=subsampling)
+    decoded = tifffile.imread(path)
+    for k, patch in enumerate([24, (5, 300), (300, 7), 200]):
+        assert check(slide_loader(path, patch=patch, n=120, seed=k), decoded) == 120
+
+
 def pyramid(path, image, levels=3, subifds=True, **kw):
     """A pyramid as tifffile documents it: level 0 with SubIFDs, each lower level halved
     (or, subifds=False, the levels as pages of the main chain, as .svs files keep them)."""

@@ -13,7 +13,9 @@ instead: a patch reads and decodes only the chunks or tiles it touches.
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -75,13 +77,14 @@ class VolumeArray:
     def spatial_shape(self) -> tuple[int, ...]:
         return tuple(self.stored_shape[a] for a in self.spatial_axes)
 
-    @property
+    # (cached: a batch asks each of its patches' arrays several times)
+    @functools.cached_property
     def channel_axes(self) -> tuple[int, ...]:
         return tuple(a for a in range(len(self.stored_shape)) if a not in self.spatial_axes)
 
-    @property
+    @functools.cached_property
     def channels(self) -> int:
-        return int(np.prod([self.stored_shape[a] for a in self.channel_axes], dtype=np.int64))
+        return math.prod(self.stored_shape[a] for a in self.channel_axes)
 
 
 def split_source(value: str) -> tuple[str, str]:

@@ -386,7 +386,7 @@ class PatchLoader:
         for key in keys:
             array = self.volumes.arrays[batch[0][0]][key]
             shape = stored_box_shape(array, self.patch_size)
-            per_patch = int(np.prod(shape)) * array.dtype.itemsize
+            per_patch = math.prod(shape) * array.dtype.itemsize
             layouts.append((total, per_patch, shape, array.dtype))
             total += -(-per_patch * len(batch) // _ALIGN) * _ALIGN
         if self._gather is not None:

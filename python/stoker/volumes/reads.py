@@ -3,6 +3,7 @@ chunked or tiled ones, each started on the process's shared C++ reader."""
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -46,8 +47,8 @@ class PatchReads:
             spans = patch_spans(array, start, size)
             if spans is not None:
                 self.spans.append((file_id, spans, at, array.dtype))
-                inner = np.prod(spans.outer_shape + spans.inner_shape, dtype=np.int64)
-                self.patch_bytes += int(inner) * array.dtype.itemsize
+                inner = math.prod(spans.outer_shape + spans.inner_shape)
+                self.patch_bytes += inner * array.dtype.itemsize
                 return spans.padded
             runs = patch_runs(array, start, size)
             ids = np.full(runs.offsets.shape, file_id, np.int64)
@@ -60,7 +61,7 @@ class PatchReads:
             strides = byte_strides(stored_box_shape(array, size), array.dtype.itemsize)
             dest = at + sum(f * st for f, st in zip(dest_first, strides))
             self.boxes.append((array_id, first, extent, dest, strides))
-            self.patch_bytes += int(np.prod(extent)) * array.dtype.itemsize
+            self.patch_bytes += math.prod(extent) * array.dtype.itemsize
         return padded
 
     def submit(self, buffer: np.ndarray, files: Any) -> list[Any]:
