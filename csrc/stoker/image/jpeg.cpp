@@ -266,8 +266,7 @@ std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const 
     }
   }
   const uint32_t last = std::min<uint32_t>(region.row1, cinfo.output_height);
-  const uint32_t skip = region.row0;
-  if (skip > 0 && skip < last) jpeg_skip_scanlines(&cinfo, skip);
+  if (region.row0 > 0 && region.row0 < last) jpeg_skip_scanlines(&cinfo, region.row0);
   if (cinfo.output_scanline < last) {
     const JDIMENSION from = cinfo.output_scanline;
     uint8_t* first = dest + size_t(from) * row_bytes + size_t(x) * components;
