@@ -35,6 +35,11 @@ DDP_SCRIPT = textwrap.dedent(
     out = {"rank": loader.rank, "world": loader.world_size, "len": len(loader), "epochs": epochs}
     with open(f"{sys.argv[2]}/rank{rank}.json", "w") as f:
         json.dump(out, f)
+    # torch 2.13's gloo works launched inside backward() hold a Python object (the context
+    # backward stashes), and a gloo thread frees the last all-reduce's work after the step
+    # has returned. At exit that thread takes the GIL from a finalizing interpreter and the
+    # process aborts. Waiting at a barrier leaves it the GIL to finish first.
+    dist.barrier()
     dist.destroy_process_group()
     """
 )
