@@ -128,6 +128,7 @@ DDP_PATCHES = textwrap.dedent(
         json.dump({"rank": loader.rank, "world": loader.world_size, "epochs": epochs}, f)
     dist.barrier()
     dist.destroy_process_group()
+    os._exit(0)  # as tests/support/training.py's DDP script does, and why
     """
 )
 
