@@ -674,6 +674,28 @@ void check_parquet_rows(const stoker::io::ByteVector& decoded, uint64_t rows,
   }
 }
 
+// A chunk decoded in place holds what the copying decode holds, each value inside the
+// chunk's stored bytes.
+void check_left_in_place(const stoker::io::ByteVector& copied, const stoker::io::ByteVector& left,
+                         const uint8_t* stored, uint64_t size) {
+  namespace pq = stoker::format::parquet;
+  pq::DecodedView a = pq::view_decoded(copied), b = pq::view_decoded(left);
+  for (uint64_t r = 0; r < a.rows; ++r) {
+    const uint64_t length = a.offsets[r + 1] - a.offsets[r];
+    if (b.offsets[r + 1] - b.offsets[r] != length) bug("a Parquet value's size differs in place");
+    if ((a.nulls != nullptr && a.nulls[r]) != (b.nulls != nullptr && b.nulls[r])) {
+      bug("a Parquet row's null differs in place");
+    }
+    if (b.starts == nullptr || (b.nulls != nullptr && b.nulls[r])) continue;
+    if (b.starts[r] > size || length > size - b.starts[r]) {
+      bug("a Parquet value left in place lies outside its chunk");
+    }
+    if (length != 0 && std::memcmp(a.data + a.offsets[r], stored + b.starts[r], length) != 0) {
+      bug("a Parquet value left in place differs from its copy");
+    }
+  }
+}
+
 // A Parquet file held whole in memory: its footer, its schema's leaves, then each column
 // chunk the metadata names (up to a few, each bounded to the input and to a small decode
 // budget), and each offset index. FormatError is the expected rejection.
@@ -720,6 +742,11 @@ void fuzz_parquet(const uint8_t* bytes, uint64_t size) {
           stoker::io::ByteVector out = pq::decode_column_chunk(
               bytes + start, length, static_cast<uint64_t>(start), spec, rows, path);
           check_parquet_rows(out, rows, spec);
+          // In place, the same values where they are stored, none outside the chunk.
+          stoker::io::ByteVector left = pq::decode_column_chunk(
+              bytes + start, length, static_cast<uint64_t>(start), spec, rows, path, true);
+          check_parquet_rows(left, rows, spec);
+          check_left_in_place(out, left, bytes + start, length);
         });
       }
       if (chunk.offset_index_offset >= 0) {

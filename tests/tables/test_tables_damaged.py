@@ -350,3 +350,27 @@ def test_a_file_cut_shorter_while_it_is_read_is_an_error_not_a_crash(tmp_path):
         for _ in batches:
             pass
     assert_names(caught.value, path, "short read|truncated")
+
+
+def test_a_file_cut_shorter_under_values_left_in_place_is_an_error_not_a_crash(tmp_path):
+    # Uncompressed byte strings are not copied out of the file's mapping when their column
+    # chunk is decoded: the cache keeps where they are, and every later batch takes them
+    # from the mapping again. A row group cut off after it was decoded must then fail as a
+    # short read does, naming the file, and not kill the process with SIGBUS.
+    path = write(tmp_path, "cut-in-place.parquet", codec="none")
+    fields = {"blob": stoker.Bytes(), "label": stoker.Int()}
+    loader = stoker.Loader(stoker.Dataset(path), 5, fields=fields, shuffle=False, prefetch=1)
+    batches = iter(loader)
+    first = next(batches)
+    assert first["label"].tolist() == [0, 1, 2, 3, 4]
+    assert [bytes(v) for v in first["blob"]] == table()["blob"].to_pylist()[:5]
+    blob = pq.ParquetFile(path).metadata.row_group(0).column(1)
+    assert blob.compression == "UNCOMPRESSED" and blob.dictionary_page_offset is None
+    with open(path, "r+b") as f:
+        f.truncate(blob.data_page_offset + 10)  # inside the row group decoded for batch 1
+    served = []
+    with pytest.raises(stoker.ShardFormatError) as caught:
+        for batch in batches:  # (the batch after the first may have been read already)
+            served += batch["label"].tolist()
+    assert served in ([], [5, 6, 7, 8, 9])
+    assert_names(caught.value, path, "short read|truncated")

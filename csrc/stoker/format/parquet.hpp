@@ -149,11 +149,15 @@ std::vector<LeafColumn> leaf_columns(const FileMetaData& metadata, const std::st
 // type_length bytes; a list (max_repetition 1) its elements' values back to back. A null
 // row (a null scalar, a null struct above the leaf, a null list) has nulls[r] = 1 and
 // an empty value; an empty list is a non-null empty value.
+// A chunk decoded in place (decode_column_chunk) has starts and no data: row r's
+// value is the offsets[r + 1] - offsets[r] bytes at starts[r] in the chunk's stored
+// bytes (from the `data` it was decoded from), every one inside them.
 struct DecodedView {
   uint64_t rows = 0;
   const uint64_t* offsets = nullptr;  // rows + 1
   const uint8_t* nulls = nullptr;     // rows bytes, or nullptr when no row is null
-  const uint8_t* data = nullptr;
+  const uint8_t* data = nullptr;      // nullptr when starts is set
+  const uint64_t* starts = nullptr;   // rows, or nullptr: the values are in data
 };
 // Error when `decoded` is not such a buffer. Offsets and data are 8-byte aligned in it.
 DecodedView view_decoded(const io::ByteVector& decoded);
@@ -177,8 +181,13 @@ io::ByteVector decode_data_pages(const uint8_t* data, uint64_t size, uint64_t fi
                                  const ColumnSpec& spec, const io::ByteVector* dictionary,
                                  uint64_t rows, const std::string& path);
 
-// A whole column chunk: an optional dictionary page, then data pages.
+// A whole column chunk: an optional dictionary page, then data pages. `in_place`:
+// for a chunk of byte strings, uncompressed, with no dictionary page and every value
+// PLAIN, the values are left in [data, data + size) and the result says where they
+// are (DecodedView::starts), so that a caller that can read those bytes again (a
+// mapped file) copies each value once, from there. Other chunks decode as without it.
 io::ByteVector decode_column_chunk(const uint8_t* data, uint64_t size, uint64_t file_offset,
-                                   const ColumnSpec& spec, uint64_t rows, const std::string& path);
+                                   const ColumnSpec& spec, uint64_t rows, const std::string& path,
+                                   bool in_place = false);
 
 }  // namespace stoker::format::parquet

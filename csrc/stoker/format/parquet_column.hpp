@@ -16,8 +16,8 @@ class ParquetColumnDecoder final : public io::ColumnDecoder {
   explicit ParquetColumnDecoder(ColumnSpec spec) : spec_(std::move(spec)) {}
   io::ByteVector decode(const uint8_t* dictionary, uint64_t dictionary_size,
                         uint64_t dictionary_offset, const uint8_t* data, uint64_t size,
-                        uint64_t file_offset, uint64_t rows,
-                        const std::string& path) const override;
+                        uint64_t file_offset, uint64_t rows, const std::string& path,
+                        bool in_place) const override;
   io::ColumnValues view(const io::ByteVector& decoded) const override;
   const ColumnSpec& spec() const { return spec_; }
 

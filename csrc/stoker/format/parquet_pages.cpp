@@ -25,7 +25,7 @@ constexpr uint64_t kMaxPageBytes = 1ull << 30;
 constexpr size_t kBatch = 4096;
 // A decoded buffer's header: rows, where the nulls are (0: no row is null), where the
 // data is, and how many bytes of it; the row offsets follow.
-constexpr uint64_t kHeaderBytes = 32;
+constexpr uint64_t kHeaderBytes = 48;
 // The RLE/bit-packed hybrid's run lengths are at most 2^31 - 1 values (Encodings.md).
 constexpr uint64_t kMaxRun = (1ull << 31) - 1;
 
@@ -255,21 +255,25 @@ class HybridDecoder {
   const uint8_t* literal_ = nullptr;
 };
 
-// The buffer view_decoded reads: header, row offsets, nulls (when the column may have
-// them), then the data, which grows as pages are decoded.
+// The buffer view_decoded reads: header, row offsets, the values' starts (when they
+// are left in place), nulls (when the column may have them), then the data, which
+// grows as pages are decoded.
 class Output {
  public:
-  Output(uint64_t rows, bool nullable) : rows_(rows) {
-    nulls_at_ = kHeaderBytes + 8 * (rows + 1);
+  Output(uint64_t rows, bool nullable, bool in_place) : rows_(rows) {
+    starts_at_ = in_place ? kHeaderBytes + 8 * (rows + 1) : 0;
+    nulls_at_ = kHeaderBytes + 8 * (rows + 1) + (in_place ? 8 * rows : 0);
     data_at_ = nulls_at_ + (nullable ? round8(rows) : 0);
-    // Null flags are read for every row and set only for the null ones; the rest of the
-    // buffer is written before it is read, so only this part is cleared.
+    // Null flags are read for every row and set only for the null ones, starts only for
+    // the rows that are not null; the rest of the buffer is written before it is read, so
+    // only this part is cleared.
     buffer_.assign(data_at_, 0);
     used_ = data_at_;
   }
   // Bytes the buffer needs before any data: what `rows` costs whatever the pages hold.
-  static uint64_t fixed_bytes(uint64_t rows, bool nullable) {
-    return kHeaderBytes + 8 * (rows + 1) + (nullable ? round8(rows) : 0);
+  static uint64_t fixed_bytes(uint64_t rows, bool nullable, bool in_place) {
+    return kHeaderBytes + 8 * (rows + 1) + (in_place ? 8 * rows : 0) +
+           (nullable ? round8(rows) : 0);
   }
 
   // Room for `bytes` of data made now, so that appends up to them copy nothing.
@@ -277,7 +281,15 @@ class Output {
     if (buffer_.size() < used_ + bytes) buffer_.resize(used_ + bytes);
   }
   uint64_t data_size() const { return used_ - data_at_; }
+  // The values' bytes the offsets count: those in the buffer, or those left in place.
+  uint64_t values_size() const { return data_size() + in_place_bytes_; }
   uint64_t total_size() const { return used_; }
+  bool in_place() const { return starts_at_ != 0; }
+  // Row `row`'s value: `n` bytes at `at` in the stored bytes, left there.
+  void leave_in_place(uint64_t row, uint64_t at, uint64_t n) {
+    std::memcpy(buffer_.data() + starts_at_ + 8 * row, &at, 8);
+    in_place_bytes_ += n;
+  }
   void set_offset(uint64_t row, uint64_t at) { std::memcpy(offsets(row), &at, 8); }
   // Where row `row`'s offset is, until the next append.
   uint8_t* offsets(uint64_t row) { return buffer_.data() + kHeaderBytes + 8 * row; }
@@ -293,16 +305,18 @@ class Output {
   }
 
   io::ByteVector finish(bool any_null) {
-    set_offset(rows_, data_size());
+    set_offset(rows_, values_size());
     buffer_.resize(used_);
-    uint64_t header[4] = {rows_, any_null ? nulls_at_ : 0, data_at_, data_size()};
+    uint64_t header[6] = {rows_,      any_null ? nulls_at_ : 0, data_at_, data_size(),
+                          starts_at_, in_place_bytes_};
     std::memcpy(buffer_.data(), header, sizeof header);
     return std::move(buffer_);
   }
 
  private:
   io::ByteVector buffer_;
-  uint64_t rows_, nulls_at_, data_at_, used_;
+  uint64_t rows_, starts_at_, nulls_at_, data_at_, used_;
+  uint64_t in_place_bytes_ = 0;
 };
 
 // The byte range of each dictionary entry, from a buffer read_dictionary_page made.
@@ -347,8 +361,11 @@ PageHeader read_header(const PageContext& page, const ColumnSpec& spec, const ui
 // entries) into one Output.
 class ColumnDecoder {
  public:
+  // `stored`: where the chunk's stored bytes begin, for a decode in place (see
+  // decode_column_chunk), which only byte strings stored as they are can have.
   ColumnDecoder(const ColumnSpec& spec, const std::string& path, uint64_t rows,
-                const Dictionary* dictionary, uint64_t first_page, uint64_t file_offset)
+                const Dictionary* dictionary, uint64_t first_page, uint64_t file_offset,
+                const uint8_t* stored = nullptr)
       : spec_(spec),
         path_(path),
         rows_(rows),
@@ -356,7 +373,8 @@ class ColumnDecoder {
         element_definition_(spec.max_repetition ? element_definition(spec) : 0),
         dictionary_(dictionary),
         page_{path, spec.name, first_page, file_offset},
-        output_((check_rows(rows), rows), spec.max_definition > 0) {}
+        stored_(in_place_possible(spec, dictionary) ? stored : nullptr),
+        output_((check_rows(rows), rows), spec.max_definition > 0, stored_ != nullptr) {}
 
   // Data pages back to back; INDEX_PAGEs skipped.
   void decode_pages(const uint8_t* data, uint64_t size, uint64_t file_offset) {
@@ -367,7 +385,7 @@ class ColumnDecoder {
       const uint64_t likely = std::min(rows_ <= room / width_ ? rows_ * width_ : room,
                                        size <= room / 8 ? size * 8 + 65536 : room);
       output_.expect(std::min(likely, room));
-    } else if (width_ == 0) {
+    } else if (width_ == 0 && !output_.in_place()) {
       // Byte strings: about the pages' own size (a little more, for compressed pages),
       // made once, not grown page by page, each growth a copy into fresh memory.
       const uint64_t room = spec_.max_decoded_bytes - output_.total_size();
@@ -416,10 +434,16 @@ class ColumnDecoder {
   [[noreturn]] void fail(const std::string& why) const { page_.fail(why); }
 
  private:
+  static bool in_place_possible(const ColumnSpec& spec, const Dictionary* dictionary) {
+    return spec.type == PhysicalType::kByteArray && spec.max_repetition == 0 &&
+           spec.codec == Compression::kUncompressed && dictionary == nullptr;
+  }
+
+  // (stored_ is set before output_, which calls this.)
   void check_rows(uint64_t rows) const {
-    uint64_t cap = spec_.max_decoded_bytes;
-    if (rows > (cap > kHeaderBytes ? (cap - kHeaderBytes) / 9 : 0) ||
-        Output::fixed_bytes(rows, spec_.max_definition > 0) > cap) {
+    const uint64_t cap = spec_.max_decoded_bytes, per_row = stored_ != nullptr ? 17 : 9;
+    if (rows > (cap > kHeaderBytes ? (cap - kHeaderBytes) / per_row : 0) ||
+        Output::fixed_bytes(rows, spec_.max_definition > 0, stored_ != nullptr) > cap) {
       fail(std::to_string(rows) + " rows would decode to more than the " + std::to_string(cap) +
            " bytes allowed (ColumnSpec::max_decoded_bytes)");
     }
@@ -562,8 +586,8 @@ class ColumnDecoder {
   void walk(uint64_t k) {
     const uint32_t max_definition = spec_.max_definition;
     const bool listed = spec_.max_repetition > 0;
-    uint64_t at = output_.data_size();  // where the next value will start
-    uint64_t present = 0;               // fixed-width values, appended after the walk
+    uint64_t at = output_.values_size();  // where the next value will start
+    uint64_t present = 0;                 // fixed-width values, appended after the walk
     if (!listed && max_definition == 0 && width_ > 0) {  // a value a row: no levels to read
       if (k > rows_ - row_) {
         fail("it holds more rows than the " + std::to_string(rows_) + " of the column chunk");
@@ -811,6 +835,10 @@ class ColumnDecoder {
       }
       from = values_ + values_pos_;
       values_pos_ += length;
+      if (output_.in_place()) {  // a value of row_ - 1, as only scalar columns are in place
+        output_.leave_in_place(row_ - 1, static_cast<uint64_t>(from - stored_), length);
+        return length;
+      }
     } else {
       uint32_t entry = next_entry();
       const uint64_t* offsets = dictionary_->view.offsets;
@@ -828,6 +856,7 @@ class ColumnDecoder {
   const int32_t element_definition_;
   const Dictionary* dictionary_;
   PageContext page_;
+  const uint8_t* stored_;  // set: byte strings are left in place, their starts from here
   Output output_;
   uint64_t row_ = 0;  // rows started
   bool any_null_ = false;
@@ -869,22 +898,32 @@ Dictionary dictionary_of(const io::ByteVector& buffer, const ColumnSpec& spec,
 }  // namespace
 
 DecodedView view_decoded(const io::ByteVector& decoded) {
-  uint64_t header[4];
+  uint64_t header[6];
   if (decoded.size() < kHeaderBytes) throw Error("view_decoded: not a decoded Parquet buffer");
   std::memcpy(header, decoded.data(), sizeof header);
   const uint64_t rows = header[0], nulls_at = header[1], data_at = header[2], size = header[3];
+  const uint64_t starts_at = header[4], in_place = header[5];
   const uint64_t offsets_end = kHeaderBytes + 8 * (rows + 1);
-  if (rows > decoded.size() / 8 || data_at < offsets_end || data_at % 8 != 0 ||
+  const uint64_t starts_end = starts_at != 0 ? starts_at + 8 * rows : offsets_end;
+  if (rows > decoded.size() / 8 || data_at < starts_end || data_at % 8 != 0 ||
       data_at > decoded.size() || size != decoded.size() - data_at ||
-      (nulls_at != 0 && (nulls_at != offsets_end || data_at - nulls_at < rows))) {
+      (starts_at != 0 && (starts_at != offsets_end || size != 0)) ||
+      (starts_at == 0 && in_place != 0) ||
+      (nulls_at != 0 && (nulls_at != starts_end || data_at - nulls_at < rows))) {
     throw Error("view_decoded: not a decoded Parquet buffer");
   }
   DecodedView v;
   v.rows = rows;
   v.offsets = reinterpret_cast<const uint64_t*>(decoded.data() + kHeaderBytes);
   v.nulls = nulls_at != 0 ? decoded.data() + nulls_at : nullptr;
-  v.data = decoded.data() + data_at;
-  if (v.offsets[rows] != size) throw Error("view_decoded: not a decoded Parquet buffer");
+  if (starts_at != 0) {
+    v.starts = reinterpret_cast<const uint64_t*>(decoded.data() + starts_at);
+  } else {
+    v.data = decoded.data() + data_at;
+  }
+  if (v.offsets[rows] != size + in_place) {
+    throw Error("view_decoded: not a decoded Parquet buffer");
+  }
   return v;
 }
 
@@ -923,12 +962,13 @@ namespace {
 
 io::ByteVector decode_pages(const uint8_t* data, uint64_t size, uint64_t file_offset,
                             const ColumnSpec& spec, const io::ByteVector* dictionary, uint64_t rows,
-                            const std::string& path, uint64_t first_page) {
+                            const std::string& path, uint64_t first_page,
+                            const uint8_t* stored = nullptr) {
   check_spec(spec, path, file_offset);
   Dictionary entries;
   if (dictionary != nullptr) entries = dictionary_of(*dictionary, spec, path, file_offset);
   ColumnDecoder decoder(spec, path, rows, dictionary != nullptr ? &entries : nullptr, first_page,
-                        file_offset);
+                        file_offset, stored);
   decoder.decode_pages(data, size, file_offset);
   return decoder.finish();
 }
@@ -942,12 +982,13 @@ io::ByteVector decode_data_pages(const uint8_t* data, uint64_t size, uint64_t fi
 }
 
 io::ByteVector decode_column_chunk(const uint8_t* data, uint64_t size, uint64_t file_offset,
-                                   const ColumnSpec& spec, uint64_t rows, const std::string& path) {
+                                   const ColumnSpec& spec, uint64_t rows, const std::string& path,
+                                   bool in_place) {
   uint64_t consumed = 0;
   std::shared_ptr<const io::ByteVector> dictionary;
   if (size > 0) dictionary = read_dictionary_page(data, size, file_offset, spec, path, &consumed);
   return decode_pages(data + consumed, size - consumed, file_offset + consumed, spec,
-                      dictionary.get(), rows, path, dictionary ? 1 : 0);
+                      dictionary.get(), rows, path, dictionary ? 1 : 0, in_place ? data : nullptr);
 }
 
 }  // namespace stoker::format::parquet

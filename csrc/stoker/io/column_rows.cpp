@@ -179,6 +179,18 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
   const ColumnUnit& u = c.units[task.unit];
   const std::string& path = files.paths[c.file];
   uint64_t read = 0;
+  thread_local ByteVector raw, raw_dictionary;
+  struct Shrink {  // when decoding throws too
+    ~Shrink() {
+      if (raw.capacity() > kUnitScratchKeep) ByteVector().swap(raw);
+      if (raw_dictionary.capacity() > kUnitScratchKeep) ByteVector().swap(raw_dictionary);
+    }
+  } shrink;
+  std::shared_ptr<const FileDescriptor> fd;
+  auto open = [&] {
+    fd = cache.get(path, files.identities.empty() ? FileIdentity{} : files.identities[c.file]);
+  };
+  const uint8_t* stored = nullptr;  // the unit's stored bytes, once read for this task
   ChunkCache::Claim claim;
   ChunkCache::Bytes values = decoded.find_or_claim(c.id, task.unit, claim);
   if (!values) {
@@ -189,22 +201,18 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                             " bytes is more than stoker reads at once; write the file with "
                             "smaller row groups (pyarrow: row_group_size=)");
     }
-    thread_local ByteVector raw, raw_dictionary;
-    struct Shrink {  // when decoding throws too
-      ~Shrink() {
-        if (raw.capacity() > kUnitScratchKeep) ByteVector().swap(raw);
-        if (raw_dictionary.capacity() > kUnitScratchKeep) ByteVector().swap(raw_dictionary);
-      }
-    } shrink;
-    auto fd = cache.get(path, files.identities.empty() ? FileIdentity{} : files.identities[c.file]);
+    open();
     const uint8_t* dictionary =
         bytes_at(*fd, path, u.dictionary_offset, u.dictionary_size, raw_dictionary);
-    const uint8_t* data = bytes_at(*fd, path, u.offset, u.size, raw);
+    stored = bytes_at(*fd, path, u.offset, u.size, raw);
     read = total;
+    // Values stored as they are stay in the file's mapping, to be copied from it each
+    // time the unit serves a batch: the cache keeps only where they are.
+    const bool in_place = stored != raw.data();
     try {
       values = std::make_shared<const ByteVector>(
-          c.decoder->decode(dictionary, u.dictionary_size, u.dictionary_offset, data, u.size,
-                            u.offset, u.rows, path));
+          c.decoder->decode(dictionary, u.dictionary_size, u.dictionary_offset, stored, u.size,
+                            u.offset, u.rows, path, in_place));
     } catch (const FormatError& e) {
       throw FormatError(e.path(), e.offset(),
                         "row group " + std::to_string(u.row_group) + ", " + e.detail());
@@ -217,6 +225,28 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                       c.name + ": decoded " + std::to_string(v.rows) +
                           " rows where the footer says " + std::to_string(u.rows));
   }
+  // Values left in the stored bytes are taken from them, read again (the file checked
+  // to still hold them, see bytes_at) once a request wants a value and not its size.
+  bool count_values = false;  // bytes read: the values taken from a mapping, not the unit
+  auto value_at = [&](uint64_t row, uint64_t size, uint64_t index) -> const uint8_t* {
+    if (v.starts == nullptr) return v.data + v.offsets[row];
+    if (stored == nullptr) {
+      open();
+      stored = bytes_at(*fd, path, u.offset, u.size, raw);
+      if (stored == raw.data()) {
+        read += u.size;
+      } else {
+        count_values = true;
+      }
+    }
+    if (v.starts[row] > u.size || size > u.size - v.starts[row]) {
+      throw FormatError(path, u.offset,
+                        c.name + ": row " + std::to_string(index) +
+                            " lies outside its column chunk's stored bytes");
+    }
+    if (count_values) read += size;
+    return stored + v.starts[row];
+  };
   const FieldDecoder* sizes = value_size_decoder().get();
   for (uint32_t k = task.first; k < task.first + task.count; ++k) {
     const uint32_t index = plan.requests[k];
@@ -225,7 +255,6 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
     uint8_t* into = dest + r.dest_offset;
     const bool null = v.nulls != nullptr && v.nulls[row] != 0;
     const uint64_t size = v.offsets[row + 1] - v.offsets[row];
-    const uint8_t* src = v.data + v.offsets[row];
     if (r.decoder.get() == sizes) {
       const uint64_t said = null ? std::numeric_limits<uint64_t>::max() : size;
       std::memcpy(into, &said, sizeof said);
@@ -238,6 +267,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                             " is null, and a batch asks for its value: leave the field out, or "
                             "fill its nulls (pyarrow.compute.fill_null) and write the file again");
     }
+    const uint8_t* src = value_at(row, size, r.offset);
     if (!r.decoder) {
       if (size != r.out_length) {
         throw FormatError(path, u.offset,
