@@ -24,7 +24,8 @@ constexpr uint64_t kMaxPageBytes = 1ull << 30;
 // Levels and indices decoded at a time.
 constexpr size_t kBatch = 4096;
 // A decoded buffer's header: rows, where the nulls are (0: no row is null), where the
-// data is, and how many bytes of it; the row offsets follow.
+// data is, how many bytes of it, where the starts of values left in place are (0: none
+// are) and how many bytes those values take; the row offsets follow.
 constexpr uint64_t kHeaderBytes = 48;
 // The RLE/bit-packed hybrid's run lengths are at most 2^31 - 1 values (Encodings.md).
 constexpr uint64_t kMaxRun = (1ull << 31) - 1;
@@ -373,7 +374,7 @@ class ColumnDecoder {
         element_definition_(spec.max_repetition ? element_definition(spec) : 0),
         dictionary_(dictionary),
         page_{path, spec.name, first_page, file_offset},
-        stored_(in_place_possible(spec, dictionary) ? stored : nullptr),
+        stored_(in_place_possible(spec, dictionary, rows) ? stored : nullptr),
         output_((check_rows(rows), rows), spec.max_definition > 0, stored_ != nullptr) {}
 
   // Data pages back to back; INDEX_PAGEs skipped.
@@ -434,9 +435,15 @@ class ColumnDecoder {
   [[noreturn]] void fail(const std::string& why) const { page_.fail(why); }
 
  private:
-  static bool in_place_possible(const ColumnSpec& spec, const Dictionary* dictionary) {
+  // (A chunk whose starts would not fit the decode's budget is copied instead, as any
+  // chunk the copying decode accepts must decode.)
+  static bool in_place_possible(const ColumnSpec& spec, const Dictionary* dictionary,
+                                uint64_t rows) {
+    const uint64_t cap = spec.max_decoded_bytes;
     return spec.type == PhysicalType::kByteArray && spec.max_repetition == 0 &&
-           spec.codec == Compression::kUncompressed && dictionary == nullptr;
+           spec.codec == Compression::kUncompressed && dictionary == nullptr &&
+           cap > kHeaderBytes && rows <= (cap - kHeaderBytes) / 17 &&
+           Output::fixed_bytes(rows, spec.max_definition > 0, true) <= cap;
   }
 
   // (stored_ is set before output_, which calls this.)
@@ -882,7 +889,7 @@ Dictionary dictionary_of(const io::ByteVector& buffer, const ColumnSpec& spec,
   d.view = view_decoded(buffer);
   d.entries = d.view.rows;
   const uint64_t width = value_width(spec);
-  bool sound = d.view.nulls == nullptr && d.view.offsets[0] == 0;
+  bool sound = d.view.nulls == nullptr && d.view.starts == nullptr && d.view.offsets[0] == 0;
   for (uint64_t i = 0; sound && i < d.entries; ++i) {
     uint64_t length = d.view.offsets[i + 1] - d.view.offsets[i];
     sound = d.view.offsets[i + 1] >= d.view.offsets[i] && (width == 0 || length == width) &&

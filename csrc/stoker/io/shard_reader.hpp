@@ -80,7 +80,9 @@ class PendingRead {
   // zeros instead (FieldDecoder::blank_on_error), in no particular order.
   std::vector<uint32_t> blanked() const;
   // Bytes read from files for this batch so far: whole runs, gaps merged into them
-  // included, and array chunks as stored; chunks the ChunkCache served count nothing.
+  // included, and array chunks as stored; chunks the ChunkCache served count nothing,
+  // but for Parquet values it keeps only the place of (taken from the file's mapping:
+  // those values' bytes count).
   uint64_t bytes_read() const { return bytes_read_.load(std::memory_order_relaxed); }
   // The buffer the batch was read into, when the reader allocated it.
   const std::shared_ptr<AlignedBuffer>& buffer() const { return buffer_; }

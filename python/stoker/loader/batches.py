@@ -26,7 +26,7 @@ class Stats:
     samples: int = 0
     batches: int = 0
     bytes: int = 0
-    bytes_read: int = 0  # from files: whole runs, chunks and column chunks as stored
+    bytes_read: int = 0  # from files: runs, chunks as stored, values taken in place
     wait_s: float = 0.0  # the consumer blocked in __next__
     read_busy_s: float = 0.0  # thread time spent reading and decoding, summed
     images_blanked: int = 0  # Image(on_error="blank") members that did not decode
