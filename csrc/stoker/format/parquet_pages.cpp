@@ -435,22 +435,26 @@ class ColumnDecoder {
   [[noreturn]] void fail(const std::string& why) const { page_.fail(why); }
 
  private:
-  // (A chunk whose starts would not fit the decode's budget is copied instead, as any
-  // chunk the copying decode accepts must decode.)
+  // Whether `rows` rows' offsets, nulls and (in place) starts fit the decode's budget.
+  static bool rows_fit(const ColumnSpec& spec, uint64_t rows, bool in_place) {
+    const uint64_t cap = spec.max_decoded_bytes, per_row = in_place ? 17 : 9;
+    return cap > kHeaderBytes && rows <= (cap - kHeaderBytes) / per_row &&
+           Output::fixed_bytes(rows, spec.max_definition > 0, in_place) <= cap;
+  }
+
+  // (A chunk whose starts would not fit the budget is copied instead, as any chunk the
+  // copying decode accepts must decode.)
   static bool in_place_possible(const ColumnSpec& spec, const Dictionary* dictionary,
                                 uint64_t rows) {
-    const uint64_t cap = spec.max_decoded_bytes;
     return spec.type == PhysicalType::kByteArray && spec.max_repetition == 0 &&
            spec.codec == Compression::kUncompressed && dictionary == nullptr &&
-           cap > kHeaderBytes && rows <= (cap - kHeaderBytes) / 17 &&
-           Output::fixed_bytes(rows, spec.max_definition > 0, true) <= cap;
+           rows_fit(spec, rows, true);
   }
 
   // (stored_ is set before output_, which calls this.)
   void check_rows(uint64_t rows) const {
-    const uint64_t cap = spec_.max_decoded_bytes, per_row = stored_ != nullptr ? 17 : 9;
-    if (rows > (cap > kHeaderBytes ? (cap - kHeaderBytes) / per_row : 0) ||
-        Output::fixed_bytes(rows, spec_.max_definition > 0, stored_ != nullptr) > cap) {
+    const uint64_t cap = spec_.max_decoded_bytes;
+    if (!rows_fit(spec_, rows, stored_ != nullptr)) {
       fail(std::to_string(rows) + " rows would decode to more than the " + std::to_string(cap) +
            " bytes allowed (ColumnSpec::max_decoded_bytes)");
     }
