@@ -5,6 +5,7 @@
 #include <pybind11/numpy.h>
 #include <pybind11/stl.h>
 
+#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -133,14 +134,34 @@ py::array_t<T> view_of(const T* at, size_t count, const py::object& owner) {
   return out;
 }
 
-py::tuple decoded_arrays(io::ByteVector&& decoded) {
+// Values left in place (in `stored`, the chunk decoded, or in the kept pages) are
+// gathered, so that every way of decoding gives the same arrays.
+py::tuple decoded_arrays(io::ByteVector&& decoded, const uint8_t* stored, uint64_t stored_size) {
   auto* owned = new io::ByteVector(std::move(decoded));
   py::capsule owner(owned, [](void* p) { delete static_cast<io::ByteVector*>(p); });
   pq::DecodedView v = pq::view_decoded(*owned);
   py::object nulls = py::none();
   if (v.nulls != nullptr) nulls = view_of(v.nulls, v.rows, owner);
-  return py::make_tuple(view_of(v.offsets, v.rows + 1, owner), nulls,
-                        view_of(v.data, v.offsets[v.rows], owner));
+  py::object data;
+  if (v.starts == nullptr) {
+    data = view_of(v.data, v.offsets[v.rows], owner);
+  } else {
+    py::array_t<uint8_t> values(static_cast<py::ssize_t>(v.offsets[v.rows]));
+    const uint8_t* from = v.data != nullptr ? v.data : stored;
+    const uint64_t within = v.data != nullptr ? v.data_size : stored_size;
+    for (uint64_t r = 0; r < v.rows; ++r) {
+      const uint64_t length = v.offsets[r + 1] - v.offsets[r];
+      if (v.offsets[r + 1] < v.offsets[r] || v.offsets[r + 1] > v.offsets[v.rows] ||
+          v.starts[r] > within || length > within - v.starts[r]) {
+        throw Error("decode_parquet_chunk: row " + std::to_string(r) +
+                    " lies outside the bytes it was left in");
+      }
+      if (length) std::memcpy(values.mutable_data() + v.offsets[r], from + v.starts[r], length);
+    }
+    values.attr("setflags")(py::arg("write") = false);
+    data = values;
+  }
+  return py::make_tuple(view_of(v.offsets, v.rows + 1, owner), nulls, data);
 }
 
 uint8_t small_enum(int64_t value, const char* what) {
@@ -215,7 +236,8 @@ void register_parquet(py::module_& m) {
       [](const py::buffer& data, uint64_t file_offset, uint64_t rows, int64_t physical_type,
          int32_t type_length, int16_t max_definition, int16_t max_repetition, int64_t codec,
          const std::string& name, const py::object& path, int16_t repeated_definition,
-         uint64_t max_decoded_bytes) {
+         uint64_t max_decoded_bytes, const std::string& values_left,
+         uint64_t least_bytes_in_pages) {
         Bytes b = bytes_of(data);
         std::string p = path_of(path);
         pq::ColumnSpec spec;
@@ -227,21 +249,31 @@ void register_parquet(py::module_& m) {
         spec.codec = static_cast<pq::Compression>(small_enum(codec, "codec"));
         spec.name = name;
         spec.max_decoded_bytes = max_decoded_bytes;
+        spec.least_bytes_in_pages = least_bytes_in_pages;
+        io::ValuesLeft left = values_left == "pages"    ? io::ValuesLeft::kInPages
+                              : values_left == "stored" ? io::ValuesLeft::kInStored
+                                                        : io::ValuesLeft::kCopied;
+        if (left == io::ValuesLeft::kCopied && values_left != "copied") {
+          throw Error("values_left is 'copied', 'pages' or 'stored', not '" + values_left + "'");
+        }
         io::ByteVector decoded;
         {
           py::gil_scoped_release release;
-          decoded = pq::decode_column_chunk(b.data(), b.size(), file_offset, spec, rows, p);
+          decoded = pq::decode_column_chunk(b.data(), b.size(), file_offset, spec, rows, p, left);
         }
-        return decoded_arrays(std::move(decoded));
+        return decoded_arrays(std::move(decoded), b.data(), b.size());
       },
       py::arg("data"), py::arg("file_offset"), py::arg("rows"), py::arg("physical_type"),
       py::arg("type_length"), py::arg("max_definition"), py::arg("max_repetition"),
       py::arg("codec"), py::arg("name"), py::arg("path"), py::arg("repeated_definition") = -1,
-      py::arg("max_decoded_bytes") = pq::kMaxDecodedBytes,
+      py::arg("max_decoded_bytes") = pq::kMaxDecodedBytes, py::arg("values_left") = "copied",
+      py::arg("least_bytes_in_pages") = pq::kLeastBytesInPages,
       "A whole column chunk (`data`, from file offset `file_offset`: an optional dictionary "
       "page, then data pages) of `rows` rows decoded: (offsets uint64[rows + 1], nulls "
       "uint8[rows] or None when no row is null, data uint8); row r is data[offsets[r]:"
-      "offsets[r + 1]]. Read-only views of one buffer.");
+      "offsets[r + 1]]. Read-only arrays. `values_left` ('copied', 'pages', 'stored': "
+      "io::ValuesLeft) picks how byte strings are decoded, as the reader does; the values are "
+      "gathered back to back whatever it is.");
 }
 
 }  // namespace stoker::bindings

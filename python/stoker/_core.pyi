@@ -916,12 +916,17 @@ def decode_parquet_chunk(
     path: str,
     repeated_definition: int = -1,
     max_decoded_bytes: int = ...,
+    values_left: str = "copied",
+    least_bytes_in_pages: int = 128,
 ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """A whole column chunk (an optional dictionary page, then data pages, which start at
     file offset `file_offset`) of exactly `rows` rows, decoded: (offsets uint64[rows + 1],
-    nulls uint8[rows] or None when no row is null, data uint8), read-only views of one
-    buffer; row r is data[offsets[r]:offsets[r + 1]]: one little-endian value of the
+    nulls uint8[rows] or None when no row is null, data uint8), read-only arrays;
+    row r is data[offsets[r]:offsets[r + 1]]: one little-endian value of the
     physical type (BOOLEAN one byte), a byte array's bytes, or a list's elements back to
     back. `repeated_definition` (lists): the definition level at which an element is
     present, -1 for max_definition - 1. ShardFormatError naming `path`, the page header's
-    offset, `name` and the page for anything damaged or unsupported."""
+    offset, `name` and the page for anything damaged or unsupported. `values_left`
+    ("copied", "pages" or "stored") decodes byte strings as the reader does, leaving them
+    in their decompressed pages (of `least_bytes_in_pages` a row or more) or in `data`;
+    they are gathered back to back here whichever it is."""

@@ -184,17 +184,22 @@ def test_boxes_share_chunks_and_the_cache(tmp_path):
     assert pending.bytes_read() == stored
 
 
+def _twelve_chunks(tmp_path, seed: int):
+    """(data, layout) of an HDF5 dataset of 12 gzip chunks of 64 KiB, ~768 KiB in all."""
+    h5py = pytest.importorskip("h5py")
+    path = str(tmp_path / "v.h5")
+    data = np.random.default_rng(seed).integers(0, 1 << 30, (48, 64, 64), dtype=np.int32)
+    with h5py.File(path, "w") as f:
+        f.create_dataset("v", data=data, chunks=(4, 64, 64), compression="gzip")
+    _, fields = hdf5_arrays(path, None)
+    return data, fields[0].layout
+
+
 def test_the_chunk_cache_grows_to_what_is_read_again(tmp_path):
     """The cache starts at an eighth of its limit (so a first pass touches fresh memory
     for what it needs only) and doubles whenever a chunk it dropped is asked for again,
     until what passes read again fits."""
-    h5py = pytest.importorskip("h5py")
-    path = str(tmp_path / "v.h5")
-    data = np.random.default_rng(5).integers(0, 1 << 30, (48, 64, 64), dtype=np.int32)
-    with h5py.File(path, "w") as f:  # 12 chunks of 64 KiB, ~768 KiB in all
-        f.create_dataset("v", data=data, chunks=(4, 64, 64), compression="gzip")
-    _, fields = hdf5_arrays(path, None)
-    layout = fields[0].layout
+    data, layout = _twelve_chunks(tmp_path, 5)
     # One thread: with two, a chunk that rows on both threads need may be dropped by one
     # thread's misses before the other asks (the cache is two chunks) and be read twice.
     reader = _core.ShardReader(1)
@@ -212,6 +217,29 @@ def test_the_chunk_cache_grows_to_what_is_read_again(tmp_path):
     assert layout.stored_bytes - 2 * chunk <= reads[1] <= layout.stored_bytes, reads
     assert reads[-1] == 0, reads  # grown to hold every chunk
     assert sorted(reads, reverse=True) == reads
+
+
+def test_the_chunk_cache_stays_small_for_passes_over_more_than_its_limit(tmp_path):
+    """Passes over more chunks than the limit holds would find few of them after the
+    cache grew (an LRU cache of a fraction f of a shuffled pass finds about f^2/2 of the
+    next), and growing costs fresh memory: the cache stays as it started."""
+    data, layout = _twelve_chunks(tmp_path, 6)
+    reader = _core.ShardReader(1)
+    reader.chunk_cache_bytes = 512 << 10  # starts at 64 KiB: one chunk
+    # Passes forward and back, a chunk a batch: a cache grown to its limit (8 chunks)
+    # would serve the 8 a pass ends with to the next one.
+    reads = []
+    for k in range(6):
+        read = 0
+        for chunk in range(12) if k % 2 == 0 else reversed(range(12)):
+            box = [(0, [4 * chunk, 0, 0], [4, 64, 64])]
+            got, pending = read_boxes([layout], [data.dtype], box, reader)
+            check(box, got, [data])
+            read += pending.bytes_read()
+        reads.append(read)
+    assert reads[0] == layout.stored_bytes, reads
+    # Each later pass finds only the chunk the last one ended with.
+    assert all(layout.stored_bytes * 10 // 12 < r < layout.stored_bytes for r in reads[1:]), reads
 
 
 def test_batches_in_flight_together_read_a_chunk_they_share_once(tmp_path):

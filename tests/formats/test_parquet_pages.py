@@ -111,9 +111,19 @@ def _expected(array: pa.Array) -> tuple[np.ndarray, np.ndarray, bytes]:
     return offsets, nulls, data
 
 
+# How the reader may decode byte strings: copied out, left in their decompressed pages
+# (here whatever their size, so that the small values of these files are too), left in
+# the stored bytes where those are uncompressed.
+VALUES_LEFT = [
+    {"values_left": "copied"},
+    {"values_left": "pages", "least_bytes_in_pages": 0},
+    {"values_left": "stored", "least_bytes_in_pages": 0},
+]
+
+
 def _check_file(path: Path) -> int:
-    """Decodes every column chunk of `path` and compares it with pyarrow; returns how
-    many chunks there were."""
+    """Decodes every column chunk of `path`, each way of VALUES_LEFT, and compares it
+    with pyarrow; returns how many chunks there were."""
     raw = path.read_bytes()
     meta = _footer(raw, path)
     reader = pq.ParquetFile(path)
@@ -123,17 +133,18 @@ def _check_file(path: Path) -> int:
         leaves = _leaf_arrays(reader.read_row_group(g))
         assert len(group["columns"]) == len(leaves)
         for c, chunk in enumerate(group["columns"]):
-            offsets, nulls, data = _decode(raw, path, g, c)
             want_offsets, want_nulls, want_data = _expected(leaves[tuple(chunk["path"])])
-            where = f"{path.name}: row group {g}, column {chunk['path']}"
-            assert offsets.dtype == np.uint64 and data.dtype == np.uint8
-            np.testing.assert_array_equal(offsets, want_offsets, err_msg=where)
-            if want_nulls.any():
-                assert nulls is not None, where
-                np.testing.assert_array_equal(nulls, want_nulls, err_msg=where)
-            else:
-                assert nulls is None, where
-            assert data.tobytes() == want_data, where
+            for left in VALUES_LEFT:
+                offsets, nulls, data = _decode(raw, path, g, c, **left)
+                where = f"{path.name}: row group {g}, column {chunk['path']}, {left}"
+                assert offsets.dtype == np.uint64 and data.dtype == np.uint8
+                np.testing.assert_array_equal(offsets, want_offsets, err_msg=where)
+                if want_nulls.any():
+                    assert nulls is not None, where
+                    np.testing.assert_array_equal(nulls, want_nulls, err_msg=where)
+                else:
+                    assert nulls is None, where
+                assert data.tobytes() == want_data, where
             checked += 1
     return checked
 
@@ -491,8 +502,12 @@ def test_bad_page_header(tmp_path):
     assert error.offset == at
 
 
+LEFT_IDS = [left["values_left"] for left in VALUES_LEFT]
+
+
+@pytest.mark.parametrize("left", VALUES_LEFT, ids=LEFT_IDS)
 @pytest.mark.parametrize("compression", ["snappy", "zstd", "gzip", "lz4"])
-def test_corrupt_compressed_page(tmp_path, compression):
+def test_corrupt_compressed_page(tmp_path, compression, left):
     path, raw, column = _one_column(tmp_path, compression=compression)
     start = column["data_page_offset"]
     size, _, _ = _page_sizes(raw, start)
@@ -500,7 +515,7 @@ def test_corrupt_compressed_page(tmp_path, compression):
     body = end - size
     raw[body : body + 6] = b"\xff" * 6
     error = refused(
-        lambda: _decode(bytes(raw), path, 0, 0),
+        lambda: _decode(bytes(raw), path, 0, 0, **left),
         str(path),
         "column s",
         "page 0",
@@ -509,29 +524,42 @@ def test_corrupt_compressed_page(tmp_path, compression):
     assert error.offset == start
 
 
-def test_compressed_size_past_the_chunk(tmp_path):
+@pytest.mark.parametrize("left", VALUES_LEFT, ids=LEFT_IDS)
+def test_compressed_size_past_the_chunk(tmp_path, left):
     path, raw, column = _one_column(tmp_path, compression="snappy")
     start = column["data_page_offset"]
     size, at, end = _page_sizes(raw, start)
     assert end - at == 2  # a 2-byte varint, rewritten to its largest value
     raw[at:end] = bytes([0xFE, 0x7F])
     refused(
-        lambda: _decode(bytes(raw), path, 0, 0),
+        lambda: _decode(bytes(raw), path, 0, 0, **left),
         str(path),
         "page 0",
         "runs past the end of the column chunk",
     )
 
 
-def test_wrong_row_count(tmp_path):
-    path, raw, _ = _one_column(tmp_path)
-    refused(lambda: _decode(bytes(raw), path, 0, 0, rows=499), "page 0", "499 rows")
-    refused(lambda: _decode(bytes(raw), path, 0, 0, rows=501), "hold 500 rows", "has 501")
+@pytest.mark.parametrize("left", VALUES_LEFT, ids=LEFT_IDS)
+def test_wrong_row_count(tmp_path, left):
+    path, raw, _ = _one_column(tmp_path, compression="zstd")
+    refused(lambda: _decode(bytes(raw), path, 0, 0, rows=499, **left), "page 0", "499 rows")
+    refused(lambda: _decode(bytes(raw), path, 0, 0, rows=501, **left), "hold 500 rows", "has 501")
 
 
-def test_decoded_size_bound(tmp_path):
-    path, raw, _ = _one_column(tmp_path)
-    refused(lambda: _decode(bytes(raw), path, 0, 0, max_decoded_bytes=8000), "max_decoded_bytes")
+@pytest.mark.parametrize("left", VALUES_LEFT, ids=LEFT_IDS)
+def test_decoded_size_bound(tmp_path, left):
+    """Pages kept whole need more room than the values alone (a start and a length a
+    row): where they would not fit, the values are copied, and the bound is the same."""
+    path, raw, _ = _one_column(tmp_path, compression="snappy")
+    refused(
+        lambda: _decode(bytes(raw), path, 0, 0, max_decoded_bytes=8000, **left),
+        "max_decoded_bytes",
+    )
+    # Room for the values copied (8,700 bytes), not for the pages kept (about 14,000).
+    offsets, _, data = _decode(bytes(raw), path, 0, 0, max_decoded_bytes=9000, **left)
+    assert len(offsets) == 501 and data.tobytes() == b"".join(
+        f"{i % 13} {'ab' * (i % 7)}".encode() for i in range(500)
+    )
 
 
 def test_int96_refused(tmp_path):

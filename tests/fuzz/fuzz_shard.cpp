@@ -675,7 +675,7 @@ void check_parquet_rows(const stoker::io::ByteVector& decoded, uint64_t rows,
 }
 
 // A chunk decoded in place holds what the copying decode holds, each value inside the
-// chunk's stored bytes.
+// chunk's stored bytes, or inside its kept pages.
 void check_left_in_place(const stoker::io::ByteVector& copied, const stoker::io::ByteVector& left,
                          const uint8_t* stored, uint64_t size) {
   namespace pq = stoker::format::parquet;
@@ -687,10 +687,12 @@ void check_left_in_place(const stoker::io::ByteVector& copied, const stoker::io:
       bug("a Parquet row's null differs in place");
     }
     if (b.starts == nullptr || (b.nulls != nullptr && b.nulls[r])) continue;
-    if (b.starts[r] > size || length > size - b.starts[r]) {
+    const uint8_t* from = b.data != nullptr ? b.data : stored;
+    const uint64_t within = b.data != nullptr ? b.data_size : size;
+    if (b.starts[r] > within || length > within - b.starts[r]) {
       bug("a Parquet value left in place lies outside its chunk");
     }
-    if (length != 0 && std::memcmp(a.data + a.offsets[r], stored + b.starts[r], length) != 0) {
+    if (length != 0 && std::memcmp(a.data + a.offsets[r], from + b.starts[r], length) != 0) {
       bug("a Parquet value left in place differs from its copy");
     }
   }
@@ -742,9 +744,12 @@ void fuzz_parquet(const uint8_t* bytes, uint64_t size) {
           stoker::io::ByteVector out = pq::decode_column_chunk(
               bytes + start, length, static_cast<uint64_t>(start), spec, rows, path);
           check_parquet_rows(out, rows, spec);
-          // In place, the same values where they are stored, none outside the chunk.
-          stoker::io::ByteVector left = pq::decode_column_chunk(
-              bytes + start, length, static_cast<uint64_t>(start), spec, rows, path, true);
+          // In place, the same values where they are stored (or in the kept pages, which
+          // every compressed chunk of byte strings keeps here), none outside them.
+          spec.least_bytes_in_pages = 0;
+          stoker::io::ByteVector left =
+              pq::decode_column_chunk(bytes + start, length, static_cast<uint64_t>(start), spec,
+                                      rows, path, stoker::io::ValuesLeft::kInStored);
           check_parquet_rows(left, rows, spec);
           check_left_in_place(out, left, bytes + start, length);
         });

@@ -24,13 +24,21 @@ pq = pytest.importorskip("pyarrow.parquet")
 N = 60
 
 
-def table(n: int = N):
+# Blobs of 30-50 bytes are copied out of their decompressed pages; of 300-320, they are
+# left in the pages the decode keeps (parquet.hpp, kLeastBytesInPages).
+BLOB_BYTES = {"copied": 30, "kept": 300}
+
+
+def table(n: int = N, blob_bytes: int = BLOB_BYTES["copied"]):
     rng = np.random.default_rng(0)
     return pa.table(
         {
             "label": pa.array(np.arange(n, dtype=np.int64)),
             "blob": pa.array(
-                [rng.integers(0, 256, 30 + i % 20, dtype=np.uint8).tobytes() for i in range(n)],
+                [
+                    rng.integers(0, 256, blob_bytes + i % 20, dtype=np.uint8).tobytes()
+                    for i in range(n)
+                ],
                 pa.binary(),
             ),
         },
@@ -43,10 +51,10 @@ def table(n: int = N):
     )
 
 
-def write(tmp_path, name="bad.parquet", codec="snappy", **kw) -> str:
+def write(tmp_path, name="bad.parquet", codec="snappy", blob_bytes=BLOB_BYTES["copied"], **kw):
     path = str(tmp_path / name)
     options = {"row_group_size": 20, "use_dictionary": False, **kw}
-    pq.write_table(table(), path, compression=codec, **options)
+    pq.write_table(table(blob_bytes=blob_bytes), path, compression=codec, **options)
     return path
 
 
@@ -215,10 +223,11 @@ def test_a_page_running_past_its_column_chunk_is_an_error(tmp_path):
     assert_names(e.value, path, "blob", r"(?i)page")
 
 
+@pytest.mark.parametrize("blob_bytes", BLOB_BYTES.values(), ids=BLOB_BYTES.keys())
 @pytest.mark.parametrize("codec", ["snappy", "zstd", "gzip"])
 @pytest.mark.parametrize("version", ["1.0", "2.0"])
-def test_a_corrupt_compressed_page_is_an_error_naming_it(tmp_path, codec, version):
-    path = write(tmp_path, codec=codec, data_page_version=version)
+def test_a_corrupt_compressed_page_is_an_error_naming_it(tmp_path, codec, version, blob_bytes):
+    path = write(tmp_path, codec=codec, data_page_version=version, blob_bytes=blob_bytes)
     for column, name in ((0, "label"), (1, "blob")):
         broken = str(tmp_path / f"{name}.parquet")
         with open(path, "rb") as f:
@@ -310,10 +319,15 @@ _FUZZ = textwrap.dedent("""
 """)
 
 
-def test_damage_anywhere_is_an_error_or_a_read_never_a_crash(tmp_path):
+@pytest.mark.parametrize(
+    ("blob_bytes", "dictionary"),
+    [(BLOB_BYTES["copied"], True), (BLOB_BYTES["kept"], False)],
+    ids=BLOB_BYTES.keys(),
+)
+def test_damage_anywhere_is_an_error_or_a_read_never_a_crash(tmp_path, blob_bytes, dictionary):
     """Bytes flipped at random places of files (footer and pages): every file either reads
     or raises a StokerError, in a child process, so that a crash shows as one."""
-    path = write(tmp_path, codec="snappy", use_dictionary=True)
+    path = write(tmp_path, codec="snappy", use_dictionary=dictionary, blob_bytes=blob_bytes)
     with open(path, "rb") as f:
         data = f.read()
     start, _ = footer(path)

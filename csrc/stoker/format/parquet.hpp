@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "stoker/io/byte_vector.hpp"
+#include "stoker/io/column_layout.hpp"
 namespace stoker::format::parquet {
 
 enum class PhysicalType : uint8_t {
@@ -114,6 +115,10 @@ std::vector<PageLocation> parse_offset_index(const uint8_t* data, uint64_t size,
 // What one decode may produce in all (offsets, nulls and values) unless the caller
 // sets another bound: a hostile page can ask for terabytes in a few bytes of runs.
 constexpr uint64_t kMaxDecodedBytes = 4ull << 30;
+// Byte strings of fewer bytes a row than this, on average, are copied out of their
+// decompressed pages (see decode_column_chunk): keeping the pages costs a start and the
+// 4-byte length a value, and the copy of a short string is cheap.
+constexpr uint64_t kLeastBytesInPages = 128;
 
 // What decoding one column chunk's pages needs.
 struct ColumnSpec {
@@ -128,6 +133,7 @@ struct ColumnSpec {
   Compression codec = Compression::kUncompressed;
   std::string name;  // e.g. "row group 3, column image.bytes": put into every message
   uint64_t max_decoded_bytes = kMaxDecodedBytes;
+  uint64_t least_bytes_in_pages = kLeastBytesInPages;
 };
 
 // A leaf column of the schema, in the order of each row group's column chunks, with
@@ -149,15 +155,18 @@ std::vector<LeafColumn> leaf_columns(const FileMetaData& metadata, const std::st
 // type_length bytes; a list (max_repetition 1) its elements' values back to back. A null
 // row (a null scalar, a null struct above the leaf, a null list) has nulls[r] = 1 and
 // an empty value; an empty list is a non-null empty value.
-// A chunk decoded in place (decode_column_chunk) has starts and no data: row r's
-// value is the offsets[r + 1] - offsets[r] bytes at starts[r] in the chunk's stored
-// bytes (from the `data` it was decoded from), every one inside them.
+// A chunk whose values were left where they lie (decode_column_chunk) has starts: row
+// r's value is the offsets[r + 1] - offsets[r] bytes at starts[r] in data (its
+// decompressed pages, kept whole), or, where data is nullptr, in the chunk's stored
+// bytes (from the `data` it was decoded from); every one inside them (a reader of a
+// buffer it did not decode itself checks each value it takes).
 struct DecodedView {
   uint64_t rows = 0;
   const uint64_t* offsets = nullptr;  // rows + 1
   const uint8_t* nulls = nullptr;     // rows bytes, or nullptr when no row is null
-  const uint8_t* data = nullptr;      // nullptr when starts is set
-  const uint64_t* starts = nullptr;   // rows, or nullptr: the values are in data
+  const uint8_t* data = nullptr;      // nullptr when the values are in the stored bytes
+  uint64_t data_size = 0;
+  const uint64_t* starts = nullptr;  // rows, or nullptr: the values are in data, in order
 };
 // Error when `decoded` is not such a buffer. Offsets and data are 8-byte aligned in it.
 DecodedView view_decoded(const io::ByteVector& decoded);
@@ -181,13 +190,15 @@ io::ByteVector decode_data_pages(const uint8_t* data, uint64_t size, uint64_t fi
                                  const ColumnSpec& spec, const io::ByteVector* dictionary,
                                  uint64_t rows, const std::string& path);
 
-// A whole column chunk: an optional dictionary page, then data pages. `in_place`:
-// for a chunk of byte strings, uncompressed, with no dictionary page and every value
-// PLAIN, the values are left in [data, data + size) and the result says where they
-// are (DecodedView::starts), so that a caller that can read those bytes again (a
-// mapped file) copies each value once, from there. Other chunks decode as without it.
+// A whole column chunk: an optional dictionary page, then data pages. `left`, for a
+// chunk of scalar byte strings with no dictionary page and every value PLAIN: with
+// kInStored, an uncompressed chunk's values are left in [data, data + size), so that a
+// caller that can read those bytes again (a mapped file) copies each value once, from
+// there; with either, a compressed chunk of large values (spec.least_bytes_in_pages a
+// row) keeps its decompressed pages whole and its values in them. The result says where
+// they are (DecodedView::starts). Other chunks decode as with kCopied.
 io::ByteVector decode_column_chunk(const uint8_t* data, uint64_t size, uint64_t file_offset,
                                    const ColumnSpec& spec, uint64_t rows, const std::string& path,
-                                   bool in_place = false);
+                                   io::ValuesLeft left = io::ValuesLeft::kCopied);
 
 }  // namespace stoker::format::parquet

@@ -17,7 +17,7 @@ class ParquetColumnDecoder final : public io::ColumnDecoder {
   io::ByteVector decode(const uint8_t* dictionary, uint64_t dictionary_size,
                         uint64_t dictionary_offset, const uint8_t* data, uint64_t size,
                         uint64_t file_offset, uint64_t rows, const std::string& path,
-                        bool in_place) const override;
+                        io::ValuesLeft left) const override;
   io::ColumnValues view(const io::ByteVector& decoded) const override;
   const ColumnSpec& spec() const { return spec_; }
 

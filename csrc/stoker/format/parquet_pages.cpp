@@ -21,12 +21,16 @@ using detail::PageHeader;
 
 // Parquet's sizes are i32, so no page is larger than 2 GiB; a writer's is a megabyte.
 constexpr uint64_t kMaxPageBytes = 1ull << 30;
+// A thread's buffer of decompressed pages is given back after a decode that made it
+// larger than this.
+constexpr uint64_t kPageScratchKeep = 16ull << 20;
 // Levels and indices decoded at a time.
 constexpr size_t kBatch = 4096;
 // A decoded buffer's header: rows, where the nulls are (0: no row is null), where the
 // data is, how many bytes of it, where the starts of values left in place are (0: none
-// are) and how many bytes those values take; the row offsets follow.
-constexpr uint64_t kHeaderBytes = 48;
+// are), how many bytes those values take when they are in the stored bytes, and 1 when
+// they are in the data instead (0 otherwise); the row offsets follow.
+constexpr uint64_t kHeaderBytes = 56;
 // The RLE/bit-packed hybrid's run lengths are at most 2^31 - 1 values (Encodings.md).
 constexpr uint64_t kMaxRun = (1ull << 31) - 1;
 
@@ -258,10 +262,12 @@ class HybridDecoder {
 
 // The buffer view_decoded reads: header, row offsets, the values' starts (when they
 // are left in place), nulls (when the column may have them), then the data, which
-// grows as pages are decoded.
+// grows as pages are decoded. `in_data`: the values are left in the data (pages kept
+// whole), not in the stored bytes.
 class Output {
  public:
-  Output(uint64_t rows, bool nullable, bool in_place) : rows_(rows) {
+  Output(uint64_t rows, bool nullable, bool in_place, bool in_data)
+      : rows_(rows), in_data_(in_data) {
     starts_at_ = in_place ? kHeaderBytes + 8 * (rows + 1) : 0;
     nulls_at_ = kHeaderBytes + 8 * (rows + 1) + (in_place ? 8 * rows : 0);
     data_at_ = nulls_at_ + (nullable ? round8(rows) : 0);
@@ -282,14 +288,14 @@ class Output {
     if (buffer_.size() < used_ + bytes) buffer_.resize(used_ + bytes);
   }
   uint64_t data_size() const { return used_ - data_at_; }
-  // The values' bytes the offsets count: those in the buffer, or those left in place.
-  uint64_t values_size() const { return data_size() + in_place_bytes_; }
+  // The values' bytes the offsets count: those copied, or those left in place.
+  uint64_t values_size() const { return in_data_ ? left_bytes_ : data_size() + left_bytes_; }
   uint64_t total_size() const { return used_; }
   bool in_place() const { return starts_at_ != 0; }
-  // Row `row`'s value: `n` bytes at `at` in the stored bytes, left there.
+  // Row `row`'s value: `n` bytes at `at` in the stored bytes (or the data), left there.
   void leave_in_place(uint64_t row, uint64_t at, uint64_t n) {
     std::memcpy(buffer_.data() + starts_at_ + 8 * row, &at, 8);
-    in_place_bytes_ += n;
+    left_bytes_ += n;
   }
   void set_offset(uint64_t row, uint64_t at) { std::memcpy(offsets(row), &at, 8); }
   // Where row `row`'s offset is, until the next append.
@@ -308,8 +314,8 @@ class Output {
   io::ByteVector finish(bool any_null) {
     set_offset(rows_, values_size());
     buffer_.resize(used_);
-    uint64_t header[6] = {rows_,      any_null ? nulls_at_ : 0, data_at_, data_size(),
-                          starts_at_, in_place_bytes_};
+    uint64_t header[7] = {rows_,      any_null ? nulls_at_ : 0,   data_at_, data_size(),
+                          starts_at_, in_data_ ? 0 : left_bytes_, in_data_};
     std::memcpy(buffer_.data(), header, sizeof header);
     return std::move(buffer_);
   }
@@ -317,7 +323,8 @@ class Output {
  private:
   io::ByteVector buffer_;
   uint64_t rows_, starts_at_, nulls_at_, data_at_, used_;
-  uint64_t in_place_bytes_ = 0;
+  bool in_data_;
+  uint64_t left_bytes_ = 0;
 };
 
 // The byte range of each dictionary entry, from a buffer read_dictionary_page made.
@@ -364,9 +371,11 @@ class ColumnDecoder {
  public:
   // `stored`: where the chunk's stored bytes begin, for a decode in place (see
   // decode_column_chunk), which only byte strings stored as they are can have.
+  // `kept_bytes`: not 0, the decompressed pages are kept whole, values left in them
+  // (kept_pages_bytes says what they take), which only compressed byte strings can have.
   ColumnDecoder(const ColumnSpec& spec, const std::string& path, uint64_t rows,
                 const Dictionary* dictionary, uint64_t first_page, uint64_t file_offset,
-                const uint8_t* stored = nullptr)
+                const uint8_t* stored = nullptr, uint64_t kept_bytes = 0)
       : spec_(spec),
         path_(path),
         rows_(rows),
@@ -375,7 +384,12 @@ class ColumnDecoder {
         dictionary_(dictionary),
         page_{path, spec.name, first_page, file_offset},
         stored_(in_place_possible(spec, dictionary, rows) ? stored : nullptr),
-        output_((check_rows(rows), rows), spec.max_definition > 0, stored_ != nullptr) {}
+        kept_bytes_(pages_possible(spec, dictionary, rows) ? kept_bytes : 0),
+        output_((check_rows(rows), rows), spec.max_definition > 0,
+                stored_ != nullptr || kept_bytes_ != 0, kept_bytes_ != 0) {}
+  ~ColumnDecoder() {
+    if (page_scratch().capacity() > kPageScratchKeep) io::ByteVector().swap(page_scratch());
+  }
 
   // Data pages back to back; INDEX_PAGEs skipped.
   void decode_pages(const uint8_t* data, uint64_t size, uint64_t file_offset) {
@@ -386,6 +400,8 @@ class ColumnDecoder {
       const uint64_t likely = std::min(rows_ <= room / width_ ? rows_ * width_ : room,
                                        size <= room / 8 ? size * 8 + 65536 : room);
       output_.expect(std::min(likely, room));
+    } else if (kept_bytes_ != 0) {
+      output_.expect(kept_bytes_);  // what the pages' headers say, within the budget
     } else if (width_ == 0 && !output_.in_place()) {
       // Byte strings: about the pages' own size (a little more, for compressed pages),
       // made once, not grown page by page, each growth a copy into fresh memory.
@@ -451,10 +467,20 @@ class ColumnDecoder {
            rows_fit(spec, rows, true);
   }
 
-  // (stored_ is set before output_, which calls this.)
+ public:
+  // Whether the chunk's pages could be kept whole (kept_pages_bytes says whether they
+  // fit the budget and are worth it).
+  static bool pages_possible(const ColumnSpec& spec, const Dictionary* dictionary, uint64_t rows) {
+    return spec.type == PhysicalType::kByteArray && spec.max_repetition == 0 &&
+           spec.codec != Compression::kUncompressed && dictionary == nullptr &&
+           rows_fit(spec, rows, true);
+  }
+
+ private:
+  // (stored_ and kept_bytes_ are set before output_, which calls this.)
   void check_rows(uint64_t rows) const {
     const uint64_t cap = spec_.max_decoded_bytes;
-    if (!rows_fit(spec_, rows, stored_ != nullptr)) {
+    if (!rows_fit(spec_, rows, stored_ != nullptr || kept_bytes_ != 0)) {
       fail(std::to_string(rows) + " rows would decode to more than the " + std::to_string(cap) +
            " bytes allowed (ColumnSpec::max_decoded_bytes)");
     }
@@ -463,13 +489,41 @@ class ColumnDecoder {
   // `n` stored bytes of a page (or of a v2 page's values), `want` bytes once
   // decompressed: the codec undone unless the page says it was not applied.
   const uint8_t* decompressed(const uint8_t* src, uint64_t n, uint64_t want, bool compressed) {
-    if (spec_.codec == Compression::kUncompressed || !compressed) {
-      if (n != want) {
-        fail("stored uncompressed in " + std::to_string(n) + " bytes, but its header says " +
-             std::to_string(want));
-      }
-      return src;
+    if (stored_as_is(n, want, compressed)) return src;
+    io::ByteVector& scratch = page_scratch();
+    if (scratch.size() < want + 1) scratch.resize(want + 1);
+    decompress_into(src, n, scratch.data(), want);
+    return scratch.data();
+  }
+
+  const uint8_t* page_bytes(const uint8_t* src, uint64_t n, uint64_t want, bool compressed) {
+    return kept_bytes_ != 0 ? kept(src, n, want, compressed)
+                            : decompressed(src, n, want, compressed);
+  }
+
+  // The same, appended to the data and kept there (kept_bytes_ set); kept_at_ says where.
+  const uint8_t* kept(const uint8_t* src, uint64_t n, uint64_t want, bool compressed) {
+    kept_at_ = output_.data_size();
+    uint8_t* into = room_for(want);
+    if (stored_as_is(n, want, compressed)) {
+      std::memcpy(into, src, n);
+    } else {
+      decompress_into(src, n, into, want);
     }
+    kept_page_ = into;
+    return into;
+  }
+
+  bool stored_as_is(uint64_t n, uint64_t want, bool compressed) const {
+    if (spec_.codec != Compression::kUncompressed && compressed) return false;
+    if (n != want) {
+      fail("stored uncompressed in " + std::to_string(n) + " bytes, but its header says " +
+           std::to_string(want));
+    }
+    return true;
+  }
+
+  void decompress_into(const uint8_t* src, uint64_t n, uint8_t* dest, uint64_t want) {
     io::ChunkFilter filter = io::ChunkFilter::kZstd;
     const char* codec = "zstd";
     switch (spec_.codec) {
@@ -490,16 +544,11 @@ class ColumnDecoder {
       default:
         break;
     }
-    if (scratch_size_ < want + 1) {
-      scratch_.reset(new uint8_t[want + 1]);
-      scratch_size_ = want + 1;
-    }
     try {
-      io::decompress_exact(filter, src, n, scratch_.get(), want, path_, page_.at);
+      io::decompress_exact(filter, src, n, dest, want, path_, page_.at);
     } catch (const FormatError& e) {
       fail(std::string(codec) + " page: " + e.detail());
     }
-    return scratch_.get();
   }
 
   // Where one level stream lies in a v1 page: a 4-byte length, then the runs.
@@ -552,11 +601,11 @@ class ColumnDecoder {
       repetition = HybridDecoder(body, rl, bit_width(spec_.max_repetition));
       definition = HybridDecoder(body + rl, dl, bit_width(spec_.max_definition));
       values_size = h.uncompressed_page_size - rl - dl;
-      values = decompressed(body + rl + dl, h.compressed_page_size - rl - dl, values_size,
-                            h.is_compressed);
+      values = page_bytes(body + rl + dl, h.compressed_page_size - rl - dl, values_size,
+                          h.is_compressed);
     } else {
       const uint8_t* page =
-          decompressed(body, h.compressed_page_size, h.uncompressed_page_size, true);
+          page_bytes(body, h.compressed_page_size, h.uncompressed_page_size, true);
       uint64_t size = h.uncompressed_page_size, pos = 0;
       if (spec_.max_repetition > 0) {
         repetition = levels_v1(page, size, pos, h.repetition_level_encoding, spec_.max_repetition,
@@ -846,8 +895,14 @@ class ColumnDecoder {
       }
       from = values_ + values_pos_;
       values_pos_ += length;
-      if (output_.in_place()) {  // a value of row_ - 1, as only scalar columns are in place
+      // (a value of row_ - 1, as only scalar columns are left in place)
+      if (stored_ != nullptr) {
         output_.leave_in_place(row_ - 1, static_cast<uint64_t>(from - stored_), length);
+        return length;
+      }
+      if (kept_bytes_ != 0) {
+        output_.leave_in_place(row_ - 1, kept_at_ + static_cast<uint64_t>(from - kept_page_),
+                               length);
         return length;
       }
     } else {
@@ -867,8 +922,11 @@ class ColumnDecoder {
   const int32_t element_definition_;
   const Dictionary* dictionary_;
   PageContext page_;
-  const uint8_t* stored_;  // set: byte strings are left in place, their starts from here
+  const uint8_t* stored_;      // set: byte strings are left in place, their starts from here
+  const uint64_t kept_bytes_;  // not 0: pages are kept whole in the data, values in them
   Output output_;
+  const uint8_t* kept_page_ = nullptr;  // the page kept last, kept_at_ bytes into the data
+  uint64_t kept_at_ = 0;
   uint64_t row_ = 0;  // rows started
   bool any_null_ = false;
   bool list_ended_ = false;  // the row begun last is a null or empty list
@@ -882,8 +940,14 @@ class ColumnDecoder {
   HybridDecoder indices_;
   std::vector<uint32_t> index_buffer_ = std::vector<uint32_t>(kBatch);
   uint64_t buffered_ = 0, next_buffered_ = 0;
-  std::unique_ptr<uint8_t[]> scratch_;
-  uint64_t scratch_size_ = 0;
+
+  // Decompressed pages, one at a time: kept by the thread from one decode to the next,
+  // as a page's worth of memory new to the process costs more than decompressing into
+  // it (page faults and zeroing), up to a size that pyarrow's pages never reach.
+  static io::ByteVector& page_scratch() {
+    thread_local io::ByteVector scratch;
+    return scratch;
+  }
 };
 
 // A dictionary buffer's views, checked once so that every index into it can be trusted.
@@ -909,17 +973,17 @@ Dictionary dictionary_of(const io::ByteVector& buffer, const ColumnSpec& spec,
 }  // namespace
 
 DecodedView view_decoded(const io::ByteVector& decoded) {
-  uint64_t header[6];
+  uint64_t header[7];
   if (decoded.size() < kHeaderBytes) throw Error("view_decoded: not a decoded Parquet buffer");
   std::memcpy(header, decoded.data(), sizeof header);
   const uint64_t rows = header[0], nulls_at = header[1], data_at = header[2], size = header[3];
-  const uint64_t starts_at = header[4], in_place = header[5];
+  const uint64_t starts_at = header[4], in_place = header[5], in_data = header[6];
   const uint64_t offsets_end = kHeaderBytes + 8 * (rows + 1);
   const uint64_t starts_end = starts_at != 0 ? starts_at + 8 * rows : offsets_end;
   if (rows > decoded.size() / 8 || data_at < starts_end || data_at % 8 != 0 ||
-      data_at > decoded.size() || size != decoded.size() - data_at ||
-      (starts_at != 0 && (starts_at != offsets_end || size != 0)) ||
-      (starts_at == 0 && in_place != 0) ||
+      data_at > decoded.size() || size != decoded.size() - data_at || in_data > 1 ||
+      (starts_at != 0 && (starts_at != offsets_end || (size != 0 && !in_data))) ||
+      (starts_at == 0 && (in_place != 0 || in_data)) || (in_data && in_place != 0) ||
       (nulls_at != 0 && (nulls_at != starts_end || data_at - nulls_at < rows))) {
     throw Error("view_decoded: not a decoded Parquet buffer");
   }
@@ -927,12 +991,12 @@ DecodedView view_decoded(const io::ByteVector& decoded) {
   v.rows = rows;
   v.offsets = reinterpret_cast<const uint64_t*>(decoded.data() + kHeaderBytes);
   v.nulls = nulls_at != 0 ? decoded.data() + nulls_at : nullptr;
-  if (starts_at != 0) {
-    v.starts = reinterpret_cast<const uint64_t*>(decoded.data() + starts_at);
-  } else {
+  if (starts_at != 0) v.starts = reinterpret_cast<const uint64_t*>(decoded.data() + starts_at);
+  if (starts_at == 0 || in_data) {
     v.data = decoded.data() + data_at;
+    v.data_size = size;
   }
-  if (v.offsets[rows] != size + in_place) {
+  if (!in_data && v.offsets[rows] != size + in_place) {
     throw Error("view_decoded: not a decoded Parquet buffer");
   }
   return v;
@@ -971,15 +1035,56 @@ std::shared_ptr<const io::ByteVector> read_dictionary_page(const uint8_t* data, 
 
 namespace {
 
+// What the data pages at [data, data + size) take decompressed (a v2 page's levels
+// aside), if the decode may keep them whole: 0 where the values are too small for that
+// to pay (ColumnSpec::least_bytes_in_pages), where they would not fit the budget beside the
+// rows' offsets and starts (the chunk is copied instead, as any chunk the copying decode
+// accepts must decode), or where a header cannot be read (the decode says why).
+uint64_t kept_pages_bytes(const uint8_t* data, uint64_t size, uint64_t file_offset,
+                          const ColumnSpec& spec, uint64_t rows, const std::string& path) {
+  PageContext page{path, spec.name, 0, file_offset};
+  uint64_t pos = 0, total = 0;
+  try {
+    while (pos < size) {
+      page.at = file_offset + pos;
+      PageHeader h = read_header(page, spec, data + pos, size - pos);
+      pos += h.header_size + h.compressed_page_size;
+      uint64_t levels = 0;
+      if (h.type == detail::kDataPageV2) {
+        levels = uint64_t(h.repetition_levels_byte_length) + h.definition_levels_byte_length;
+        if (levels > static_cast<uint64_t>(h.uncompressed_page_size)) return 0;
+      } else if (h.type != detail::kDataPage) {
+        if (h.type == detail::kIndexPage) continue;
+        return 0;
+      }
+      total += h.uncompressed_page_size - levels;  // each at most kMaxPageBytes
+    }
+  } catch (const FormatError&) {
+    return 0;
+  }
+  const uint64_t fixed = Output::fixed_bytes(rows, spec.max_definition > 0, true);
+  if (rows == 0 || total / rows < spec.least_bytes_in_pages || fixed > spec.max_decoded_bytes ||
+      total > spec.max_decoded_bytes - fixed) {
+    return 0;
+  }
+  return total;
+}
+
 io::ByteVector decode_pages(const uint8_t* data, uint64_t size, uint64_t file_offset,
                             const ColumnSpec& spec, const io::ByteVector* dictionary, uint64_t rows,
                             const std::string& path, uint64_t first_page,
+                            io::ValuesLeft left = io::ValuesLeft::kCopied,
                             const uint8_t* stored = nullptr) {
   check_spec(spec, path, file_offset);
   Dictionary entries;
   if (dictionary != nullptr) entries = dictionary_of(*dictionary, spec, path, file_offset);
-  ColumnDecoder decoder(spec, path, rows, dictionary != nullptr ? &entries : nullptr, first_page,
-                        file_offset, stored);
+  const Dictionary* used = dictionary != nullptr ? &entries : nullptr;
+  const uint64_t kept_bytes =
+      left != io::ValuesLeft::kCopied && ColumnDecoder::pages_possible(spec, used, rows)
+          ? kept_pages_bytes(data, size, file_offset, spec, rows, path)
+          : 0;
+  ColumnDecoder decoder(spec, path, rows, used, first_page, file_offset,
+                        left == io::ValuesLeft::kInStored ? stored : nullptr, kept_bytes);
   decoder.decode_pages(data, size, file_offset);
   return decoder.finish();
 }
@@ -994,12 +1099,12 @@ io::ByteVector decode_data_pages(const uint8_t* data, uint64_t size, uint64_t fi
 
 io::ByteVector decode_column_chunk(const uint8_t* data, uint64_t size, uint64_t file_offset,
                                    const ColumnSpec& spec, uint64_t rows, const std::string& path,
-                                   bool in_place) {
+                                   io::ValuesLeft left) {
   uint64_t consumed = 0;
   std::shared_ptr<const io::ByteVector> dictionary;
   if (size > 0) dictionary = read_dictionary_page(data, size, file_offset, spec, path, &consumed);
   return decode_pages(data + consumed, size - consumed, file_offset + consumed, spec,
-                      dictionary.get(), rows, path, dictionary ? 1 : 0, in_place ? data : nullptr);
+                      dictionary.get(), rows, path, dictionary ? 1 : 0, left, data);
 }
 
 }  // namespace stoker::format::parquet

@@ -96,10 +96,14 @@ ChunkCache::Claim::~Claim() {
 ChunkCache::Bytes ChunkCache::find_locked(const Key& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
-    if (dropped_.count(key) && capacity_ < limit_) {  // too small for what is read
+    // Too small for what is read again, and what it would have had to keep to serve that
+    // fits its limit. (A shuffled pass over more than the limit finds a few of the last
+    // pass's chunks in any cache short of all of them, and growing costs fresh memory.)
+    if (dropped_.count(key) && capacity_ < limit_ && bytes_ + dropped_bytes_ <= limit_) {
       capacity_ = std::min(limit_, std::max<size_t>(capacity_ * 2, 1));
       dropped_.clear();
       dropped_order_.clear();
+      dropped_bytes_ = 0;
     }
     return nullptr;
   }
@@ -118,10 +122,12 @@ void ChunkCache::put(uint64_t layout, uint64_t chunk, Bytes bytes) {
   while (bytes_ > capacity_ && lru_.size() > 1) {
     const Key gone = lru_.back();
     auto it = entries_.find(gone);
-    bytes_ -= it->second.bytes->size();
+    const size_t gone_bytes = it->second.bytes->size();
+    bytes_ -= gone_bytes;
     entries_.erase(it);
     lru_.pop_back();
     if (capacity_ < limit_ && dropped_.insert(gone).second) {
+      dropped_bytes_ += gone_bytes;
       dropped_order_.push_back(gone);
       if (dropped_order_.size() > kDroppedKept) {
         dropped_.erase(dropped_order_.front());

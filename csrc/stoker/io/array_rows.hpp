@@ -40,12 +40,16 @@ struct ArrayPlan {
 // starts its own); entries are never changed, so readers share them unlocked.
 //
 // It holds up to `limit` bytes, but starts at kStartBytes (an eighth of a
-// smaller limit) and doubles each time
-// a chunk it dropped is asked for again: memory touched for the first time costs
-// more than the copy into it (page faults, zeroing), so a cache that grew to the
-// limit for an epoch whose chunks are each read in one window would spend most
-// of a first epoch on fresh pages, where a cache of the window's size reuses
-// the buffers it drops.
+// smaller limit) and doubles each time a chunk it dropped is asked for again, as
+// long as everything it dropped since it last grew would fit the limit beside what
+// it holds: memory touched for the first time costs more than the copy into it
+// (page faults, zeroing; on a virtual machine that gave idle memory back, far
+// more), so a cache that grew to the limit for an epoch whose chunks are each read
+// in one window would spend most of a first epoch on fresh pages, where a cache of
+// the window's size reuses the buffers it drops. And when the chunks read again
+// are more than the limit (a second shuffled epoch of a source larger than it),
+// growing buys little: an LRU cache of a fraction f of a shuffled pass finds about
+// f^2/2 of the next pass's chunks.
 class ChunkCache {
  public:
   using Bytes = std::shared_ptr<const ByteVector>;
@@ -102,6 +106,7 @@ class ChunkCache {
   std::unordered_map<Key, Entry, Hash> entries_;
   std::unordered_set<Key, Hash> dropped_;
   std::deque<Key> dropped_order_;
+  size_t dropped_bytes_ = 0;  // of the chunks put in dropped_ (the forgotten ones too)
   std::unordered_set<Key, Hash> claimed_;
   std::condition_variable released_;
   Bytes find_locked(const Key& key);

@@ -14,16 +14,28 @@
 namespace stoker::io {
 
 // The rows of a decoded unit: row r's value is data[offsets[r], offsets[r + 1]).
-// A null row (nulls[r] != 0) has an empty value. A unit whose values were left
-// where they are stored (see ColumnDecoder::decode) has starts instead of data:
-// row r's value is then the offsets[r + 1] - offsets[r] bytes at starts[r] in the
-// unit's stored bytes, which the caller reads again to take it.
+// A null row (nulls[r] != 0) has an empty value. A unit whose values were left where
+// they lie (see ValuesLeft) has starts: row r's value is then the
+// offsets[r + 1] - offsets[r] bytes at starts[r] in data (the unit's decompressed
+// pages), or, where data is null, in the unit's stored bytes, which the caller reads
+// again to take it.
 struct ColumnValues {
   uint64_t rows = 0;
   const uint64_t* offsets = nullptr;  // rows + 1 entries
   const uint8_t* nulls = nullptr;     // rows entries; null: no row is null
   const uint8_t* data = nullptr;
+  uint64_t data_size = 0;
   const uint64_t* starts = nullptr;  // rows entries, or null: the values are in data
+};
+
+// Where a decode may leave byte strings instead of copying each out after the last:
+// a copy of an image is as dear as decompressing it, and a batch copies it once more.
+enum class ValuesLeft : uint8_t {
+  kCopied,   // nowhere: every value is copied, back to back
+  kInPages,  // in their decompressed pages, which the decoded unit keeps whole
+  // also in the stored bytes of pages stored as they are, which can be had again
+  // whenever the unit is used (they lie in a mapped file)
+  kInStored,
 };
 
 // What the format layer knows and the reader does not: how a unit's stored
@@ -35,13 +47,11 @@ class ColumnDecoder {
   // which must hold `rows` rows, after the dictionary page they need where it lies
   // apart from them (dictionary_size bytes at `dictionary`, read from
   // `dictionary_offset`; none: 0). Throws FormatError naming `path`.
-  // `in_place`: the stored bytes can be had again whenever the unit is used (they
-  // lie in a mapped file), so values that are stored as they are (uncompressed
-  // byte strings) may be left there, and the result then says only where each is.
+  // `left`: where byte strings may stay (the result then says where each is).
   virtual ByteVector decode(const uint8_t* dictionary, uint64_t dictionary_size,
                             uint64_t dictionary_offset, const uint8_t* data, uint64_t size,
                             uint64_t file_offset, uint64_t rows, const std::string& path,
-                            bool in_place) const = 0;
+                            ValuesLeft left) const = 0;
   // The rows of what decode() returned.
   virtual ColumnValues view(const ByteVector& decoded) const = 0;
 };

@@ -207,12 +207,13 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
     stored = bytes_at(*fd, path, u.offset, u.size, raw);
     read = total;
     // Values stored as they are stay in the file's mapping, to be copied from it each
-    // time the unit serves a batch: the cache keeps only where they are.
-    const bool in_place = stored != raw.data();
+    // time the unit serves a batch: the cache keeps only where they are. Compressed
+    // ones stay in their decompressed pages.
+    const ValuesLeft left = stored != raw.data() ? ValuesLeft::kInStored : ValuesLeft::kInPages;
     try {
       values = std::make_shared<const ByteVector>(
           c.decoder->decode(dictionary, u.dictionary_size, u.dictionary_offset, stored, u.size,
-                            u.offset, u.rows, path, in_place));
+                            u.offset, u.rows, path, left));
     } catch (const FormatError& e) {
       throw FormatError(e.path(), e.offset(),
                         "row group " + std::to_string(u.row_group) + ", " + e.detail());
@@ -230,6 +231,14 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
   bool count_values = false;  // bytes read: the values taken from a mapping, not the unit
   auto value_at = [&](uint64_t row, uint64_t size, uint64_t index) -> const uint8_t* {
     if (v.starts == nullptr) return v.data + v.offsets[row];
+    if (v.data != nullptr) {  // in the unit's kept pages
+      if (v.starts[row] > v.data_size || size > v.data_size - v.starts[row]) {
+        throw FormatError(path, u.offset,
+                          c.name + ": row " + std::to_string(index) +
+                              " lies outside its column chunk's decompressed pages");
+      }
+      return v.data + v.starts[row];
+    }
     if (stored == nullptr) {
       open();
       stored = bytes_at(*fd, path, u.offset, u.size, raw);
