@@ -266,10 +266,10 @@ class HybridDecoder {
 // whole), not in the stored bytes.
 class Output {
  public:
-  Output(uint64_t rows, bool nullable, bool in_place, bool in_data)
+  Output(uint64_t rows, bool nullable, bool has_starts, bool in_data)
       : rows_(rows), in_data_(in_data) {
-    starts_at_ = in_place ? kHeaderBytes + 8 * (rows + 1) : 0;
-    nulls_at_ = kHeaderBytes + 8 * (rows + 1) + (in_place ? 8 * rows : 0);
+    starts_at_ = has_starts ? kHeaderBytes + 8 * (rows + 1) : 0;
+    nulls_at_ = kHeaderBytes + 8 * (rows + 1) + (has_starts ? 8 * rows : 0);
     data_at_ = nulls_at_ + (nullable ? round8(rows) : 0);
     // Null flags are read for every row and set only for the null ones, starts only for
     // the rows that are not null; the rest of the buffer is written before it is read, so
@@ -278,8 +278,8 @@ class Output {
     used_ = data_at_;
   }
   // Bytes the buffer needs before any data: what `rows` costs whatever the pages hold.
-  static uint64_t fixed_bytes(uint64_t rows, bool nullable, bool in_place) {
-    return kHeaderBytes + 8 * (rows + 1) + (in_place ? 8 * rows : 0) +
+  static uint64_t fixed_bytes(uint64_t rows, bool nullable, bool has_starts) {
+    return kHeaderBytes + 8 * (rows + 1) + (has_starts ? 8 * rows : 0) +
            (nullable ? round8(rows) : 0);
   }
 
@@ -291,7 +291,7 @@ class Output {
   // The values' bytes the offsets count: those copied, or those left in place.
   uint64_t values_size() const { return in_data_ ? left_bytes_ : data_size() + left_bytes_; }
   uint64_t total_size() const { return used_; }
-  bool in_place() const { return starts_at_ != 0; }
+  bool has_starts() const { return starts_at_ != 0; }
   // Row `row`'s value: `n` bytes at `at` in the stored bytes (or the data), left there.
   void leave_in_place(uint64_t row, uint64_t at, uint64_t n) {
     std::memcpy(buffer_.data() + starts_at_ + 8 * row, &at, 8);
@@ -383,8 +383,12 @@ class ColumnDecoder {
         element_definition_(spec.max_repetition ? element_definition(spec) : 0),
         dictionary_(dictionary),
         page_{path, spec.name, first_page, file_offset},
-        stored_(in_place_possible(spec, dictionary, rows) ? stored : nullptr),
-        kept_bytes_(pages_possible(spec, dictionary, rows) ? kept_bytes : 0),
+        stored_(may_leave(spec, dictionary, rows) && spec.codec == Compression::kUncompressed
+                    ? stored
+                    : nullptr),
+        kept_bytes_(may_leave(spec, dictionary, rows) && spec.codec != Compression::kUncompressed
+                        ? kept_bytes
+                        : 0),
         output_((check_rows(rows), rows), spec.max_definition > 0,
                 stored_ != nullptr || kept_bytes_ != 0, kept_bytes_ != 0) {}
   ~ColumnDecoder() {
@@ -401,8 +405,10 @@ class ColumnDecoder {
                                        size <= room / 8 ? size * 8 + 65536 : room);
       output_.expect(std::min(likely, room));
     } else if (kept_bytes_ != 0) {
-      output_.expect(kept_bytes_);  // what the pages' headers say, within the budget
-    } else if (width_ == 0 && !output_.in_place()) {
+      // What the pages' headers say, within the budget; up to a believable ratio to the
+      // stored bytes made now (a few bytes of hostile headers may claim gigabytes).
+      output_.expect(std::min<uint64_t>(kept_bytes_, 16 * size + (1 << 20)));
+    } else if (width_ == 0 && !output_.has_starts()) {
       // Byte strings: about the pages' own size (a little more, for compressed pages),
       // made once, not grown page by page, each growth a copy into fresh memory.
       const uint64_t room = spec_.max_decoded_bytes - output_.total_size();
@@ -451,29 +457,21 @@ class ColumnDecoder {
   [[noreturn]] void fail(const std::string& why) const { page_.fail(why); }
 
  private:
-  // Whether `rows` rows' offsets, nulls and (in place) starts fit the decode's budget.
-  static bool rows_fit(const ColumnSpec& spec, uint64_t rows, bool in_place) {
-    const uint64_t cap = spec.max_decoded_bytes, per_row = in_place ? 17 : 9;
+  // Whether `rows` rows' offsets, nulls and (left in place) starts fit the budget.
+  static bool rows_fit(const ColumnSpec& spec, uint64_t rows, bool has_starts) {
+    const uint64_t cap = spec.max_decoded_bytes, per_row = has_starts ? 17 : 9;
     return cap > kHeaderBytes && rows <= (cap - kHeaderBytes) / per_row &&
-           Output::fixed_bytes(rows, spec.max_definition > 0, in_place) <= cap;
-  }
-
-  // (A chunk whose starts would not fit the budget is copied instead, as any chunk the
-  // copying decode accepts must decode.)
-  static bool in_place_possible(const ColumnSpec& spec, const Dictionary* dictionary,
-                                uint64_t rows) {
-    return spec.type == PhysicalType::kByteArray && spec.max_repetition == 0 &&
-           spec.codec == Compression::kUncompressed && dictionary == nullptr &&
-           rows_fit(spec, rows, true);
+           Output::fixed_bytes(rows, spec.max_definition > 0, has_starts) <= cap;
   }
 
  public:
-  // Whether the chunk's pages could be kept whole (kept_pages_bytes says whether they
-  // fit the budget and are worth it).
-  static bool pages_possible(const ColumnSpec& spec, const Dictionary* dictionary, uint64_t rows) {
+  // Whether the chunk's values may be left where they lie: in the stored bytes, when
+  // they are uncompressed, else in the decompressed pages (kept_pages_bytes says
+  // whether those fit the budget and are worth keeping). A chunk whose starts would not
+  // fit the budget is copied instead, as any chunk the copying decode accepts must decode.
+  static bool may_leave(const ColumnSpec& spec, const Dictionary* dictionary, uint64_t rows) {
     return spec.type == PhysicalType::kByteArray && spec.max_repetition == 0 &&
-           spec.codec != Compression::kUncompressed && dictionary == nullptr &&
-           rows_fit(spec, rows, true);
+           dictionary == nullptr && rows_fit(spec, rows, true);
   }
 
  private:
@@ -491,7 +489,10 @@ class ColumnDecoder {
   const uint8_t* decompressed(const uint8_t* src, uint64_t n, uint64_t want, bool compressed) {
     if (stored_as_is(n, want, compressed)) return src;
     io::ByteVector& scratch = page_scratch();
-    if (scratch.size() < want + 1) scratch.resize(want + 1);
+    if (scratch.size() < want + 1) {
+      scratch.clear();  // (nothing of the last page to copy into the larger buffer)
+      scratch.resize(want + 1);
+    }
     decompress_into(src, n, scratch.data(), want);
     return scratch.data();
   }
@@ -996,7 +997,7 @@ DecodedView view_decoded(const io::ByteVector& decoded) {
     v.data = decoded.data() + data_at;
     v.data_size = size;
   }
-  if (!in_data && v.offsets[rows] != size + in_place) {
+  if (in_data ? v.offsets[rows] > size : v.offsets[rows] != size + in_place) {
     throw Error("view_decoded: not a decoded Parquet buffer");
   }
   return v;
@@ -1058,6 +1059,8 @@ uint64_t kept_pages_bytes(const uint8_t* data, uint64_t size, uint64_t file_offs
         return 0;
       }
       total += h.uncompressed_page_size - levels;  // each at most kMaxPageBytes
+      if (total > spec.max_decoded_bytes) return 0;
+      ++page.number;
     }
   } catch (const FormatError&) {
     return 0;
@@ -1079,10 +1082,11 @@ io::ByteVector decode_pages(const uint8_t* data, uint64_t size, uint64_t file_of
   Dictionary entries;
   if (dictionary != nullptr) entries = dictionary_of(*dictionary, spec, path, file_offset);
   const Dictionary* used = dictionary != nullptr ? &entries : nullptr;
-  const uint64_t kept_bytes =
-      left != io::ValuesLeft::kCopied && ColumnDecoder::pages_possible(spec, used, rows)
-          ? kept_pages_bytes(data, size, file_offset, spec, rows, path)
-          : 0;
+  const uint64_t kept_bytes = left != io::ValuesLeft::kCopied &&
+                                      spec.codec != Compression::kUncompressed &&
+                                      ColumnDecoder::may_leave(spec, used, rows)
+                                  ? kept_pages_bytes(data, size, file_offset, spec, rows, path)
+                                  : 0;
   ColumnDecoder decoder(spec, path, rows, used, first_page, file_offset,
                         left == io::ValuesLeft::kInStored ? stored : nullptr, kept_bytes);
   decoder.decode_pages(data, size, file_offset);

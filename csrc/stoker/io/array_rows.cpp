@@ -97,13 +97,10 @@ ChunkCache::Bytes ChunkCache::find_locked(const Key& key) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     // Too small for what is read again, and what it would have had to keep to serve that
-    // fits its limit. (A shuffled pass over more than the limit finds a few of the last
-    // pass's chunks in any cache short of all of them, and growing costs fresh memory.)
+    // fits its limit.
     if (dropped_.count(key) && capacity_ < limit_ && bytes_ + dropped_bytes_ <= limit_) {
       capacity_ = std::min(limit_, std::max<size_t>(capacity_ * 2, 1));
-      dropped_.clear();
-      dropped_order_.clear();
-      dropped_bytes_ = 0;
+      forget_dropped();
     }
     return nullptr;
   }
@@ -133,8 +130,15 @@ void ChunkCache::put(uint64_t layout, uint64_t chunk, Bytes bytes) {
         dropped_.erase(dropped_order_.front());
         dropped_order_.pop_front();
       }
+      if (dropped_bytes_ > 2 * limit_) forget_dropped();
     }
   }
+}
+
+void ChunkCache::forget_dropped() {
+  dropped_.clear();
+  dropped_order_.clear();
+  dropped_bytes_ = 0;
 }
 
 void ArrayLayout::check() const {
@@ -458,19 +462,23 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     return slab * task.count;
   }
   uint64_t read = 0;
-  // A chunk stored as it is used is not kept: the page cache holds its bytes already, and
-  // reading them again costs one copy, as keeping them would.
-  ChunkCache::Bytes cached = filtered ? decoded.find(a.id, task.chunk) : nullptr;
   // A JPEG tile not kept from before, of which the boxes need a small part: only that part
   // is decoded, and the tile is not kept (a random patch of a slide covers a quarter of each
   // of its four tiles, on average; most tiles are never drawn again).
   ChunkRegion region;
-  const bool partial = !cached && !rows && jpeg_region(a, requests, plan, task, grid_at, region);
-  // A chunk that will be kept is claimed: a task on another thread (the rows of one box
-  // spread over several) that wants it meanwhile waits for its bytes instead of reading
-  // it too. A partly decoded tile is not kept, so nobody waits for it.
+  const bool small_part = !rows && jpeg_region(a, requests, plan, task, grid_at, region);
+  // A chunk stored as it is used is not kept: the page cache holds its bytes already, and
+  // reading them again costs one copy, as keeping them would. A chunk that will be kept is
+  // claimed: a task on another thread (the rows of one box spread over several) that
+  // wants it meanwhile waits for its bytes instead of reading it too. A partly decoded
+  // tile is not kept, so nobody waits for it.
   ChunkCache::Claim claim;
-  if (filtered && !cached && !partial) cached = decoded.find_or_claim(a.id, task.chunk, claim);
+  ChunkCache::Bytes cached;
+  if (filtered) {
+    cached = small_part ? decoded.find(a.id, task.chunk)
+                        : decoded.find_or_claim(a.id, task.chunk, claim);
+  }
+  const bool partial = !cached && small_part;
   const uint8_t* chunk = cached ? cached->data() : nullptr;
   if (chunk == nullptr) {
     std::string where = coordinates(grid_at);

@@ -42,14 +42,16 @@ struct ArrayPlan {
 // It holds up to `limit` bytes, but starts at kStartBytes (an eighth of a
 // smaller limit) and doubles each time a chunk it dropped is asked for again, as
 // long as everything it dropped since it last grew would fit the limit beside what
-// it holds: memory touched for the first time costs more than the copy into it
+// it holds. Memory touched for the first time costs more than the copy into it
 // (page faults, zeroing; on a virtual machine that gave idle memory back, far
 // more), so a cache that grew to the limit for an epoch whose chunks are each read
 // in one window would spend most of a first epoch on fresh pages, where a cache of
 // the window's size reuses the buffers it drops. And when the chunks read again
 // are more than the limit (a second shuffled epoch of a source larger than it),
 // growing buys little: an LRU cache of a fraction f of a shuffled pass finds about
-// f^2/2 of the next pass's chunks.
+// f^2/2 of the next pass's chunks. What it dropped is forgotten once it passes
+// twice the limit, so that a long pass that read nothing again (an evaluation
+// over a large source) does not keep a later loader's cache small for good.
 class ChunkCache {
  public:
   using Bytes = std::shared_ptr<const ByteVector>;
@@ -96,7 +98,7 @@ class ChunkCache {
     Bytes bytes;
     std::list<Key>::iterator position;
   };
-  // Chunks dropped since the cache last grew, the latest kDroppedKept of them.
+  // Chunks dropped since the cache last grew (or forgot them), the latest kDroppedKept.
   static constexpr size_t kDroppedKept = 1 << 16;
   const size_t limit_;
   std::mutex mutex_;
@@ -107,6 +109,7 @@ class ChunkCache {
   std::unordered_set<Key, Hash> dropped_;
   std::deque<Key> dropped_order_;
   size_t dropped_bytes_ = 0;  // of the chunks put in dropped_ (the forgotten ones too)
+  void forget_dropped();
   std::unordered_set<Key, Hash> claimed_;
   std::condition_variable released_;
   Bytes find_locked(const Key& key);
