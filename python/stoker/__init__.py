@@ -14,6 +14,7 @@ from stoker._core import (
     StokerError,
 )
 from stoker._core import __version__ as __version__
+from stoker._process import set_decoded_cache_bytes
 from stoker.arrays import codec_status
 from stoker.arrays.nifti import nifti_header
 from stoker.cuda import FallbackWarning, cuda_status
@@ -72,4 +73,5 @@ __all__ = [
     "load_npy",
     "nifti_header",
     "read_into",
+    "set_decoded_cache_bytes",
 ]

@@ -149,4 +149,48 @@ def shared_reader(num_threads: int | None = None) -> Any:
     import stoker._core as _core  # (the extension, not imported before a reader is wanted)
 
     key = (num_threads or 0, 256)
-    return per_process(("shard-reader", key), lambda: _core.ShardReader(*key))
+
+    def make() -> Any:
+        reader = _core.ShardReader(*key)
+        limit = _decoded_cache_limit()
+        if limit is not None:
+            reader.chunk_cache_bytes = limit
+        return reader
+
+    return per_process(("shard-reader", key), make)
+
+
+DECODED_CACHE_VARIABLE = "STOKER_DECODED_CACHE_BYTES"
+
+
+def set_decoded_cache_bytes(limit: int) -> None:
+    """Sets the most bytes of decoded chunks each process keeps across batches: decoded
+    Parquet column chunks and HDF5, Zarr and TIFF chunks (256 MiB unless set; 0 keeps
+    none). The cache starts smaller and grows only as far as what is read again needs
+    and fits (see the docs' Arrays page). Readers already made take the new limit, and
+    drop what they held; so do DataLoader workers started after the call, forked or
+    spawned (the limit is passed on in the environment, as STOKER_DECODED_CACHE_BYTES,
+    which may also be set before the program starts)."""
+    from stoker.errors import UsageError
+
+    if isinstance(limit, bool) or not isinstance(limit, int) or limit < 0:
+        raise UsageError(f"set_decoded_cache_bytes takes a whole number of bytes, not {limit!r}")
+    os.environ[DECODED_CACHE_VARIABLE] = str(limit)
+    for value in values():
+        if hasattr(value, "chunk_cache_bytes"):  # the process's readers
+            value.chunk_cache_bytes = limit
+
+
+def _decoded_cache_limit() -> int | None:
+    text = os.environ.get(DECODED_CACHE_VARIABLE)
+    if text is None or not text.strip():
+        return None
+    try:
+        limit = int(text)
+    except ValueError:
+        limit = -1
+    if limit < 0:
+        from stoker.errors import UsageError
+
+        raise UsageError(f"{DECODED_CACHE_VARIABLE} is a whole number of bytes, not {text!r}")
+    return limit
