@@ -746,12 +746,13 @@ void fuzz_parquet(const uint8_t* bytes, uint64_t size) {
         stoker::io::ByteVector out, left;
         std::string refused[2];
         for (int way = 0; way < 2; ++way) {
+          stoker::io::ByteVector& decoded = way == 0 ? out : left;
           expected("decode_column_chunk", [&] {
             try {
-              (way == 0 ? out : left) = pq::decode_column_chunk(
+              decoded = pq::decode_column_chunk(
                   bytes + start, length, static_cast<uint64_t>(start), spec, rows, path,
                   way == 0 ? stoker::io::ValuesLeft::kCopied : stoker::io::ValuesLeft::kInStored);
-              check_parquet_rows(way == 0 ? out : left, rows, spec);
+              check_parquet_rows(decoded, rows, spec);
             } catch (const stoker::FormatError& e) {
               refused[way] = std::string("refused: ") + e.what();
             }

@@ -391,9 +391,7 @@ class ColumnDecoder {
                         : 0),
         output_((check_rows(rows), rows), spec.max_definition > 0,
                 stored_ != nullptr || kept_bytes_ != 0, kept_bytes_ != 0) {}
-  ~ColumnDecoder() {
-    if (page_scratch().capacity() > kPageScratchKeep) io::ByteVector().swap(page_scratch());
-  }
+  ~ColumnDecoder() { io::give_back_if_larger(page_scratch(), kPageScratchKeep); }
 
   // Data pages back to back; INDEX_PAGEs skipped.
   void decode_pages(const uint8_t* data, uint64_t size, uint64_t file_offset) {

@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "stoker/io/byte_vector.hpp"
+
 namespace stoker::image::detail {
 
 // The part of the source image to decode, in source pixels: [x0, x1) x [y0, y1).
@@ -39,7 +41,7 @@ constexpr size_t kKeepBytes = 16u << 20;
 
 template <typename T>
 void give_back_if_large(std::vector<T>& buffer) {
-  if (buffer.capacity() * sizeof(T) > kKeepBytes) std::vector<T>().swap(buffer);
+  io::give_back_if_larger(buffer, kKeepBytes);
 }
 
 // Each returns an empty string on success, else what is wrong with the bytes.

@@ -435,7 +435,7 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
   struct Shrink {  // when decoding throws too
     ~Shrink() {
       for (auto* buffer : {&raw, &scratch_a, &scratch_b}) {
-        if (buffer->capacity() > kChunkScratchKeep) std::vector<uint8_t>().swap(*buffer);
+        give_back_if_larger(*buffer, kChunkScratchKeep);
       }
     }
   } shrink;

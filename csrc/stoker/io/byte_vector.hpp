@@ -4,6 +4,7 @@
 // wasted work.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <new>
@@ -34,5 +35,12 @@ struct DefaultInitAllocator : std::allocator<T> {
 };
 
 using ByteVector = std::vector<uint8_t, DefaultInitAllocator<uint8_t>>;
+
+// A buffer a thread keeps from one use to the next is given back once one large input
+// made it grow past `keep` bytes, so that it does not hold that memory for good.
+template <typename Buffer>
+void give_back_if_larger(Buffer& buffer, size_t keep) {
+  if (buffer.capacity() * sizeof(typename Buffer::value_type) > keep) Buffer().swap(buffer);
+}
 
 }  // namespace stoker::io

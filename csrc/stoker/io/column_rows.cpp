@@ -182,8 +182,8 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
   thread_local ByteVector raw, raw_dictionary;
   struct Shrink {  // when decoding throws too
     ~Shrink() {
-      if (raw.capacity() > kUnitScratchKeep) ByteVector().swap(raw);
-      if (raw_dictionary.capacity() > kUnitScratchKeep) ByteVector().swap(raw_dictionary);
+      give_back_if_larger(raw, kUnitScratchKeep);
+      give_back_if_larger(raw_dictionary, kUnitScratchKeep);
     }
   } shrink;
   std::shared_ptr<const FileDescriptor> fd;

@@ -160,9 +160,7 @@ void decode_piece(const ReadRequest& r, const uint8_t* src, uint8_t* dest,
   }
   thread_local ByteVector inflated;
   struct Shrink {  // when decoding throws too
-    ~Shrink() {
-      if (inflated.capacity() > kScratchKeep) ByteVector().swap(inflated);
-    }
+    ~Shrink() { give_back_if_larger(inflated, kScratchKeep); }
   } shrink;
   inflated.resize(r.inflated_length);
   inflate_exact(src, r.length, inflated.data(), r.inflated_length, path, r.offset);
@@ -241,7 +239,7 @@ uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache, Byt
     const ReadRequest& r = plan.requests[plan.order[k]];
     decode_or_blank(plan, plan.order[k], base + (r.offset - run.start), path, blanked);
   }
-  if (scratch.capacity() > kScratchKeep) ByteVector().swap(scratch);
+  give_back_if_larger(scratch, kScratchKeep);
   return span;
 }
 
