@@ -220,7 +220,7 @@ class Dataset(IndexedSamples):
         idx = np.asarray(indices, dtype=np.int64).reshape(-1)
         table = self.members
         with table.lock:  # (indexes are let go of under it)
-            if not table.missing(np.unique(table.shards_of(idx))):
+            if not table.missing(np.unique(table.pieces_of(idx))):
                 return table.keys(idx)
         with self.holding(idx):  # a shard's keys are known once it is indexed
             return table.keys(idx)
@@ -291,13 +291,15 @@ class Dataset(IndexedSamples):
         its size spread evenly over its samples."""
         table = self.members
         sizes = np.zeros(len(self), np.int64)
-        for shard, first, end in self._each_shard_indexed(fetched_only=True):
-            if table.resident(shard) is None:  # remote, not fetched
+        for piece, first, end in self._each_piece_indexed(fetched_only=True):
+            if table.piece_index(piece) is None:  # remote, not fetched
                 holds = self.holds
                 assert holds is not None  # only a source with remote shards has one
-                sizes[first:end] = holds.size_of(shard) // (end - first)
+                shard = int(table.piece_shard[piece])
+                samples = int(table.shard_start[shard + 1] - table.shard_start[shard])
+                sizes[first:end] = holds.size_of(shard) // samples
                 continue
-            out, sample_first = table.member_out(shard)
+            out, sample_first = table.member_out(piece)
             per_member = np.concatenate([np.asarray(cost(out), np.int64), [0]])
             sums = np.add.reduceat(per_member, np.minimum(sample_first[:-1], len(out)))
             sums[np.diff(sample_first) == 0] = 0
@@ -310,8 +312,8 @@ class Dataset(IndexedSamples):
         if name in self.members.extras:
             return True
         return all(
-            self.members.has_field(name, shard)
-            for shard, _, _ in self._each_shard_indexed(fetched_only=False)
+            self.members.has_field(name, piece)
+            for piece, _, _ in self._each_piece_indexed(fetched_only=False)
         )
 
     def explain(

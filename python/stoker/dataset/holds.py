@@ -75,7 +75,7 @@ class ShardHolds:
         copy this process indexed (a cache file changes only by a new download): indexed
         again, it is compared with the first index (see arrived)."""
         remote = self._remote(shard)
-        if self.table.resident(shard) is None:
+        if not self.table.has_index(shard):
             return IndexStep(remote.format)
         if remote.sha256:
             return None
@@ -92,10 +92,10 @@ class ShardHolds:
             # adding it to a table full of pinned shards does not let it go at once.
             table.pin(shard)
             try:
-                if index is None and table.resident(shard) is None:  # let go of meanwhile
+                if index is None and not table.has_index(shard):  # let go of meanwhile
                     index = index_copy(hold.path, self._remote(shard).format)
                 if index is not None:
-                    if table.resident(shard) is None:
+                    if not table.has_index(shard):
                         self._on_notes(table.add([shard], [index]))
                     elif not same_index(table, shard, index):
                         raise located(

@@ -232,28 +232,36 @@ class IndexedSamples:
 
     @contextlib.contextmanager
     def indexed(self, indices: np.ndarray) -> Iterator[None]:
-        """Every shard of samples `indices` indexed, and kept so for the block: local shards
-        not indexed now are indexed (a manifest described them, or they were let go of);
-        remote ones must be held already (see holding)."""
+        """Every piece of samples `indices` indexed (a shard, or a run of a table's rows),
+        and kept so for the block: local ones not indexed now are indexed (a manifest
+        described their shards, or they were let go of); remote shards must be held
+        already (see holding)."""
         table = self.members
-        shards = np.unique(table.shards_of(indices)).tolist() if len(indices) else []
+        pieces = np.unique(table.pieces_of(indices)).tolist() if len(indices) else []
         pinned: list[int] = []
         try:
             with table.lock:
-                missing = table.missing(np.asarray(shards, np.int64))
-                for shard in set(shards) - set(missing):
-                    table.pin(shard)  # first: indexing the others must not let them go
-                    pinned.append(shard)
+                missing = table.missing(np.asarray(pieces, np.int64))
+                present = sorted(set(pieces) - set(missing))
+                table.pin_pieces(present)  # first: indexing the others must not let them go
+                pinned += present
                 if missing:
-                    if self.holds is not None and self.holds.is_remote[missing].any():
-                        name = table.names[next(s for s in missing if self.holds.is_remote[s])]
-                        raise StokerError(f"internal: shard {name} is read before it is local")
+                    if self.holds is not None:
+                        shards = table.piece_shard[missing]
+                        # (A held table's pieces are made from its metadata, kept.)
+                        unheld = [
+                            int(s)
+                            for s in shards[self.holds.is_remote[shards]].tolist()
+                            if not table.has_index(int(s))
+                        ]
+                        if unheld:
+                            name = table.names[unheld[0]]
+                            raise StokerError(f"internal: shard {name} is read before it is local")
                     self._say(table.index_local(missing, self.num_threads or 0, pin=True))
                     pinned += missing
             yield
         finally:
-            for shard in pinned:
-                table.unpin(shard)
+            table.unpin_pieces(pinned)
 
     def ensure_indexed(self, indices: np.ndarray) -> None:
         """Every shard of samples `indices` indexed now (see indexed, which also keeps them
@@ -273,18 +281,21 @@ class IndexedSamples:
         with self.holds.holding(shards), self.indexed(indices):
             yield
 
-    def _each_shard_indexed(self, fetched_only: bool) -> Iterator[tuple[int, int, int]]:
-        """(shard, first sample, end) of every shard with samples, each indexed (and kept
-        so) while the caller looks at it; `fetched_only`: remote shards not indexed now are
-        yielded unindexed instead of read (the caller tells them by `resident`)."""
-        starts = self.members.shard_start
-        for shard in range(len(starts) - 1):
-            first, end = int(starts[shard]), int(starts[shard + 1])
+    def _each_piece_indexed(self, fetched_only: bool) -> Iterator[tuple[int, int, int]]:
+        """(piece, first sample, end) of every piece with samples (a shard, or a run of a
+        table's rows), each indexed (and kept so) while the caller looks at it;
+        `fetched_only`: pieces of remote shards not indexed now are yielded unindexed
+        instead of read (the caller tells them by `piece_index`)."""
+        table = self.members
+        starts = table.piece_start
+        for piece in range(len(starts) - 1):
+            first, end = int(starts[piece]), int(starts[piece + 1])
             if end == first:
                 continue
+            shard = int(table.piece_shard[piece])
             remote = self.holds is not None and self.holds.is_remote[shard]
-            if fetched_only and remote and self.members.resident(shard) is None:
-                yield shard, first, end
+            if fetched_only and remote and not table.has_index(shard):
+                yield piece, first, end
                 continue
             with self.indexed(np.array([first], np.int64)):
-                yield shard, first, end
+                yield piece, first, end

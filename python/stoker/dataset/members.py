@@ -4,17 +4,21 @@ It costs memory in proportion to the shards in use, not to the dataset. From the
 knows each shard's number of samples (so a sample's shard is one search of an array of
 shards); the members of a shard are known only once the shard is indexed, and then held
 as a ShardIndex of its own: its member columns (rows and samples numbered within the
-shard), each sample's first row, each field's row per sample, and the keys. Indexed shards
-are kept in a bounded least-recently-used set; one let go of is indexed again from its
-member index sidecar, its header, or the node cache's copy (milliseconds) when it is read
-again. A shard in use by a hold (a remote shard being read) is never let go of, and
-neither are the few whose index cannot be made again from a file (array sources, loose
-files). A batch being planned or read keeps what it reads alive by itself.
+shard), each sample's first row, each field's row per sample, and the keys. A table
+(Parquet, Arrow) is held in pieces instead, each a run of its row groups (see
+table_pieces), made from its metadata when a batch first reads one: a shuffled epoch reads
+a file of a million rows a row group at a time, and then pays for the group it reads, not
+for the file. Indexed shards and pieces are kept in a bounded least-recently-used set; one
+let go of is indexed again from its member index sidecar, its header, the node cache's
+copy or the table's metadata (milliseconds) when it is read again. A shard in use by a
+hold (a remote shard being read) is never let go of, and neither are the few whose index
+cannot be made again from a file (array sources, loose files). A batch being planned or
+read keeps what it reads alive by itself.
 
 It is the one interface between a dataset's index and everything that reads (the Loader's
 plan, ``get_batch``, the tools), through ``stoker.dataset.Dataset``: nothing outside
-``stoker.dataset`` reaches past its methods. Members are named outside a shard by a member
-id, ``shard << 32 | row``.
+``stoker.dataset`` reaches past its methods. Members are named outside a piece by a member
+id, ``piece << 32 | row`` (a shard other than a table is one piece).
 """
 
 from __future__ import annotations
@@ -31,12 +35,14 @@ import stoker._core as _core
 from stoker._process import ProcessLocal
 from stoker.dataset.shard_rows import (
     MEMBER_COLUMNS,
+    PIECE_MIN_ROWS,
     Note,
     ShardIndex,
     chunk_groups,
     chunk_rows,
     dtype_of,
     shard_index,
+    table_pieces,
 )
 from stoker.errors import ShardFormatError, located
 from stoker.formats import TABLE_SOURCES
@@ -45,6 +51,10 @@ from stoker.tables import index_table_source
 #: Indexed shards kept beyond those in use, at the least (a Loader asks for more when its
 #: shuffle window and read-ahead span more). About 2 MB each for shards of 10,000 samples.
 DEFAULT_RESIDENT = 32
+#: Pieces of tables kept, at the least, in a dataset with tables: about a quarter of a
+#: million rows of small row groups, so that a file of some thousands of rows stays
+#: indexed from one epoch to the next.
+TABLE_RESIDENT = 256 * 1024 // PIECE_MIN_ROWS
 
 #: Formats whose index can be made again from the shard's file (or its sidecar).
 _REINDEXABLE = ("tar", "zip", "npy", "mds", "litdata", "parquet", "arrow")
@@ -63,8 +73,8 @@ def member_id(shard: int | np.ndarray, row: int | np.ndarray) -> Any:
     return (np.int64(shard) << _ROW_BITS) | np.int64(row)
 
 
-#: One shard's part of a set of samples: (its index, its samples, numbered within it,
-#: where they stand in the set, the shard).
+#: One piece's part of a set of samples: (its index, its samples, numbered within it,
+#: where they stand in the set, the piece).
 ShardPart = tuple[ShardIndex, np.ndarray, Any, int]
 
 
@@ -86,9 +96,9 @@ class Gathered:
 
     @classmethod
     def of(cls, n: int, parts: list[ShardPart]) -> Gathered:
-        """The members of `n` samples, from each shard's part of them: (the shard's index,
+        """The members of `n` samples, from each piece's part of them: (the piece's index,
         its samples among the n, numbered within it, where they stand among the n, the
-        shard)."""
+        piece)."""
         firsts = np.zeros(n, np.int64)
         counts = np.zeros(n, np.int64)
         shard_of = np.zeros(n, np.int64)
@@ -152,8 +162,14 @@ class MemberTable:
         np.cumsum(np.asarray(shard_counts, np.int64), out=self.shard_start[1:])
         #: Each shard indexed at least once (its samples and fields checked).
         self.known = np.zeros(len(shard_counts), bool)
+        #: The pieces: every shard one, until cut_table_pieces cuts tables into several.
+        self.piece_start = self.shard_start.copy()
+        self.piece_shard = np.arange(len(shard_counts), dtype=np.int64)
+        self.shard_piece = np.arange(len(shard_counts) + 1, dtype=np.int64)
+        self._is_table = np.array([f in TABLE_SOURCES for f in formats], bool)
+        #: Indexed pieces, by piece.
         self._resident: OrderedDict[int, ShardIndex] = OrderedDict()
-        self._pins: dict[int, int] = {}
+        self._pins: dict[int, int] = {}  # by piece
         self.capacity = DEFAULT_RESIDENT
         self.field_names: list[str] = []
         self._field_ids: dict[str, int] = {}
@@ -185,6 +201,34 @@ class MemberTable:
     def shards_of(self, indices: np.ndarray) -> np.ndarray:
         """The shard of each sample of `indices`."""
         return np.searchsorted(self.shard_start, indices, side="right") - 1
+
+    def pieces_of(self, indices: np.ndarray) -> np.ndarray:
+        """The piece of each sample of `indices`."""
+        return np.searchsorted(self.piece_start, indices, side="right") - 1
+
+    def cut_table_pieces(self) -> None:
+        """Cut each table shard into pieces (see table_pieces): at its row groups where its
+        metadata was read at open, else every PIECE_MAX_ROWS. Before any shard is indexed."""
+        if not self._is_table.any():
+            return
+        assert not self._resident
+        counts = np.diff(self.shard_start)
+        sizes = [
+            table_pieces(int(n), self._group_rows.get(s)) if self._is_table[s] else [int(n)]
+            for s, n in enumerate(counts.tolist())
+        ]
+        per_shard = np.array([len(p) for p in sizes], np.int64)
+        self.shard_piece = np.zeros(len(counts) + 1, np.int64)
+        np.cumsum(per_shard, out=self.shard_piece[1:])
+        self.piece_shard = np.repeat(np.arange(len(counts), dtype=np.int64), per_shard)
+        self.piece_start = np.zeros(int(self.shard_piece[-1]) + 1, np.int64)
+        np.cumsum(np.concatenate(sizes).astype(np.int64), out=self.piece_start[1:])
+        self.capacity = max(self.capacity, TABLE_RESIDENT)
+        self._version += 1
+
+    def is_table(self, shard: int) -> bool:
+        """Whether shard `shard` is a table (indexed in pieces, from its metadata)."""
+        return bool(self._is_table[shard])
 
     def group_sizes(self) -> np.ndarray:
         """The sampler's groups of consecutive samples: each shard, except that the rows of
@@ -234,12 +278,14 @@ class MemberTable:
             )
         return found
 
-    def add_tables(self, tables: dict[int, dict]) -> None:
-        """Table shards' indexes, read at open: their members are made when each is
-        indexed; their row groups are the sampler's groups from the start."""
+    def add_tables(self, tables: dict[int, dict], at_open: bool = True) -> None:
+        """Table shards' indexes: their members are made when each piece is indexed. Read
+        at open, their row groups are the sampler's groups from the start (a table read
+        later, a remote file fetched, leaves them as they were: the order is fixed)."""
         self.tables.update(tables)
         for shard, index in tables.items():
-            self._group_rows[shard] = index["groups"]
+            if at_open:
+                self._group_rows[shard] = index["groups"]
             for field in index["fields"]:
                 if field.dtype is not None and not field.unusable:
                     types = self.table_lists if field.listed else self.table_dtypes
@@ -253,20 +299,29 @@ class MemberTable:
     # -- the shards indexed now ------------------------------------------------------
 
     def resident(self, shard: int) -> ShardIndex | None:
-        """Shard `shard`'s index if it is held now (and marked as just used)."""
-        found = self._resident.get(shard)
+        """Shard `shard`'s index if it is held now (and marked as just used); None for a
+        table, which is held in pieces (see has_index, piece_index)."""
+        return None if self._is_table[shard] else self.piece_index(int(self.shard_piece[shard]))
+
+    def piece_index(self, piece: int) -> ShardIndex | None:
+        """Piece `piece`'s index if it is held now (and marked as just used)."""
+        found = self._resident.get(piece)
         if found is not None:
-            self._resident.move_to_end(shard)
+            self._resident.move_to_end(piece)
         return found
 
-    def missing(self, shards: np.ndarray) -> list[int]:
-        """Those of `shards` (unique) not indexed now."""
+    def has_index(self, shard: int) -> bool:
+        """Whether shard `shard`'s index is held now: its members, or a table's metadata."""
+        return shard in self.tables if self._is_table[shard] else self.resident(shard) is not None
+
+    def missing(self, pieces: np.ndarray) -> list[int]:
+        """Those of `pieces` (unique) not indexed now."""
         resident = self._resident
-        return [s for s in shards.tolist() if s not in resident]
+        return [p for p in pieces.tolist() if p not in resident]
 
     @property
     def resident_count(self) -> int:
-        """Shards whose index is held now."""
+        """Pieces (shards, but for tables) whose index is held now."""
         return len(self._resident)
 
     def reserve(self, shards: int) -> None:
@@ -275,17 +330,29 @@ class MemberTable:
         self.capacity = max(self.capacity, int(shards))
 
     def pin(self, shard: int) -> None:
-        """Keep `shard`'s index (it must be indexed) until unpin: a hold reads it."""
-        with self.lock:
-            self._pins[shard] = self._pins.get(shard, 0) + 1
+        """Keep `shard`'s index (it must be indexed) until unpin: a hold reads it. (A
+        table's pieces are made from its metadata, which is kept: it needs no pin.)"""
+        if not self._is_table[shard]:
+            self.pin_pieces([int(self.shard_piece[shard])])
 
     def unpin(self, shard: int) -> None:
+        if not self._is_table[shard]:
+            self.unpin_pieces([int(self.shard_piece[shard])])
+
+    def pin_pieces(self, pieces: Sequence[int]) -> None:
+        """Keep `pieces`' indexes (they must be indexed) until unpin_pieces."""
         with self.lock:
-            left = self._pins.get(shard, 0) - 1
-            if left > 0:
-                self._pins[shard] = left
-            else:
-                self._pins.pop(shard, None)
+            for p in pieces:
+                self._pins[p] = self._pins.get(p, 0) + 1
+
+    def unpin_pieces(self, pieces: Sequence[int]) -> None:
+        with self.lock:
+            for p in pieces:
+                left = self._pins.get(p, 0) - 1
+                if left > 0:
+                    self._pins[p] = left
+                else:
+                    self._pins.pop(p, None)
             self._let_go()
 
     def _let_go(self) -> None:
@@ -294,12 +361,12 @@ class MemberTable:
         excess = len(self._resident) - self.capacity
         if excess <= 0:
             return
-        for shard in list(self._resident):
+        for piece in list(self._resident):
             if excess <= 0:
                 break
-            if shard in self._pins or self.formats[shard] not in _REINDEXABLE:
+            if piece in self._pins or self.formats[self.piece_shard[piece]] not in _REINDEXABLE:
                 continue
-            del self._resident[shard]
+            del self._resident[piece]
             excess -= 1
             self._version += 1
 
@@ -314,8 +381,8 @@ class MemberTable:
             # Only decoder 0 (bytes) has no type: every one after it was appended with one.
             decoders = [d for d in self.decoders[1:] if d is not None]
             columns = _core.MemberColumns(
-                self.shard_start,
-                {s: index.plan_columns() for s, index in self._resident.items()},
+                self.piece_start,
+                {p: index.plan_columns() for p, index in self._resident.items()},
                 self.files,
                 # (A list's elements vary in number: its rows have no one size.)
                 [0]
@@ -330,25 +397,25 @@ class MemberTable:
 
     # -- members of samples (of indexed shards) --------------------------------------
 
-    def _by_shard(self, indices: np.ndarray) -> list[ShardPart]:
-        """(index, samples within the shard, where they are in `indices`, shard) per shard
+    def _by_piece(self, indices: np.ndarray) -> list[ShardPart]:
+        """(index, samples within the piece, where they are in `indices`, piece) per piece
         of `indices`; every one must be indexed."""
-        shards = self.shards_of(indices)
-        if len(shards) and shards[0] == shards[-1] and (shards == shards[0]).all():
-            groups = [(int(shards[0]), slice(None))]
+        pieces = self.pieces_of(indices)
+        if len(pieces) and pieces[0] == pieces[-1] and (pieces == pieces[0]).all():
+            groups = [(int(pieces[0]), slice(None))]
         else:
-            groups = [(int(s), shards == s) for s in np.unique(shards).tolist()]
+            groups = [(int(p), pieces == p) for p in np.unique(pieces).tolist()]
         out = []
-        for shard, where in groups:
-            index = self._resident.get(shard)
+        for piece, where in groups:
+            index = self._resident.get(piece)
             if index is None:
-                raise KeyError(shard)
-            out.append((index, indices[where] - int(self.shard_start[shard]), where, shard))
+                raise KeyError(piece)
+            out.append((index, indices[where] - int(self.piece_start[piece]), where, piece))
         return out
 
     def gather(self, indices: np.ndarray) -> Gathered:
-        """The members of samples `indices`, in order (their shards indexed)."""
-        return Gathered.of(len(indices), self._by_shard(indices))
+        """The members of samples `indices`, in order (their pieces indexed)."""
+        return Gathered.of(len(indices), self._by_piece(indices))
 
     def size_values(
         self, indices: np.ndarray, field_ids: Sequence[int] | None, reader: _core.ShardReader
@@ -362,7 +429,7 @@ class MemberTable:
         leaves it out, as an Arrow file's nulls and a shard's missing members are; asked for
         by `field_ids` (a fields= plan), it is an error naming its sample."""
         todo: list[tuple[ShardIndex, np.ndarray]] = []
-        for index, local, _, _ in self._by_shard(indices):
+        for index, local, _, _ in self._by_piece(indices):
             if not index.unsized:
                 continue
             wanted = index.unsized if field_ids is None else index.unsized & set(field_ids)
@@ -393,16 +460,19 @@ class MemberTable:
 
     def _whole_units(self, index: ShardIndex, field: int, rows: np.ndarray) -> np.ndarray:
         """Member rows `rows` of `field` and every other row of the units their values lie
-        in: a unit is decoded to size any of its values, and sizing all of them costs
-        nothing more, where each would otherwise cost a batch a sizing read of its own."""
+        in (those in the piece): a unit is decoded to size any of its values, and sizing all
+        of them costs nothing more, where each would otherwise cost a batch a sizing read of
+        its own."""
         column = self.columns[int(index.columns["array"][rows[0]])]
         units = column.units
-        values = index.columns["offset"][rows]  # a table shard's value rows are its samples
+        values = index.columns["offset"][rows]  # a table's value rows are its samples
         hit = np.unique(np.searchsorted(units[:, 0], values, side="right") - 1)
         starts, counts = units[hit, 0].astype(np.int64), units[hit, 1].astype(np.int64)
         samples = np.repeat(starts - np.cumsum(counts) + counts, counts) + np.arange(
             int(counts.sum()), dtype=np.int64
         )
+        samples -= index.row_offset
+        samples = samples[(samples >= 0) & (samples < index.samples)]
         members = index.field_rows[field][samples]
         members = members[members >= 0]
         return members[index.columns["out"][members] == UNSIZED]
@@ -424,10 +494,10 @@ class MemberTable:
         )
 
     def describe(self, member: int) -> tuple[str, str, int] | None:
-        """The file, field name and sample of member id `member` (None if its shard is not
+        """The file, field name and sample of member id `member` (None if its piece is not
         indexed now)."""
-        shard, row = int(member) >> _ROW_BITS, int(member) & _ROW_MASK
-        index = self._resident.get(shard)
+        piece, row = int(member) >> _ROW_BITS, int(member) & _ROW_MASK
+        index = self._resident.get(piece)
         if index is None or row >= index.rows:
             return None
         columns = index.columns
@@ -437,26 +507,26 @@ class MemberTable:
             index.first_sample + int(columns["sample"][row]),
         )
 
-    def has_field(self, name: str, shard: int) -> bool:
-        """Whether every sample of indexed `shard` has field `name`."""
-        index = self._resident[shard]
+    def has_field(self, name: str, piece: int) -> bool:
+        """Whether every sample of indexed `piece` has field `name`."""
+        index = self._resident[piece]
         rows = index.field_rows.get(self._field_ids.get(name, -1))
         return rows is not None and bool((rows >= 0).all())
 
-    def member_out(self, shard: int) -> tuple[np.ndarray, np.ndarray]:
-        """Each member's decoded bytes of indexed `shard`, and where each sample's start."""
-        index = self._resident[shard]
+    def member_out(self, piece: int) -> tuple[np.ndarray, np.ndarray]:
+        """Each member's decoded bytes of indexed `piece`, and where each sample's start."""
+        index = self._resident[piece]
         return index.columns["out"], index.sample_first
 
     def keys(self, indices: np.ndarray) -> list[str]:
-        """Keys of samples `indices` (their shards indexed)."""
-        parts = self._by_shard(indices)
+        """Keys of samples `indices` (their pieces indexed)."""
+        parts = self._by_piece(indices)
         if len(parts) == 1:
-            index, local, _, shard = parts[0]
-            return index.keys_of(local, self.names[shard]).tolist()
+            index, local, _, piece = parts[0]
+            return index.keys_of(local, self.names[self.piece_shard[piece]]).tolist()
         out = np.empty(len(indices), dtype=object)
-        for index, local, where, shard in parts:
-            out[where] = index.keys_of(local, self.names[shard])
+        for index, local, where, piece in parts:
+            out[where] = index.keys_of(local, self.names[self.piece_shard[piece]])
         return out.tolist()
 
     # -- indexing --------------------------------------------------------------------
@@ -464,7 +534,8 @@ class MemberTable:
     def add(
         self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None = None
     ) -> list[Note]:
-        """Hold the members of `shards`, now local and indexed as `indexes`. Returns what a
+        """Hold the members of `shards`, now local and indexed as `indexes` (of a table:
+        its metadata, from which its pieces are made as batches read them). Returns what a
         user should hear of them: ("regrouped", shard, samples, runs) for a shard whose
         samples' members lay apart (runs: the samples a reader of adjacent members only
         would see), ("stale-index", shard, state, 0) for one whose member index sidecar
@@ -478,25 +549,63 @@ class MemberTable:
         self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None
     ) -> list[Note]:
         notes: list[Note] = []
-        arrays_before, columns_before = len(self.arrays), len(self.columns)
+        arrays_before = len(self.arrays)
         for shard, index in zip(shards, indexes):
+            if self._is_table[shard]:
+                self._add_table(shard, index)
+                continue
             first = int(self.shard_start[shard])
             expected = int(self.shard_start[shard + 1]) - first
             seen = bool(self.known[shard])
-            found = shard_index(
+            found, shard_notes = shard_index(
                 self, shard, self.names[shard], first, expected, index, member_files, seen
             )
-            self._resident[shard], shard_notes = found
-            self._resident.move_to_end(shard)
+            self._hold(int(self.shard_piece[shard]), found)
             self.known[shard] = True
             notes += shard_notes
             rows = chunk_rows(index) if index["format"] == "array" else 0
             if rows:  # (never let go of: indexed once)
                 self._group_rows[shard] = rows
-        if len(self.arrays) != arrays_before or len(self.columns) != columns_before:
+        if len(self.arrays) != arrays_before:
             self.files = _core.FileTable(self.paths, self.identities, self.arrays, self.columns)
-        self._version += 1
         return notes
+
+    def _add_table(self, shard: int, index: dict) -> None:
+        """Keep table shard `shard`'s metadata `index` (read now: a remote file fetched, or
+        a piece let go of before it was read), its rows checked against the count it was
+        opened with."""
+        expected = int(self.shard_start[shard + 1] - self.shard_start[shard])
+        if int(index["rows"]) != expected:
+            raise located(
+                ShardFormatError,
+                self.names[shard],
+                0,
+                f"holds {int(index['rows'])} rows but {expected} were expected (manifest "
+                "or first look): the file changed",
+            )
+        self.add_tables({shard: index}, at_open=False)
+
+    def _add_pieces(self, pieces: list[int]) -> None:
+        """Index table pieces `pieces` from their tables' metadata (read already)."""
+        columns_before = len(self.columns)
+        for piece in pieces:
+            shard = int(self.piece_shard[piece])
+            first, end = int(self.piece_start[piece]), int(self.piece_start[piece + 1])
+            start = first - int(self.shard_start[shard])
+            index = self.tables[shard]
+            found, _ = shard_index(
+                self, shard, self.names[shard], first, end - first, index, None, True,
+                (start, start + end - first),
+            )  # fmt: skip
+            self._hold(piece, found)
+            self.known[shard] = True
+        if len(self.columns) != columns_before:
+            self.files = _core.FileTable(self.paths, self.identities, self.arrays, self.columns)
+
+    def _hold(self, piece: int, index: ShardIndex) -> None:
+        self._resident[piece] = index
+        self._resident.move_to_end(piece)
+        self._version += 1
 
     def set_identity(self, shard: int, identity: tuple[int, int, int]) -> None:
         """Shard `shard`'s file is now the one of `identity` (a remote shard fetched again):
@@ -505,35 +614,36 @@ class MemberTable:
             if tuple(self.identities[shard]) != tuple(identity):
                 self._set_identities([shard], np.array([identity], np.int64))
 
-    def index_local(self, shards: list[int], num_threads: int, pin: bool = False) -> list[Note]:
-        """Index local shards not indexed now (a manifest described them, or they were let
-        go of); returns what add() does. Shards indexed meanwhile by another thread are
-        skipped. `pin`: every one of `shards` is pinned (unpin each when done)."""
+    def index_local(self, pieces: list[int], num_threads: int, pin: bool = False) -> list[Note]:
+        """Index the local pieces of `pieces` not indexed now (a manifest described their
+        shards, or they were let go of); returns what add() does. Pieces indexed meanwhile
+        by another thread are skipped. `pin`: every one of `pieces` is pinned (unpin_pieces
+        each when done)."""
         with self.lock:
-            todo = [s for s in shards if s not in self._resident]
+            todo = [p for p in pieces if p not in self._resident]
             notes: list[Note] = []
             if todo:
-                fetched = [
-                    s for s in todo if s not in self.tables and self.formats[s] in TABLE_SOURCES
-                ]
-                if fetched:  # remote table files, now in the cache: their metadata read now
-                    self.add_tables(
-                        {s: index_table_source(self.paths[s], self.formats[s]) for s in fetched}
-                    )
-                files = [s for s in todo if s not in self.tables]
+                shards = sorted({int(self.piece_shard[p]) for p in todo})
+                # Tables whose metadata is not held (remote files, now in the cache) are
+                # read now; other shards are indexed whole.
+                files = [s for s in shards if not self._is_table[s] or s not in self.tables]
+                tables = [s for s in files if self._is_table[s]]
+                others = [s for s in files if not self._is_table[s]]
                 found = _core.index_shards(
-                    [self.paths[s] for s in files], [self.formats[s] for s in files], num_threads
+                    [self.paths[s] for s in others], [self.formats[s] for s in others], num_threads
                 )
-                by_shard = dict(zip(files, found))
-                found = [self.tables[s] if s in self.tables else by_shard[s] for s in todo]
-                notes = self._add(todo, found, None)
+                found += [index_table_source(self.paths[s], self.formats[s]) for s in tables]
+                files = others + tables
+                notes = self._add(files, found, None)
+                self._add_pieces([p for p in todo if self._is_table[self.piece_shard[p]]])
                 now = np.array([index["identity"] for index in found], np.int64).reshape(-1, 3)
                 # (The FileTable holds every shard's path: made again only for a file that
                 # is not the one opened.)
-                if not np.array_equal(now, self.identities[todo]):
-                    self._set_identities(todo, now)
-            for s in shards if pin else ():  # (before letting any go)
-                self._pins[s] = self._pins.get(s, 0) + 1
+                if not np.array_equal(now, self.identities[files]):
+                    self._set_identities(files, now)
+            if pin:  # (before letting any go)
+                for p in pieces:
+                    self._pins[p] = self._pins.get(p, 0) + 1
             if todo:
                 self._let_go()
             return notes

@@ -213,6 +213,7 @@ def member_table(
     table = MemberTable(counts, shard_names, paths, identities, formats, field_names, fields_known)
     if tables:
         table.add_tables(tables)
+    table.cut_table_pieces()
     ready = [s for s, index in enumerate(indexes) if "samples" not in index]
     # What opening indexed (a scan of every shard) stays indexed: it was paid for, and
     # only a source without a manifest is scanned. Shards indexed later are held while

@@ -15,6 +15,11 @@ from stoker.errors import ShardFormatError, located
 #: What adding shards found that a user should hear: (kind, shard, detail, detail).
 Note = tuple[str, int, int, int]
 
+#: A table's pieces (see table_pieces): runs of row groups of this many rows at the least,
+#: and at the most (a larger row group is cut).
+PIECE_MIN_ROWS = 512
+PIECE_MAX_ROWS = 65536
+
 #: The member columns and their types (rows and samples numbered within their shard).
 MEMBER_COLUMNS = {
     "file": np.uint32,  # index into the table's files
@@ -45,10 +50,12 @@ class Numbering(Protocol):
 
 
 class ShardIndex:
-    """One indexed shard's members. `columns` hold MEMBER_COLUMNS (``sample`` within the
-    shard); a sample's members are consecutive rows from ``sample_first[i]`` to
-    ``sample_first[i + 1]``; `field_rows` maps a field id to each sample's row of it (-1:
-    none); `keys` is None where keys are made from the shard's name and the row."""
+    """One indexed piece's members: a whole shard, or a run of a table's rows (see
+    table_pieces). `columns` hold MEMBER_COLUMNS (``sample`` within the piece); a sample's
+    members are consecutive rows from ``sample_first[i]`` to ``sample_first[i + 1]``;
+    `field_rows` maps a field id to each sample's row of it (-1: none); `keys` is None
+    where keys are made from the shard's name and the row (the piece's first being row
+    `row_offset` of its shard)."""
 
     def __init__(
         self,
@@ -56,8 +63,10 @@ class ShardIndex:
         columns: dict[str, np.ndarray],
         per_sample: np.ndarray,
         keys: np.ndarray | None,
+        row_offset: int = 0,
     ) -> None:
         self.first_sample = first_sample
+        self.row_offset = row_offset
         self.columns = {
             name: np.ascontiguousarray(columns[name], dtype=dtype)
             for name, dtype in MEMBER_COLUMNS.items()
@@ -101,7 +110,8 @@ class ShardIndex:
         if self.keys is not None:
             return self.keys[local]
         stem = os.path.splitext(name.rsplit("/", 1)[-1])[0]
-        return np.array([f"{stem}/{row}" for row in local.tolist()], dtype=object)
+        rows = (local + self.row_offset).tolist()
+        return np.array([f"{stem}/{row}" for row in rows], dtype=object)
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
@@ -118,19 +128,23 @@ def shard_index(
     index: dict,
     member_files: np.ndarray | None,
     seen: bool,
+    rows: tuple[int, int] | None = None,
 ) -> tuple[ShardIndex, list[Note]]:
     """The ShardIndex of shard `shard` (`name`), indexed as `index`, whose `expected`
     samples are numbered from `first`; and what a user should hear of it (`seen`: it was
-    indexed before, and heard of then). Raises ShardFormatError for a shard whose sample
-    count is not the one it was opened with."""
+    indexed before, and heard of then). Of a table, `rows` (start, end) is the piece
+    indexed, its samples numbered from `first` too. Raises ShardFormatError for a shard
+    whose sample count is not the one it was opened with."""
     notes: list[Note] = []
     keys = None
-    if index["format"] == "npy":
+    start = 0
+    if index["format"] == "table":
+        start, end = rows if rows is not None else (0, int(index["rows"]))
+        cols, n, per_sample = _table_rows(numbering, shard, index, name, start, end)
+    elif index["format"] == "npy":
         cols, n, per_sample = _npy_rows(numbering, index, name)
     elif index["format"] == "array":
         cols, n, per_sample = _array_rows(numbering, index, name)
-    elif index["format"] == "table":
-        cols, n, per_sample = _table_rows(numbering, shard, index, name)
     else:
         cols, n, per_sample = _member_rows_of(numbering, index)
         found = index["keys"]
@@ -165,7 +179,7 @@ def shard_index(
     m = len(cols["offset"])
     cols["file"] = member_files if member_files is not None else np.full(m, shard)
     cols["sample"] = np.repeat(np.arange(n, dtype=np.int64), per_sample)
-    return ShardIndex(first, cols, per_sample, keys), notes
+    return ShardIndex(first, cols, per_sample, keys, start), notes
 
 
 def dtype_of(descr: str, name: str) -> np.dtype:
@@ -241,14 +255,42 @@ def _array_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np
     return cols, n, np.full(n, k, np.int64)
 
 
+def table_pieces(rows: int, groups: np.ndarray | None) -> np.ndarray:
+    """A table's `rows` cut into the pieces indexed one at a time: runs of whole row groups
+    (`groups`, their rows) of PIECE_MIN_ROWS or more, a larger group cut at PIECE_MAX_ROWS,
+    or, where the groups are not known yet, PIECE_MAX_ROWS each. A shuffled epoch visits a
+    row group among the groups of other files, so a piece is indexed for about that group:
+    indexing every row of a file of a million rows to serve one group of a thousand
+    costed a thousand times the rows it served, and holding such files whole, gigabytes."""
+    if groups is None or int(np.sum(groups)) != rows:
+        groups = np.array([rows], np.int64)
+    sizes: list[int] = []
+    run = 0
+    for g in np.asarray(groups, np.int64).tolist():
+        if run and run + g > PIECE_MAX_ROWS:
+            sizes.append(run)
+            run = 0
+        while g > PIECE_MAX_ROWS:
+            sizes.append(PIECE_MAX_ROWS)
+            g -= PIECE_MAX_ROWS
+        run += g
+        if run >= PIECE_MIN_ROWS:
+            sizes.append(run)
+            run = 0
+    if run or not sizes:
+        sizes.append(run)
+    return np.array(sizes, np.int64)
+
+
 def _table_rows(
-    table: Numbering, shard: int, index: dict, name: str
+    table: Numbering, shard: int, index: dict, name: str, start: int, end: int
 ) -> tuple[dict, int, np.ndarray]:
-    """The member rows of a table source: per sample, one per usable field (column), each
-    a COLUMN_VALUE of the column's layout (a Parquet column: its size found when a batch
-    first needs it, unless every value has the same), or a byte range read in place (an
-    Arrow column; a null is a member the sample does not have)."""
-    n = int(index["rows"])
+    """The member rows of rows [start, end) of a table source: per sample, one per usable
+    field (column), each a COLUMN_VALUE of the column's layout (a Parquet column: its size
+    found when a batch first needs it, unless every value has the same), or a byte range
+    read in place (an Arrow column; a null is a member the sample does not have)."""
+    n = end - start
+    at = slice(start, end)
     fields = [f for f in index["fields"] if not f.unusable]
     k = len(fields)
     grid = {column: np.zeros((n, k), dtype) for column, dtype in MEMBER_COLUMNS.items()}
@@ -258,13 +300,13 @@ def _table_rows(
         if field.dtype is not None:
             grid["decoder"][:, j] = table.decoder_id(field.dtype.str, field.row_shape, name)
         if field.offsets is not None:  # in place
-            grid["offset"][:, j] = field.offsets
-            grid["length"][:, j] = field.lengths
-            grid["out"][:, j] = field.lengths
+            grid["offset"][:, j] = field.offsets[at]
+            grid["length"][:, j] = field.lengths[at]
+            grid["out"][:, j] = field.lengths[at]
             if field.nulls is not None:
-                present[:, j] = ~field.nulls
+                present[:, j] = ~field.nulls[at]
             continue
-        grid["offset"][:, j] = np.arange(n, dtype=np.uint64)
+        grid["offset"][:, j] = np.arange(start, end, dtype=np.uint64)
         grid["codec"][:, j] = int(_core.Codec.COLUMN_VALUE)
         grid["array"][:, j] = table.column_id(shard, field)
         size = np.uint64(field.width) if field.width else np.iinfo(np.uint64).max
