@@ -4,12 +4,19 @@ samples.
     python benchmarks/scale.py [--sizes 1M,10M,100M,1B] [--runs 3] [--worlds 8,64]
         [--configs 0/8,7/8] [--steps 400] [--timeout 600] [--rss-limit 12] [--skip-long]
         [--skip-together] [--root /tmp/stoker-scale] [--prepare] [--json OUT]
+        [--format tar|parquet] [--file-rows 1000000]
 
 One real tar shard of 10,000 samples (a 16-byte ``.bin`` and an ASCII ``.cls`` each, written
 by ``tarfile``, indexed by ``stoker index``); for each size a folder of hard links to it and to
 its member-index sidecar, and a ``stoker.json`` listing them: 1M, 10M, 100M, 1B samples are
 100, 1,000, 10,000, 100,000 shards. The shards share an inode (or two), so every read is from
 the page cache: this measures stoker's own costs as the dataset grows, not the disk.
+
+With ``--format parquet``, one Parquet file of --file-rows rows written by pyarrow in row
+groups of 1,000 (``bin``, 16 bytes as FIXED_LEN_BYTE_ARRAY, and ``cls``, int64; snappy, as
+pyarrow writes by default), hard-linked into a folder of as many files as each size needs
+and opened as that folder, with no manifest: every file's footer is looked at when it
+opens.
 
 Each measurement is a fresh process (this script with --child), killed when it runs past
 --timeout or its RSS passes --rss-limit GB (10^9 bytes; polled every 0.1 s), so that it reads
@@ -57,6 +64,7 @@ from stoker.tools.measure import SIBLING_FAILED, proc_status_bytes, run_children
 SHARD_SAMPLES = 10_000
 SIZES = {"1M": 100, "10M": 1_000, "100M": 10_000, "1B": 100_000}  # label -> shards
 SHARD = "shard-000000.tar"
+PARQUET_GROUP = 1_000
 BATCH = 256
 LONG_SAMPLES = 10_000_000  # 1,000 shards' worth
 WORLD, TOGETHER_BATCHES = 8, 50  # the long read's and the ranks-at-once world
@@ -146,6 +154,45 @@ def make_dataset(root: str, label: str, entry: dict, timeout: float) -> tuple[st
     return manifest, time.perf_counter() - start
 
 
+def write_parquet_base(folder: str, rows: int) -> str:
+    """The one real Parquet file of `rows` rows."""
+    path = os.path.join(folder, f"rows-{rows}.parquet")
+    if not os.path.exists(path):
+        import numpy as np
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        os.makedirs(folder, exist_ok=True)
+        rng = np.random.default_rng(0)
+        bins = rng.integers(0, 256, (rows, 16), np.uint8).reshape(-1)
+        table = pa.table(
+            {
+                "bin": pa.FixedSizeBinaryArray.from_buffers(
+                    pa.binary(16), rows, [None, pa.py_buffer(bins.tobytes())]
+                ),
+                "cls": pa.array(np.arange(rows, dtype=np.int64) % 1000),
+            }
+        )
+        pq.write_table(table, path + ".tmp", row_group_size=PARQUET_GROUP)
+        os.replace(path + ".tmp", path)
+    return path
+
+
+def make_parquet_dataset(root: str, label: str, base: str, rows: int) -> tuple[str, float | None]:
+    """The folder of `label`'s Parquet dataset (hard links of `base`), and the seconds making
+    it took (None: reused)."""
+    files = SIZES[label] * SHARD_SAMPLES // rows
+    folder = os.path.join(root, f"parquet-{rows}-{label}")
+    last = os.path.join(folder, f"part-{files - 1:06d}.parquet")
+    if os.path.exists(last) and len(os.listdir(folder)) == files:
+        return folder, None
+    start = time.perf_counter()
+    os.makedirs(folder, exist_ok=True)
+    for i in range(files):  # (1B samples of 1M rows: 1,000 links, far below ext4's limit)
+        _link(base, os.path.join(folder, f"part-{i:06d}.parquet"))
+    return folder, time.perf_counter() - start
+
+
 def _link(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -203,7 +250,7 @@ def child(spec: dict) -> None:
     ds = stoker.Dataset(spec["manifest"])
     emit(open_s=time.perf_counter() - start, rss_open=proc_status_bytes("VmRSS:"))
     start = time.perf_counter()
-    fields = {"bin": stoker.Raw((16,), "uint8"), "cls": stoker.Int()}
+    fields = {"bin": stoker.Raw((16,), "uint8"), "cls": stoker.Int()}  # (both formats')
     split = {"rank": spec["rank"], "world_size": spec["world"]}
     loader = stoker.Loader(ds, BATCH, **split, shuffle=True, seed=0, drop_last=True, fields=fields)
     made = time.perf_counter()
@@ -457,6 +504,8 @@ def main() -> None:
     parser.add_argument("--root", default="/tmp/stoker-scale")
     parser.add_argument("--prepare", action="store_true", help="make the datasets, measure nothing")
     parser.add_argument("--json", help="write every raw result here")
+    parser.add_argument("--format", choices=("tar", "parquet"), default="tar")
+    parser.add_argument("--file-rows", type=int, default=1_000_000, help="parquet: rows a file")
     args = parser.parse_args()
     if args.child:
         child(json.loads(args.child))
@@ -476,13 +525,23 @@ def main() -> None:
     say(f"$ {command}")
     say(f"stoker at {version}; {os.cpu_count()} cores; batches of {BATCH}")
 
-    entry = write_base(os.path.join(args.root, "base"))
     made: dict[str, float | None] = {}
     manifests = {}
-    for label in args.sizes:
-        manifests[label], made[label] = make_dataset(args.root, label, entry, args.timeout)
-        how = "reused" if made[label] is None else f"made in {made[label]:.3f} s"
-        say(f"{label}: {SIZES[label]:,} shards of {SHARD_SAMPLES:,} samples, {how}")
+    if args.format == "parquet":
+        base = write_parquet_base(os.path.join(args.root, "base"), args.file_rows)
+        for label in args.sizes:
+            manifests[label], made[label] = make_parquet_dataset(
+                args.root, label, base, args.file_rows
+            )
+            how = "reused" if made[label] is None else f"made in {made[label]:.3f} s"
+            files = SIZES[label] * SHARD_SAMPLES // args.file_rows
+            say(f"{label}: {files:,} Parquet files of {args.file_rows:,} rows, {how}")
+    else:
+        entry = write_base(os.path.join(args.root, "base"))
+        for label in args.sizes:
+            manifests[label], made[label] = make_dataset(args.root, label, entry, args.timeout)
+            how = "reused" if made[label] is None else f"made in {made[label]:.3f} s"
+            say(f"{label}: {SIZES[label]:,} shards of {SHARD_SAMPLES:,} samples, {how}")
     if args.prepare:
         return
 

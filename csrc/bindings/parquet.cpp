@@ -6,12 +6,15 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <exception>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "bindings.hpp"
+#include "numpy_util.hpp"
 #include "stoker/errors.hpp"
+#include "stoker/io/thread_pool.hpp"
 
 namespace py = pybind11;
 
@@ -188,6 +191,49 @@ void register_parquet(py::module_& m) {
       "(offset, size) of the FileMetaData of a Parquet file of `file_size` bytes, from its "
       "last bytes `tail` (the whole file: its leading PAR1 is checked too); ShardFormatError "
       "for a file that is not Parquet, is cut off, or has an encrypted footer");
+  m.def(
+      "parquet_summaries",
+      [](const std::vector<std::string>& paths, size_t num_threads) {
+        std::vector<pq::FileSummary> found(paths.size());
+        std::vector<std::exception_ptr> failed(paths.size());
+        {
+          py::gil_scoped_release release;
+          // Reads of a few kilobytes each: latency, not CPU, on a network mount.
+          size_t threads = num_threads == 0
+                               ? std::min<size_t>(32, io::ThreadPool::default_size() * 4)
+                               : num_threads;
+          io::parallel_for(paths.size(), threads, [&](size_t i) {
+            try {
+              found[i] = pq::summarize_file(paths[i]);
+            } catch (...) {
+              failed[i] = std::current_exception();
+            }
+          });
+        }
+        for (const auto& e : failed) {
+          if (e) std::rethrow_exception(e);  // the first file's, as reading in order would
+        }
+        std::vector<int64_t> rows(paths.size());
+        std::vector<uint64_t> keys(paths.size());
+        py::array_t<int64_t> identities({static_cast<py::ssize_t>(paths.size()), py::ssize_t{3}});
+        auto id = identities.mutable_unchecked<2>();
+        py::list groups;
+        for (size_t i = 0; i < paths.size(); ++i) {
+          rows[i] = found[i].rows;
+          keys[i] = found[i].columns_key;
+          id(i, 0) = static_cast<int64_t>(found[i].identity.inode);
+          id(i, 1) = static_cast<int64_t>(found[i].identity.size);
+          id(i, 2) = found[i].identity.mtime_ns;
+          groups.append(vector_to_numpy(std::move(found[i].group_rows)));
+        }
+        return py::make_tuple(vector_to_numpy(std::move(rows)), groups, identities,
+                              vector_to_numpy(std::move(keys)));
+      },
+      py::arg("paths"), py::arg("num_threads") = 0,
+      "(rows, groups, identities, keys) of Parquet files, each from its footer alone, read "
+      "on num_threads threads: int64 rows per file, each file's row groups' rows, an (n, 3) "
+      "int64 array of (inode, size, mtime_ns), and a uint64 key equal for files whose "
+      "columns read alike (schema, codecs, encodings). Raises the first file's error.");
   m.def(
       "parquet_metadata",
       [](const py::buffer& data, const py::object& path, uint64_t offset) {

@@ -252,19 +252,37 @@ void register_reader(py::module_& m) {
            "reads of a file that no longer matches fail instead of reading other bytes. "
            "arrays: the ArrayLayouts that ARRAY_ROW requests name by index; columns: the "
            "ColumnLayouts that COLUMN_VALUE requests name by index.")
+      .def(
+          "extended",
+          [](const io::FileTable& t, const Arrays& arrays, const Columns& columns) {
+            for (const auto& c : columns) {
+              if (c->file >= t.paths.size()) {
+                throw py::value_error(c->name + ": names file " + std::to_string(c->file) +
+                                      " but the table has " + std::to_string(t.paths.size()));
+              }
+            }
+            auto out = std::make_shared<io::FileTable>(t);
+            out->arrays.insert(out->arrays.end(), arrays.begin(), arrays.end());
+            out->columns.insert(out->columns.end(), columns.begin(), columns.end());
+            return out;
+          },
+          py::arg("arrays"), py::arg("columns"),
+          "A table of the same files (their paths shared, not copied) with `arrays` and "
+          "`columns` after its own: what appending them to the lists it was made from and "
+          "making it again gives, without the copy of every path.")
       .def("__len__", [](const io::FileTable& t) { return t.paths.size(); })
       .def("__getitem__",
            [](const io::FileTable& t, size_t i) {
              if (i >= t.paths.size()) throw py::index_error();
              return t.paths[i];
            })
-      .def_property_readonly("paths", [](const io::FileTable& t) { return t.paths; })
+      .def_property_readonly("paths", [](const io::FileTable& t) { return t.paths.all(); })
       .def_property_readonly("identities", identities_array)
       .def_property_readonly("arrays", [](const io::FileTable& t) { return unconst(t.arrays); })
       .def_property_readonly("columns", [](const io::FileTable& t) { return unconst(t.columns); })
       .def(py::pickle(
           [](const io::FileTable& t) {
-            return py::make_tuple(t.paths, identities_array(t), unconst(t.arrays),
+            return py::make_tuple(t.paths.all(), identities_array(t), unconst(t.arrays),
                                   unconst(t.columns));
           },
           [](py::tuple state) {

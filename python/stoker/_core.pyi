@@ -262,6 +262,10 @@ class FileTable:
         arrays: Sequence[ArrayLayout] = ...,
         columns: Sequence[ColumnLayout] = ...,
     ) -> None: ...
+    def extended(self, arrays: Sequence[ArrayLayout], columns: Sequence[ColumnLayout]) -> FileTable:
+        """A table of the same files (their paths shared, not copied) with `arrays` and
+        `columns` after its own. ValueError for a column that names a file the table does
+        not have."""
     def __len__(self) -> int:
         """How many files."""
     def __getitem__(self, i: int) -> str:
@@ -890,6 +894,15 @@ def parquet_footer(tail: Any, file_size: int, path: str) -> tuple[int, int]:
     last bytes `tail` (at least 8; the whole file, and its leading PAR1 is checked too).
     ShardFormatError for a file that is not Parquet, is cut off, or has an encrypted
     footer ("PARE")."""
+
+def parquet_summaries(
+    paths: list[str], num_threads: int = 0
+) -> tuple[np.ndarray, list[np.ndarray], np.ndarray, np.ndarray]:
+    """(rows, groups, identities, keys) of Parquet files, each from its footer alone, read
+    on `num_threads` threads (0: a few per core): int64 rows per file, each file's row
+    groups' rows (int64), an (n, 3) int64 array of (inode, size, mtime_ns), and a uint64 key
+    equal for files whose columns read alike (schema, codecs, encodings). Raises the first
+    file's error (ShardFormatError, ReadError), naming it."""
 
 def parquet_metadata(data: Any, path: str, offset: int) -> dict[str, Any]:
     """The FileMetaData in `data` (found at file offset `offset`) as plain dicts and lists,

@@ -12,6 +12,7 @@
 
 #include "stoker/io/byte_vector.hpp"
 #include "stoker/io/column_layout.hpp"
+#include "stoker/io/posix_file.hpp"
 namespace stoker::format::parquet {
 
 enum class PhysicalType : uint8_t {
@@ -101,6 +102,20 @@ struct FooterSpan {
 };
 FooterSpan locate_footer(const uint8_t* tail, uint64_t tail_size, uint64_t file_size,
                          const std::string& path);
+
+// What opening a dataset of many files needs of each before a batch reads it: its rows,
+// its row groups' rows, the file as it was read, and a key that is equal for files whose
+// columns read alike (the schema, and each column's codecs and encodings: what decides
+// which columns can be read), so that one file's full reading stands for the others'
+// until each is read. Reads the file's last `tail` bytes, and the footer if they did not
+// hold it; errors as locate_footer and parse_file_metadata.
+struct FileSummary {
+  int64_t rows = 0;
+  std::vector<int64_t> group_rows;
+  io::FileIdentity identity;
+  uint64_t columns_key = 0;
+};
+FileSummary summarize_file(const std::string& path, uint64_t tail = 64 * 1024);
 
 struct PageLocation {
   int64_t offset;

@@ -11,6 +11,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <exception>
+#include <initializer_list>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -26,10 +27,30 @@
 
 namespace stoker::io {
 
+// The paths of a FileTable, shared by the tables made one from another: a dataset of a
+// hundred thousand table files makes a new one whenever a file's column layouts join it,
+// and copying its paths each time cost more than the batches between.
+class PathList {
+ public:
+  PathList() : list_(std::make_shared<const std::vector<std::string>>()) {}
+  PathList(std::vector<std::string> paths)  // NOLINT(google-explicit-constructor)
+      : list_(std::make_shared<const std::vector<std::string>>(std::move(paths))) {}
+  PathList(std::initializer_list<std::string> paths)  // NOLINT(google-explicit-constructor)
+      : PathList(std::vector<std::string>(paths)) {}
+  const std::string& operator[](size_t i) const { return (*list_)[i]; }
+  size_t size() const { return list_->size(); }
+  std::vector<std::string>::const_iterator begin() const { return list_->begin(); }
+  std::vector<std::string>::const_iterator end() const { return list_->end(); }
+  const std::vector<std::string>& all() const { return *list_; }
+
+ private:
+  std::shared_ptr<const std::vector<std::string>> list_;
+};
+
 // The files a dataset's requests refer to by index. Built once per dataset and
 // shared with every batch, so a request is three integers, not a path.
 struct FileTable {
-  std::vector<std::string> paths;
+  PathList paths;
   std::vector<FileIdentity> identities;                      // as indexed; empty or one per path
   std::vector<std::shared_ptr<const ArrayLayout>> arrays;    // of array sources' rows
   std::vector<std::shared_ptr<const ColumnLayout>> columns;  // of table sources' values

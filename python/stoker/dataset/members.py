@@ -282,10 +282,12 @@ class MemberTable:
         """Table shards' indexes: their members are made when each piece is indexed. Read
         at open, their row groups are the sampler's groups from the start (a table read
         later, a remote file fetched, leaves them as they were: the order is fixed)."""
-        self.tables.update(tables)
         for shard, index in tables.items():
             if at_open:
                 self._group_rows[shard] = index["groups"]
+            if "like" in index:  # summed up from its footer: read when a batch first does
+                continue
+            self.tables[shard] = index
             for field in index["fields"]:
                 if field.dtype is not None and not field.unusable:
                     types = self.table_lists if field.listed else self.table_dtypes
@@ -567,7 +569,7 @@ class MemberTable:
             if rows:  # (never let go of: indexed once)
                 self._group_rows[shard] = rows
         if len(self.arrays) != arrays_before:
-            self.files = _core.FileTable(self.paths, self.identities, self.arrays, self.columns)
+            self.files = self.files.extended(self.arrays[arrays_before:], [])
         return notes
 
     def _add_table(self, shard: int, index: dict) -> None:
@@ -600,7 +602,8 @@ class MemberTable:
             self._hold(piece, found)
             self.known[shard] = True
         if len(self.columns) != columns_before:
-            self.files = _core.FileTable(self.paths, self.identities, self.arrays, self.columns)
+            # (Not made again from every path: a new file's layouts join it each time.)
+            self.files = self.files.extended([], self.columns[columns_before:])
 
     def _hold(self, piece: int, index: ShardIndex) -> None:
         self._resident[piece] = index
