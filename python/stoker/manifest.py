@@ -18,7 +18,14 @@ import stoker._core as _core
 from stoker._files import write_atomically
 from stoker._process import collector_paused
 from stoker.errors import ShardFormatError, located, plural
-from stoker.formats import SHARD_FORMATS, format_of, is_url, join_url, samples_and_fields
+from stoker.formats import (
+    SHARD_FORMATS,
+    TABLE_SOURCES,
+    format_of,
+    is_url,
+    join_url,
+    samples_and_fields,
+)
 
 log = logging.getLogger("stoker.manifest")
 
@@ -158,8 +165,13 @@ def sha256_of(path: str, block: int = 1 << 20) -> str:
 
 def shard_entry(path: str, relative_to: str) -> dict:
     """A manifest entry for the shard at `path`: path (relative), bytes, samples, fields,
-    sha256, and key_runs where some samples' members lie apart."""
+    sha256, and key_runs where some samples' members lie apart; of a table, its row groups'
+    rows (`groups`), and of a Parquet file the key of how its columns read
+    (`columns_key`, see _core.parquet_summaries): a dataset then opens from the manifest
+    with one file of each key read whole."""
     fmt = format_of(path)
+    if fmt in TABLE_SOURCES:
+        return _table_entry(path, relative_to, fmt)
     index = _core.index_shards([path], [fmt], 1)[0]
     if fmt == "zip":  # stored members' CRCs are not checked on every read: check them once
         with zipfile.ZipFile(path) as z:
@@ -180,6 +192,24 @@ def shard_entry(path: str, relative_to: str) -> dict:
         # Samples whose members lie apart: said when the dataset opens, not at its first
         # read of this shard mid-epoch.
         entry["key_runs"] = int(index["key_runs"])
+    return entry
+
+
+def _table_entry(path: str, relative_to: str, fmt: str) -> dict:
+    from stoker.tables import index_table_source
+
+    index = index_table_source(path, fmt)
+    samples, fields = samples_and_fields(index, fmt)
+    entry = {
+        "path": os.path.relpath(path, relative_to),
+        "bytes": int(index["identity"][1]),
+        "samples": samples,
+        "fields": fields,
+        "groups": [int(g) for g in index["groups"]],
+    }
+    if fmt == "parquet":
+        entry["columns_key"] = f"{int(_core.parquet_summaries([path], 1)[3][0]):016x}"
+    entry["sha256"] = sha256_of(path)
     return entry
 
 

@@ -4,6 +4,7 @@ others when a batch first reads them. Damaged files are still named, at open or 
 
 from __future__ import annotations
 
+import json
 import os
 
 import numpy as np
@@ -11,6 +12,7 @@ import pytest
 
 import stoker
 import stoker._core as _core
+from stoker.tools.inspect import index as stoker_index
 
 pa = pytest.importorskip("pyarrow")
 pq = pytest.importorskip("pyarrow.parquet")
@@ -120,3 +122,42 @@ def test_a_missing_file_among_many_is_named_at_open(folder):
     os.unlink(paths[7])
     with pytest.raises(stoker.StokerError, match=r"part-007\.parquet"):
         stoker.Dataset(paths)
+
+
+def test_stoker_index_writes_a_manifest_that_opens_without_a_footer(folder, monkeypatch):
+    path, tables = folder
+    written, entries = stoker_index(str(path))
+    assert len(entries) == FILES
+    first = entries[0]
+    assert first["samples"] == ROWS and first["groups"] == [100, 100, 100]
+    assert sorted(first["fields"]) == ["blob", "label"]
+    assert len({e["columns_key"] for e in entries}) == 1
+
+    def no_footers(*args, **kwargs):
+        raise AssertionError("the manifest says what the footers would")
+
+    monkeypatch.setattr(_core, "parquet_summaries", no_footers)
+    ds = stoker.Dataset(str(path))
+    assert len(ds) == FILES * ROWS and len(ds.members.tables) == 1
+    assert _every_row(ds) == _expected(tables)
+
+
+def test_a_manifest_of_a_file_since_rewritten_is_refused_naming_it(folder):
+    path, _ = folder
+    stoker_index(str(path))
+    _write(path / "part-003.parquet", 3, rows=ROWS - 50)
+    with pytest.raises(stoker.StokerError, match=r"part-003\.parquet"):
+        stoker.Dataset(str(path))
+
+
+def test_a_manifest_entry_without_its_groups_reads_the_footer(folder):
+    path, tables = folder
+    written, _ = stoker_index(str(path))
+    with open(written) as f:
+        manifest = json.load(f)
+    manifest["shards"][4]["groups"] = [1, 2]  # does not add up: not believed
+    del manifest["shards"][5]["columns_key"]
+    with open(written, "w") as f:
+        json.dump(manifest, f)
+    ds = stoker.Dataset(str(path))
+    assert _every_row(ds) == _expected(tables)

@@ -69,7 +69,7 @@ _ROW_MASK = (1 << _ROW_BITS) - 1
 
 
 def member_id(shard: int | np.ndarray, row: int | np.ndarray) -> Any:
-    """A member's name outside its shard."""
+    """A member's name outside its piece (a shard, but for tables)."""
     return (np.int64(shard) << _ROW_BITS) | np.int64(row)
 
 
@@ -213,10 +213,13 @@ class MemberTable:
             return
         assert not self._resident
         counts = np.diff(self.shard_start)
-        sizes = [
-            table_pieces(int(n), self._group_rows.get(s)) if self._is_table[s] else [int(n)]
-            for s, n in enumerate(counts.tolist())
-        ]
+        sizes = []
+        for s, n in enumerate(counts.tolist()):
+            groups = self._group_rows.get(s)  # (a table's: its row groups' rows, if known)
+            if not self._is_table[s]:
+                sizes.append(np.array([n], np.int64))
+                continue
+            sizes.append(table_pieces(n, groups if isinstance(groups, np.ndarray) else None))
         per_shard = np.array([len(p) for p in sizes], np.int64)
         self.shard_piece = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(per_shard, out=self.shard_piece[1:])

@@ -160,7 +160,9 @@ def open_source(
         identities[i] = index["identity"]
     # Table sources: each file's metadata read now (its footer: one or two reads); their
     # members are made when a batch first reads each, like a manifest's shards.
-    tables = _open_tables(paths, [i for i in local_ids if formats[i] in TABLE_SOURCES], formats)
+    table_ids = [i for i in local_ids if formats[i] in TABLE_SOURCES]
+    listed_tables = {i: shards[i][1] for i in table_ids if i in described}
+    tables = _open_tables(paths, table_ids, formats, listed_tables, identities)
     for i, index in tables.items():
         _, fields = samples_and_fields(tables[index.get("like", i)], formats[i])
         indexes[i] = {"samples": int(index["rows"]), "fields": fields}
@@ -172,42 +174,75 @@ def open_source(
     return opening
 
 
-def _open_tables(paths: list[str], shards: list[int], formats: list[str]) -> dict[int, dict]:
+def _open_tables(
+    paths: list[str],
+    shards: list[int],
+    formats: list[str],
+    listed: dict[int, dict | None] | None = None,
+    identities: np.ndarray | None = None,
+) -> dict[int, dict]:
     """The indexes of local table files `shards` (their metadata), read on a few threads:
     a dataset of many files waits on the disk, not on one read after another.
 
     Of many Parquet files, each footer is summed up in C++ (its rows and row groups, and a
-    key of how its columns read: _core.parquet_summaries), and only one file of each key is
-    read whole now; the others are read when a batch first reads them. Their index here is
+    key of how its columns read: _core.parquet_summaries), or taken from its manifest entry
+    (`listed`, with `identities` as stat'ed), and only one file of each key is read whole
+    now; the others are read when a batch first reads them. Their index here is
     ``{"format": "table", "rows", "groups", "identity", "like"}``, `like` the shard read
     for them. (Reading every footer whole took 0.3 ms of Python a file: 30 s for 100,000
     files, before the first batch of every run.)"""
     if not shards:
         return {}
     now = [s for s in shards if formats[s] != "parquet"]
-    later: dict[int, dict] = {}
     parquet = [s for s in shards if formats[s] == "parquet"]
-    if len(parquet) > 1:
-        rows, groups, identities, keys = _core.parquet_summaries([paths[s] for s in parquet])
-        first_of: dict[int, int] = {}
-        for j, s in enumerate(parquet):
-            like = first_of.setdefault(int(keys[j]), s)
-            if like == s or int(groups[j].sum()) != int(rows[j]):
-                now.append(s)  # (read whole, a file that does not add up says why)
-                continue
-            identity = tuple(int(v) for v in identities[j])
-            later[s] = {"format": "table", "rows": int(rows[j]), "groups": groups[j]}
-            later[s].update(identity=identity, like=like)
-    else:
-        now += parquet
+    summaries: dict[int, tuple[int, np.ndarray, tuple[int, ...], int]] = {}
+    for s in parquet:
+        said = _listed_summary((listed or {}).get(s))
+        if said is not None and identities is not None:
+            summaries[s] = (said[0], said[1], tuple(int(v) for v in identities[s]), said[2])
+    unlisted = [s for s in parquet if s not in summaries]
+    if len(parquet) > 1 and unlisted:
+        counts, group_rows, ids, keys = _core.parquet_summaries([paths[s] for s in unlisted])
+        for j, s in enumerate(unlisted):
+            identity = tuple(int(v) for v in ids[j])
+            summaries[s] = (int(counts[j]), group_rows[j], identity, int(keys[j]))
+    first_of: dict[int, int] = {}
+    later: dict[int, dict] = {}
+    for s in parquet:
+        if s not in summaries:
+            now.append(s)
+            continue
+        rows, groups, identity, key = summaries[s]
+        like = first_of.setdefault(key, s)
+        if like == s or int(groups.sum()) != rows:
+            now.append(s)  # (read whole: a file that does not add up says why)
+            continue
+        later[s] = {"format": "table", "rows": rows, "groups": groups}
+        later[s].update(identity=identity, like=like)
     if len(now) == 1:
-        found = {now[0]: index_table_source(paths[now[0]], formats[now[0]])}
+        read = {now[0]: index_table_source(paths[now[0]], formats[now[0]])}
     else:
         with ThreadPoolExecutor(min(8, len(now))) as pool:
-            found = dict(
-                zip(now, pool.map(lambda s: index_table_source(paths[s], formats[s]), now))
-            )
-    return {s: found.get(s) or later[s] for s in shards}
+            read = dict(zip(now, pool.map(lambda s: index_table_source(paths[s], formats[s]), now)))
+    return {s: read.get(s) or later[s] for s in shards}
+
+
+def _listed_summary(entry: dict | None) -> tuple[int, np.ndarray, int] | None:
+    """(rows, row groups' rows, columns key) of a Parquet file's manifest entry, where it
+    says them all (as `stoker index` writes them); else None, and its footer is read."""
+    if entry is None:
+        return None
+    groups, key, rows = entry.get("groups"), entry.get("columns_key"), entry.get("samples")
+    if not isinstance(groups, list) or not isinstance(key, str) or type(rows) is not int:
+        return None
+    try:
+        sizes = np.array(groups, np.int64)
+        value = int(key, 16)
+    except (TypeError, ValueError, OverflowError):
+        return None
+    if sizes.ndim != 1 or (sizes < 0).any() or int(sizes.sum()) != rows or value >> 64:
+        return None
+    return rows, sizes, value
 
 
 def member_table(
