@@ -65,7 +65,7 @@ def test_a_shuffled_epoch_of_a_file_of_many_row_groups_holds_a_few_of_them(tmp_p
         ds, batch_size=64, shuffle=True, seed=3, shuffle_window=4,
         fields={"label": stoker.Int(), "text": stoker.Bytes()},
     )  # fmt: skip
-    ds.members.capacity = 6  # fewer pieces than the file has: they are let go of
+    ds.members.table_capacity = 6  # fewer pieces than the file has: they are let go of
     labels = table.column("label").to_numpy()
     texts = table.column("text").to_pylist()
     seen = np.zeros(len(ds), np.int64)
@@ -87,7 +87,7 @@ def test_pieces_let_go_of_come_back_the_same_and_keys_count_from_the_file(tmp_pa
     table = _many_groups(path, 5_000, 600)
     ds = stoker.Dataset(path)
     assert ds.keys([0, 4321, 4999]) == ["big/0", "big/4321", "big/4999"]
-    ds.members.capacity = 1
+    ds.members.table_capacity = 1
     rows = [4321, 7, 2600, 4321, 1, 4999]
     for row in rows:  # each in another piece than the last: every read indexes one again
         sample = ds[row]
@@ -137,3 +137,42 @@ def test_a_remote_file_of_more_rows_than_a_piece(tmp_path):
         got = np.concatenate([batch["label"].numpy() for batch in loader])
     assert np.array_equal(np.sort(got), labels)
     assert os.path.getsize(folder / "long.parquet") > 0
+
+
+def test_a_layout_that_fails_to_be_made_leaves_later_reads_right(tmp_path, monkeypatch):
+    """A column layout made for one file, then a failure making the next: the file table
+    must still hold every layout at the place members name it by."""
+    for name, base in (("a", 0), ("b", 1000)):
+        n = np.arange(base, base + 10, dtype=np.int64)
+        pq.write_table(
+            pa.table({"x": n, "y": n * 2 + 1, "z": n * 3 + 2}), tmp_path / f"{name}.parquet"
+        )
+    ds = stoker.Dataset(str(tmp_path))
+    made = stoker._core.ColumnLayout
+    calls = []
+
+    def flaky(*args):
+        calls.append(args[0])
+        if len(calls) == 2:
+            raise stoker.ShardFormatError("a damaged column, once")
+        return made(*args)
+
+    monkeypatch.setattr(stoker._core, "ColumnLayout", flaky)
+    with pytest.raises(stoker.ShardFormatError, match="once"):
+        ds.get_batch([0])
+    got = {}
+    for batch in stoker.Loader(ds, batch_size=7, fields={"x": stoker.Int(), "z": stoker.Int()}):
+        got.update(zip(batch["x"].tolist(), batch["z"].tolist()))
+    assert got == {v: 3 * v + 2 for v in [*range(10), *range(1000, 1010)]}
+
+
+def test_a_table_read_again_is_the_same_only_if_it_lays_its_values_out_alike(tmp_path):
+    from stoker.dataset.members import same_index
+    from stoker.tables import index_table_source
+
+    first, second = str(tmp_path / "first.parquet"), str(tmp_path / "second.parquet")
+    _many_groups(first, 2_000, 600)
+    _many_groups(second, 2_000, 600, seed=5)  # the same rows, other text
+    ds = stoker.Dataset(first)
+    assert same_index(ds.members, 0, index_table_source(first, "parquet"))
+    assert not same_index(ds.members, 0, index_table_source(second, "parquet"))

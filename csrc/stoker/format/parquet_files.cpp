@@ -83,10 +83,10 @@ FileSummary summarize_file(const std::string& path, uint64_t tail) {
     }
     for (size_t j = 0; j < group.columns.size(); ++j) {
       const ColumnChunkMeta& c = group.columns[j];
+      odd[j] |= (c.file_path.empty() ? 0 : 1) | (c.encrypted ? 2 : 0);  // (refused in any group)
       if (group.num_rows == 0) continue;  // (points nowhere: see the Python reader)
       codecs[j] |= uint64_t{1} << (static_cast<unsigned>(c.codec) & 63);
       for (int32_t e : c.encodings) encodings[j] |= uint64_t{1} << (static_cast<unsigned>(e) & 63);
-      odd[j] |= (c.file_path.empty() ? 0 : 1) | (c.encrypted ? 2 : 0);
     }
   }
   key.add(static_cast<int64_t>(codecs.size()));

@@ -35,6 +35,7 @@ import stoker._core as _core
 from stoker._process import ProcessLocal
 from stoker.dataset.shard_rows import (
     MEMBER_COLUMNS,
+    PIECE_MAX_ROWS,
     PIECE_MIN_ROWS,
     Note,
     ShardIndex,
@@ -158,6 +159,8 @@ class MemberTable:
         self.table_dtypes: dict[str, np.dtype] = {}
         self.table_lists: dict[str, np.dtype] = {}
         self.files = _core.FileTable(paths, identities)  # reads check each file is as indexed
+        #: The layouts `files` holds: (arrays, columns), the first so many of each list.
+        self._files_holds = (0, 0)
         self.shard_start = np.zeros(len(shard_counts) + 1, np.int64)
         np.cumsum(np.asarray(shard_counts, np.int64), out=self.shard_start[1:])
         #: Each shard indexed at least once (its samples and fields checked).
@@ -170,7 +173,9 @@ class MemberTable:
         #: Indexed pieces, by piece.
         self._resident: OrderedDict[int, ShardIndex] = OrderedDict()
         self._pins: dict[int, int] = {}  # by piece
-        self.capacity = DEFAULT_RESIDENT
+        self.capacity = DEFAULT_RESIDENT  # indexed shards other than tables' pieces
+        #: Indexed pieces of tables kept (see cut_table_pieces).
+        self.table_capacity = DEFAULT_RESIDENT
         self.field_names: list[str] = []
         self._field_ids: dict[str, int] = {}
         for name in field_names:
@@ -213,25 +218,36 @@ class MemberTable:
             return
         assert not self._resident
         counts = np.diff(self.shard_start)
-        sizes = []
-        for s, n in enumerate(counts.tolist()):
-            groups = self._group_rows.get(s)  # (a table's: its row groups' rows, if known)
-            if not self._is_table[s]:
-                sizes.append(np.array([n], np.int64))
-                continue
-            sizes.append(table_pieces(n, groups if isinstance(groups, np.ndarray) else None))
-        per_shard = np.array([len(p) for p in sizes], np.int64)
+        sizes: list[np.ndarray] = [counts[s : s + 1] for s in range(len(counts))]
+        known = {
+            s: g
+            for s, g in self._group_rows.items()
+            if self._is_table[s] and isinstance(g, np.ndarray) and len(g)
+        }
+        # Most files' row groups are pieces as they are: told apart all at once (100,000
+        # files, one at a time, took a second).
+        if known:
+            shards = np.fromiter(known, np.int64, len(known))
+            flat = np.concatenate(list(known.values())).astype(np.int64)
+            lengths = np.fromiter((len(g) for g in known.values()), np.int64, len(known))
+            starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+            odd = ((flat < PIECE_MIN_ROWS) | (flat > PIECE_MAX_ROWS)).astype(np.int64)
+            as_they_are = (np.add.reduceat(odd, starts) == 0) & (
+                np.add.reduceat(flat, starts) == counts[shards]
+            )
+            for s, g, whole in zip(shards.tolist(), known.values(), as_they_are.tolist()):
+                sizes[s] = g.astype(np.int64) if whole else table_pieces(int(counts[s]), g)
+        for s in np.flatnonzero(self._is_table).tolist():
+            if s not in known:
+                sizes[s] = table_pieces(int(counts[s]), None)
+        per_shard = np.fromiter((len(p) for p in sizes), np.int64, len(sizes))
         self.shard_piece = np.zeros(len(counts) + 1, np.int64)
         np.cumsum(per_shard, out=self.shard_piece[1:])
         self.piece_shard = np.repeat(np.arange(len(counts), dtype=np.int64), per_shard)
         self.piece_start = np.zeros(int(self.shard_piece[-1]) + 1, np.int64)
-        np.cumsum(np.concatenate(sizes).astype(np.int64), out=self.piece_start[1:])
-        self.capacity = max(self.capacity, TABLE_RESIDENT)
+        np.cumsum(np.concatenate(sizes), out=self.piece_start[1:])
+        self.table_capacity = max(self.table_capacity, TABLE_RESIDENT)
         self._version += 1
-
-    def is_table(self, shard: int) -> bool:
-        """Whether shard `shard` is a table (indexed in pieces, from its metadata)."""
-        return bool(self._is_table[shard])
 
     def group_sizes(self) -> np.ndarray:
         """The sampler's groups of consecutive samples: each shard, except that the rows of
@@ -267,18 +283,17 @@ class MemberTable:
         found = self._column_ids.get(key)
         if found is None:
             units = field.units
+            layout = _core.ColumnLayout(
+                f"column {field.name}",
+                shard,
+                int(units[:, 1].sum()) if len(units) else 0,
+                field.width,
+                field.integer,
+                units,
+                *field.spec,
+            )  # (checked here: one that raises is not numbered)
             found = self._column_ids[key] = len(self.columns)
-            self.columns.append(
-                _core.ColumnLayout(
-                    f"column {field.name}",
-                    shard,
-                    int(units[:, 1].sum()) if len(units) else 0,
-                    field.width,
-                    field.integer,
-                    units,
-                    *field.spec,
-                )
-            )
+            self.columns.append(layout)
         return found
 
     def add_tables(self, tables: dict[int, dict], at_open: bool = True) -> None:
@@ -317,7 +332,9 @@ class MemberTable:
 
     def has_index(self, shard: int) -> bool:
         """Whether shard `shard`'s index is held now: its members, or a table's metadata."""
-        return shard in self.tables if self._is_table[shard] else self.resident(shard) is not None
+        if self._is_table[shard]:
+            return shard in self.tables
+        return int(self.shard_piece[shard]) in self._resident  # (no LRU move: called unlocked)
 
     def missing(self, pieces: np.ndarray) -> list[int]:
         """Those of `pieces` (unique) not indexed now."""
@@ -333,6 +350,7 @@ class MemberTable:
         """Hold at least `shards` indexed shards before letting any go (a reader that uses
         that many at once)."""
         self.capacity = max(self.capacity, int(shards))
+        self.table_capacity = max(self.table_capacity, int(shards))
 
     def pin(self, shard: int) -> None:
         """Keep `shard`'s index (it must be indexed) until unpin: a hold reads it. (A
@@ -361,19 +379,25 @@ class MemberTable:
             self._let_go()
 
     def _let_go(self) -> None:
-        """Drop the least recently used indexes past the capacity that nothing pins and
-        that can be made again."""
-        excess = len(self._resident) - self.capacity
-        if excess <= 0:
+        """Drop the least recently used indexes past the capacity (tables' pieces: past
+        theirs) that nothing pins and that can be made again."""
+        held = len(self._resident)
+        if held <= min(self.capacity, self.table_capacity):
+            return
+        tables = sum(1 for p in self._resident if self._is_table[self.piece_shard[p]])
+        excess = {True: tables - self.table_capacity, False: held - tables - self.capacity}
+        if excess[True] <= 0 and excess[False] <= 0:
             return
         for piece in list(self._resident):
-            if excess <= 0:
-                break
-            if piece in self._pins or self.formats[self.piece_shard[piece]] not in _REINDEXABLE:
+            shard = int(self.piece_shard[piece])
+            kind = bool(self._is_table[shard])
+            if excess[kind] <= 0 or piece in self._pins or self.formats[shard] not in _REINDEXABLE:
                 continue
             del self._resident[piece]
-            excess -= 1
+            excess[kind] -= 1
             self._version += 1
+            if excess[True] <= 0 and excess[False] <= 0:
+                break
 
     def plan_columns(self) -> _core.MemberColumns:
         """The index as a BatchPlan reads it; the same object until shards are indexed or
@@ -554,25 +578,25 @@ class MemberTable:
         self, shards: list[int], indexes: list[dict], member_files: np.ndarray | None
     ) -> list[Note]:
         notes: list[Note] = []
-        arrays_before = len(self.arrays)
-        for shard, index in zip(shards, indexes):
-            if self._is_table[shard]:
-                self._add_table(shard, index)
-                continue
-            first = int(self.shard_start[shard])
-            expected = int(self.shard_start[shard + 1]) - first
-            seen = bool(self.known[shard])
-            found, shard_notes = shard_index(
-                self, shard, self.names[shard], first, expected, index, member_files, seen
-            )
-            self._hold(int(self.shard_piece[shard]), found)
-            self.known[shard] = True
-            notes += shard_notes
-            rows = chunk_rows(index) if index["format"] == "array" else 0
-            if rows:  # (never let go of: indexed once)
-                self._group_rows[shard] = rows
-        if len(self.arrays) != arrays_before:
-            self.files = self.files.extended(self.arrays[arrays_before:], [])
+        try:
+            for shard, index in zip(shards, indexes):
+                if self._is_table[shard]:
+                    self._add_table(shard, index)
+                    continue
+                first = int(self.shard_start[shard])
+                expected = int(self.shard_start[shard + 1]) - first
+                seen = bool(self.known[shard])
+                found, shard_notes = shard_index(
+                    self, shard, self.names[shard], first, expected, index, member_files, seen
+                )
+                self._hold(int(self.shard_piece[shard]), found)
+                self.known[shard] = True
+                notes += shard_notes
+                rows = chunk_rows(index) if index["format"] == "array" else 0
+                if rows:  # (never let go of: indexed once)
+                    self._group_rows[shard] = rows
+        finally:
+            self._sync_files()
         return notes
 
     def _add_table(self, shard: int, index: dict) -> None:
@@ -589,24 +613,35 @@ class MemberTable:
                 "or first look): the file changed",
             )
         self.add_tables({shard: index}, at_open=False)
+        identity = index.get("identity")
+        if identity is not None and tuple(self.identities[shard]) != tuple(identity):
+            self._set_identities([shard], np.array([identity], np.int64))  # (read as it is)
 
     def _add_pieces(self, pieces: list[int]) -> None:
         """Index table pieces `pieces` from their tables' metadata (read already)."""
-        columns_before = len(self.columns)
-        for piece in pieces:
-            shard = int(self.piece_shard[piece])
-            first, end = int(self.piece_start[piece]), int(self.piece_start[piece + 1])
-            start = first - int(self.shard_start[shard])
-            index = self.tables[shard]
-            found, _ = shard_index(
-                self, shard, self.names[shard], first, end - first, index, None, True,
-                (start, start + end - first),
-            )  # fmt: skip
-            self._hold(piece, found)
-            self.known[shard] = True
-        if len(self.columns) != columns_before:
-            # (Not made again from every path: a new file's layouts join it each time.)
-            self.files = self.files.extended([], self.columns[columns_before:])
+        try:
+            for piece in pieces:
+                shard = int(self.piece_shard[piece])
+                first, end = int(self.piece_start[piece]), int(self.piece_start[piece + 1])
+                start = first - int(self.shard_start[shard])
+                index = self.tables[shard]
+                found, _ = shard_index(
+                    self, shard, self.names[shard], first, end - first, index, None, True,
+                    (start, start + end - first),
+                )  # fmt: skip
+                self._hold(piece, found)
+                self.known[shard] = True
+        finally:  # (a piece held before one that failed names the layouts made for it)
+            self._sync_files()
+
+    def _sync_files(self) -> None:
+        """`files` with every layout made so far, those of an indexing that failed after
+        making some included: a request names a layout by its place in the lists. (Not
+        made again from every path: a new file's layouts join it each time.)"""
+        arrays, columns = self._files_holds
+        if (arrays, columns) != (len(self.arrays), len(self.columns)):
+            self.files = self.files.extended(self.arrays[arrays:], self.columns[columns:])
+            self._files_holds = (len(self.arrays), len(self.columns))
 
     def _hold(self, piece: int, index: ShardIndex) -> None:
         self._resident[piece] = index
@@ -659,6 +694,7 @@ class MemberTable:
         changed = self.identities.copy()
         changed[shards] = identities
         self.files = _core.FileTable(self.paths, changed, self.arrays, self.columns)
+        self._files_holds = (len(self.arrays), len(self.columns))
         self.identities = changed
         self._version += 1
 
@@ -672,8 +708,11 @@ class MemberTable:
 def same_index(table: MemberTable, shard: int, index: dict) -> bool:
     """Whether `index` (of the shard fetched again) lays its members out as the one held
     now (a shard not held now has nothing to compare with: its sample count was checked)."""
+    if index["format"] == "table":  # (its metadata is kept, and its pieces made from it)
+        kept = table.tables.get(shard)
+        return kept is None or _same_table(kept, index)
     held = table.resident(shard)
-    if held is None or index["format"] == "table":  # (a table's rows were counted)
+    if held is None:
         return True
     offsets, lengths = held.columns["offset"], held.columns["length"]
     if index["format"] == "npy":
@@ -685,3 +724,18 @@ def same_index(table: MemberTable, shard: int, index: dict) -> bool:
         np.array_equal(offsets, index["member_offset"])
         and np.array_equal(lengths, index["member_length"])
     )
+
+
+def _same_table(held: dict, index: dict) -> bool:
+    """Whether a table's metadata read again lays its values out as the one held: a copy
+    fetched again must, or pieces made from the first would read the second wrongly."""
+    if int(held["rows"]) != int(index["rows"]) or len(held["fields"]) != len(index["fields"]):
+        return False
+    for a, b in zip(held["fields"], index["fields"]):
+        if (a.name, a.spec, a.width, a.unusable) != (b.name, b.spec, b.width, b.unusable):
+            return False
+        for name in ("units", "offsets", "lengths", "nulls"):
+            x, y = getattr(a, name), getattr(b, name)
+            if (x is None) != (y is None) or (x is not None and not np.array_equal(x, y)):
+                return False
+    return True

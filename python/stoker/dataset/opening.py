@@ -163,9 +163,12 @@ def open_source(
     table_ids = [i for i in local_ids if formats[i] in TABLE_SOURCES]
     listed_tables = {i: shards[i][1] for i in table_ids if i in described}
     tables = _open_tables(paths, table_ids, formats, listed_tables, identities)
+    fields_of: dict[int, list[str]] = {}  # (the file read for a key names them all)
     for i, index in tables.items():
-        _, fields = samples_and_fields(tables[index.get("like", i)], formats[i])
-        indexes[i] = {"samples": int(index["rows"]), "fields": fields}
+        like = index.get("like", i)
+        if like not in fields_of:
+            fields_of[like] = samples_and_fields(tables[like], formats[like])[1]
+        indexes[i] = {"samples": int(index["rows"]), "fields": fields_of[like]}
         identities[i] = index["identity"]
     opening = Opening(names, paths, identities, formats, indexes, shards, remote_ids)
     opening.tables = tables
