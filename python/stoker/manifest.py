@@ -26,6 +26,7 @@ from stoker.formats import (
     join_url,
     samples_and_fields,
 )
+from stoker.tables import index_table_source
 
 log = logging.getLogger("stoker.manifest")
 
@@ -196,8 +197,6 @@ def shard_entry(path: str, relative_to: str) -> dict:
 
 
 def _table_entry(path: str, relative_to: str, fmt: str) -> dict:
-    from stoker.tables import index_table_source
-
     index = index_table_source(path, fmt)
     samples, fields = samples_and_fields(index, fmt)
     entry = {

@@ -158,8 +158,9 @@ def open_source(
     for i, index in zip(scan, found):
         indexes[i] = index
         identities[i] = index["identity"]
-    # Table sources: each file's metadata read now (its footer: one or two reads); their
-    # members are made when a batch first reads each, like a manifest's shards.
+    # Table sources: their footers summed up now (or taken from the manifest), one file of
+    # each kind read whole (see _open_tables); their members are made a piece at a time,
+    # when a batch first reads each, like a manifest's shards.
     table_ids = [i for i in local_ids if formats[i] in TABLE_SOURCES]
     listed_tables = {i: shards[i][1] for i in table_ids if i in described}
     tables = _open_tables(paths, table_ids, formats, listed_tables, identities)
