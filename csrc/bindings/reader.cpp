@@ -199,17 +199,22 @@ std::vector<std::shared_ptr<T>> unconst(const std::vector<std::shared_ptr<const 
   return out;
 }
 
+// Each of `columns` names one of a table's `files` files.
+void check_column_files(const Columns& columns, size_t files) {
+  for (const auto& c : columns) {
+    if (c->file >= files) {
+      throw py::value_error(c->name + ": names file " + std::to_string(c->file) +
+                            " but the table has " + std::to_string(files));
+    }
+  }
+}
+
 std::shared_ptr<io::FileTable> make_file_table(std::vector<std::string> paths,
                                                const std::optional<Column<int64_t>>& identities,
                                                const Arrays& arrays, const Columns& columns) {
   auto table = std::make_shared<io::FileTable>();
   table->arrays.assign(arrays.begin(), arrays.end());
-  for (const auto& c : columns) {
-    if (c->file >= paths.size()) {
-      throw py::value_error(c->name + ": names file " + std::to_string(c->file) +
-                            " but the table has " + std::to_string(paths.size()));
-    }
-  }
+  check_column_files(columns, paths.size());
   table->columns.assign(columns.begin(), columns.end());
   if (identities && identities->size() > 0) {
     if (identities->ndim() != 2 || identities->shape(1) != 3 ||
@@ -255,12 +260,7 @@ void register_reader(py::module_& m) {
       .def(
           "extended",
           [](const io::FileTable& t, const Arrays& arrays, const Columns& columns) {
-            for (const auto& c : columns) {
-              if (c->file >= t.paths.size()) {
-                throw py::value_error(c->name + ": names file " + std::to_string(c->file) +
-                                      " but the table has " + std::to_string(t.paths.size()));
-              }
-            }
+            check_column_files(columns, t.paths.size());
             auto out = std::make_shared<io::FileTable>(t);
             out->arrays.insert(out->arrays.end(), arrays.begin(), arrays.end());
             out->columns.insert(out->columns.end(), columns.begin(), columns.end());

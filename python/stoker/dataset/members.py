@@ -170,8 +170,9 @@ class MemberTable:
         self.piece_shard = np.arange(len(shard_counts), dtype=np.int64)
         self.shard_piece = np.arange(len(shard_counts) + 1, dtype=np.int64)
         self._is_table = np.array([f in TABLE_SOURCES for f in formats], bool)
-        #: Indexed pieces, by piece.
+        #: Indexed pieces, by piece; how many of them are tables'.
         self._resident: OrderedDict[int, ShardIndex] = OrderedDict()
+        self._table_pieces_held = 0
         self._pins: dict[int, int] = {}  # by piece
         self.capacity = DEFAULT_RESIDENT  # indexed shards other than tables' pieces
         #: Indexed pieces of tables kept (see cut_table_pieces).
@@ -381,10 +382,7 @@ class MemberTable:
     def _let_go(self) -> None:
         """Drop the least recently used indexes past the capacity (tables' pieces: past
         theirs) that nothing pins and that can be made again."""
-        held = len(self._resident)
-        if held <= min(self.capacity, self.table_capacity):
-            return
-        tables = sum(1 for p in self._resident if self._is_table[self.piece_shard[p]])
+        held, tables = len(self._resident), self._table_pieces_held
         excess = {True: tables - self.table_capacity, False: held - tables - self.capacity}
         if excess[True] <= 0 and excess[False] <= 0:
             return
@@ -394,6 +392,7 @@ class MemberTable:
             if excess[kind] <= 0 or piece in self._pins or self.formats[shard] not in _REINDEXABLE:
                 continue
             del self._resident[piece]
+            self._table_pieces_held -= kind
             excess[kind] -= 1
             self._version += 1
             if excess[True] <= 0 and excess[False] <= 0:
@@ -644,6 +643,8 @@ class MemberTable:
             self._files_holds = (len(self.arrays), len(self.columns))
 
     def _hold(self, piece: int, index: ShardIndex) -> None:
+        if piece not in self._resident:
+            self._table_pieces_held += bool(self._is_table[self.piece_shard[piece]])
         self._resident[piece] = index
         self._resident.move_to_end(piece)
         self._version += 1
@@ -665,26 +666,24 @@ class MemberTable:
             notes: list[Note] = []
             if todo:
                 shards = sorted({int(self.piece_shard[p]) for p in todo})
-                # Tables whose metadata is not held (remote files, now in the cache) are
-                # read now; other shards are indexed whole.
-                files = [s for s in shards if not self._is_table[s] or s not in self.tables]
-                tables = [s for s in files if self._is_table[s]]
-                others = [s for s in files if not self._is_table[s]]
+                # A table's metadata not held (a file summed up at open, or a remote one now
+                # in the cache) is read now, and checked as it is added; other shards are
+                # indexed whole.
+                tables = [s for s in shards if self._is_table[s] and s not in self.tables]
+                others = [s for s in shards if not self._is_table[s]]
                 found = _core.index_shards(
                     [self.paths[s] for s in others], [self.formats[s] for s in others], num_threads
                 )
-                found += [index_table_source(self.paths[s], self.formats[s]) for s in tables]
-                files = others + tables
-                notes = self._add(files, found, None)
+                metadata = [index_table_source(self.paths[s], self.formats[s]) for s in tables]
+                notes = self._add(others + tables, found + metadata, None)
                 self._add_pieces([p for p in todo if self._is_table[self.piece_shard[p]]])
                 now = np.array([index["identity"] for index in found], np.int64).reshape(-1, 3)
                 # (The FileTable holds every shard's path: made again only for a file that
                 # is not the one opened.)
-                if not np.array_equal(now, self.identities[files]):
-                    self._set_identities(files, now)
+                if not np.array_equal(now, self.identities[others]):
+                    self._set_identities(others, now)
             if pin:  # (before letting any go)
-                for p in pieces:
-                    self._pins[p] = self._pins.get(p, 0) + 1
+                self.pin_pieces(pieces)
             if todo:
                 self._let_go()
             return notes
