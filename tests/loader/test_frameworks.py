@@ -31,6 +31,20 @@ def shards(tmp_path) -> str:
     return str(folder)
 
 
+@pytest.fixture
+def parquet(tmp_path) -> str:
+    """The same 60 labels as `shards`, as three Parquet files written by pyarrow in row
+    groups of 5: a table source, indexed a piece at a time, under the same loops."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    folder = tmp_path / "parquet"
+    folder.mkdir()
+    for s in range(3):
+        table = pa.table({"cls": pa.array([i % 5 for i in range(20)], pa.int64())})
+        pq.write_table(table, folder / f"part-{s}.parquet", row_group_size=5)
+    return str(folder)
+
+
 def _loader(shards: str) -> stoker.Loader:
     return stoker.Loader(stoker.Dataset(shards), BATCH, fields={"cls": stoker.Int()}, seed=7)
 
@@ -75,9 +89,11 @@ def _fit(
         trainer.fit(Model(), train_dataloaders=loader, ckpt_path=ckpt_path)
 
 
-def test_lightning_epochs_reshuffle_and_resume_exactly(shards, tmp_path):
+@pytest.mark.parametrize("source", ["shards", "parquet"])
+def test_lightning_epochs_reshuffle_and_resume_exactly(source, request, tmp_path):
     from lightning.pytorch.callbacks import ModelCheckpoint
 
+    shards = request.getfixturevalue(source)
     every_steps = ModelCheckpoint(
         dirpath=tmp_path / "steps", every_n_train_steps=3, save_top_k=-1, filename="{step}"
     )
@@ -160,7 +176,9 @@ def test_lightning_image_crops_change_each_epoch_and_resume_exactly(tmp_path):
 # (the training script: tests/support/training.py, DDP_SCRIPT)
 
 
-def test_torchrun_ddp_ranks_are_disjoint_and_step_together(shards, tmp_path):
+@pytest.mark.parametrize("source", ["shards", "parquet"])
+def test_torchrun_ddp_ranks_are_disjoint_and_step_together(source, request, tmp_path):
+    shards = request.getfixturevalue(source)
     script = tmp_path / "train.py"
     script.write_text(DDP_SCRIPT)
     out = tmp_path / "out"
@@ -186,7 +204,9 @@ def keys_of(samples: list[dict]) -> list[str]:
     return [s["__key__"] for s in samples]
 
 
-def test_torchdata_stateful_dataloader_with_workers_resumes_exactly(shards):
+@pytest.mark.parametrize("source", ["shards", "parquet"])
+def test_torchdata_stateful_dataloader_with_workers_resumes_exactly(source, request):
+    shards = request.getfixturevalue(source)
     stateful = pytest.importorskip(
         "torchdata.stateful_dataloader", reason="torchdata is a test dependency"
     )
