@@ -28,3 +28,21 @@ def standin_libs(tmp_path_factory) -> tuple[str, str]:
         return find_or_build_standin(tmp_path_factory.mktemp("standin"))
     except StandinUnavailable as e:
         pytest.skip(str(e))
+
+
+@pytest.fixture
+def decoded_cache_restored():
+    """The decoded-chunk cache's limit (STOKER_DECODED_CACHE_BYTES and the process's
+    readers') as it was, after a test that sets it."""
+    from stoker import _process
+
+    variable = _process.DECODED_CACHE_VARIABLE
+    before = os.environ.get(variable)
+    yield
+    if before is None:
+        os.environ.pop(variable, None)
+    else:
+        os.environ[variable] = before
+    for value in _process.values():
+        if hasattr(value, "chunk_cache_bytes"):
+            value.chunk_cache_bytes = int(before) if before else 256 << 20

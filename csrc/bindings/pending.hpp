@@ -78,6 +78,8 @@ class PyPendingRead {
   double busy_seconds() const { return pending_->busy_seconds(); }
   uint64_t bytes_read() const { return pending_->bytes_read(); }
   std::vector<uint32_t> blanked() const { return pending_->blanked(); }
+  std::vector<io::BorrowedValue> borrowed() const { return pending_->borrowed(); }
+  uint64_t unsized_bytes() const { return pending_->unsized_bytes(); }
 
  private:
   std::shared_ptr<io::PendingRead> pending_;

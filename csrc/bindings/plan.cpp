@@ -5,7 +5,11 @@
 #include <pybind11/stl.h>
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 #include <optional>
+#include <string>
+#include <vector>
 
 #include "bindings.hpp"
 #include "numpy_util.hpp"
@@ -182,6 +186,72 @@ class PyPreparedBatch {
     return out;
   }
 
+  // A Bytes field's values in sample order, an array each (of `dtype`, uint8 unless given):
+  // views of `buffer`, the finished read of `pending` (copies with `copy`: a pinned slot the
+  // ring needs back), or of where the reader left them: the decoded units, read-only, as
+  // the cache serves the same units to later batches, or copies of the batch's own.
+  py::list values(size_t field, const py::array& buffer, const PyPendingRead& pending, bool copy,
+                  std::optional<py::dtype> dtype) const {
+    if (field >= batch_.fields.size()) throw py::index_error("no such field");
+    const plan::FieldLayout& f = batch_.fields[field];
+    const size_t n = f.starts.size();
+    const std::vector<io::BorrowedValue> borrowed = pending.borrowed();
+    std::vector<const io::BorrowedValue*> lent(n, nullptr);
+    for (const io::BorrowedValue& b : borrowed) {
+      if (b.request >= f.first_request && b.request - f.first_request < n) {
+        lent[b.request - f.first_request] = &b;
+      }
+    }
+    const py::dtype type = dtype ? *dtype : py::dtype::of<uint8_t>();
+    const auto itemsize = static_cast<uint64_t>(type.itemsize());
+    const auto* base = static_cast<const uint8_t*>(buffer.data());
+    const auto size = static_cast<uint64_t>(buffer.nbytes());
+    py::list out(n);
+    py::object unit;  // the capsule of the last unit a value was borrowed from
+    const void* unit_of = nullptr;
+    for (size_t i = 0; i < n; ++i) {
+      const io::BorrowedValue* b = lent[i];
+      const uint64_t length = b ? b->size : f.lengths[i];
+      if (length % itemsize != 0) {
+        throw py::value_error("a value of " + std::to_string(length) +
+                              " bytes is not a whole number of " + std::to_string(itemsize) +
+                              "-byte items");
+      }
+      const std::vector<ssize_t> shape{static_cast<ssize_t>(length / itemsize)};
+      const std::vector<ssize_t> strides{static_cast<ssize_t>(itemsize)};
+      py::array value;
+      // Views of the buffer are aligned (plan::kAlign); a borrowed list of numbers may not be.
+      if (b && reinterpret_cast<uintptr_t>(b->data) % itemsize != 0) {
+        value = py::array(type, shape, strides);
+        if (length) std::memcpy(value.mutable_data(), b->data, length);
+      } else if (b) {
+        if (b->owner.get() != unit_of) {
+          auto* holder = new std::shared_ptr<const io::ByteVector>(b->owner);
+          unit = py::capsule(holder, [](void* p) {
+            delete static_cast<std::shared_ptr<const io::ByteVector>*>(p);
+          });
+          unit_of = b->owner.get();
+        }
+        value = py::array(type, shape, strides, b->data, unit);
+        if (b->shared) {
+          py::detail::array_proxy(value.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
+        }
+      } else {
+        if (f.starts[i] > size || length > size - f.starts[i]) {
+          throw py::value_error("the buffer is smaller than the batch");
+        }
+        if (copy) {
+          value = py::array(type, shape, strides);
+          if (length) std::memcpy(value.mutable_data(), base + f.starts[i], length);
+        } else {
+          value = py::array(type, shape, strides, base + f.starts[i], buffer);
+        }
+      }
+      PyList_SET_ITEM(out.ptr(), static_cast<ssize_t>(i), value.release().ptr());
+    }
+    return out;
+  }
+
   // The member row and file offset of every piece read (a reader error names them).
   py::tuple pieces() const {
     std::vector<uint64_t> offsets;
@@ -275,6 +345,10 @@ void register_plan(py::module_& m) {
       .def("check", &PyPreparedBatch::check, py::arg("buffer"),
            "After the read: every .npy member's header matches the batch's first.")
       .def("layout", &PyPreparedBatch::layout)
+      .def("values", &PyPreparedBatch::values, py::arg("field"), py::arg("buffer"),
+           py::arg("pending"), py::arg("copy") = false, py::arg("dtype") = py::none(),
+           "A Bytes field's values, an array each: views of `buffer` (copies with `copy`), "
+           "or, read-only, of the decoded pages the reader left them in.")
       .def("pieces", &PyPreparedBatch::pieces);
 
   py::class_<PyBatchPlan>(m, "BatchPlan", "The fields= layout of a Loader, made once.")

@@ -298,6 +298,9 @@ void register_reader(py::module_& m) {
       .def("done", &PyPendingRead::done)
       .def("busy_seconds", &PyPendingRead::busy_seconds,
            "Thread time spent reading and decoding this batch, summed over threads.")
+      .def("unsized_bytes", &PyPendingRead::unsized_bytes,
+           "Bytes of the values handed out where the reader left them, for which the batch's "
+           "buffer had no room (table values whose sizes were not known before the read).")
       .def("bytes_read", &PyPendingRead::bytes_read,
            "Bytes read from files for this batch so far (merged gaps included; array chunks "
            "the chunk cache served count nothing).")

@@ -321,6 +321,9 @@ class PendingRead:
     def blanked(self) -> np.ndarray:
         """The requests whose image did not decode and were filled with zeros (with
         ``Image(on_error="blank")``)."""
+    def unsized_bytes(self) -> int:
+        """Bytes of the values handed out where the reader left them, for which the
+        batch's buffer had no room (table values not sized before the read)."""
 
 class PinnedRing:
     """Reusable page-aligned host slots: ``ring.acquire(nbytes)`` hands out a uint8 array.
@@ -730,6 +733,14 @@ class PreparedBatch:
     def layout(
         self,
     ) -> list[tuple[int, int, tuple[str, tuple[int, ...], bool] | None, tuple | None]]: ...
+    def values(
+        self,
+        field: int,
+        buffer: np.ndarray,
+        pending: PendingRead,
+        copy: bool = False,
+        dtype: np.dtype | None = None,
+    ) -> list[np.ndarray]: ...
     def pieces(self) -> tuple[np.ndarray, np.ndarray]: ...
 
 class BatchPlan:

@@ -18,21 +18,7 @@ from tests.support import REPO
 VARIABLE = _process.DECODED_CACHE_VARIABLE
 
 
-@pytest.fixture
-def restored():
-    """The variable and the readers' limits as they were, after the test."""
-    before = os.environ.get(VARIABLE)
-    yield
-    if before is None:
-        os.environ.pop(VARIABLE, None)
-    else:
-        os.environ[VARIABLE] = before
-    for value in _process.values():
-        if hasattr(value, "chunk_cache_bytes"):
-            value.chunk_cache_bytes = int(before) if before else 256 << 20
-
-
-def test_readers_made_before_and_after_take_the_limit(restored, tmp_path):
+def test_readers_made_before_and_after_take_the_limit(decoded_cache_restored, tmp_path):
     h5py = pytest.importorskip("h5py")
     path = str(tmp_path / "v.h5")
     data = np.arange(64 * 1024, dtype=np.int32).reshape(64, 1024)
@@ -57,7 +43,7 @@ def test_readers_made_before_and_after_take_the_limit(restored, tmp_path):
 
 
 @pytest.mark.parametrize("limit", [-1, 1.5, True, "64M"])
-def test_a_limit_that_is_not_a_whole_number_of_bytes_is_refused(restored, limit):
+def test_a_limit_that_is_not_a_whole_number_of_bytes_is_refused(decoded_cache_restored, limit):
     with pytest.raises(stoker.UsageError, match="whole number of bytes"):
         stoker.set_decoded_cache_bytes(limit)
 

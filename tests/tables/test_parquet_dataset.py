@@ -196,6 +196,68 @@ def test_large_values_read_from_their_kept_pages(tmp_path, codec, version):
             assert seen == dict(enumerate(values))
 
 
+@pytest.mark.parametrize("codec", [c for c in CODECS if c != "none"])
+def test_large_values_are_handed_out_where_they_were_decompressed(
+    tmp_path, monkeypatch, codec, decoded_cache_restored
+):
+    """A Bytes field's table values are not sized by a pass of their own before their read,
+    and a compressed column's values of 4 KiB or more are not copied into the batch: each
+    is a read-only view of the decompressed pages, which it keeps alive after the cache
+    lets them go (a cache of nothing here, and a small one), and which later batches and
+    epochs read unchanged. Smaller values are copied and writable; lists of numbers view
+    their pages as their type where it is aligned there."""
+    rng = np.random.default_rng(11)
+    n = 60
+    sizes = [
+        0 if i % 17 == 5 else int(rng.integers(4096, 20000)) if i % 3 else 900 for i in range(n)
+    ]
+    values = [rng.integers(0, 256, size, np.uint8).tobytes() for size in sizes]
+    tokens = [np.arange(i, i + (600 if i % 2 else 40), dtype=np.int64) for i in range(n)]
+    table = pa.table(
+        {
+            "image": pa.array(values, pa.binary()),
+            "tokens": pa.array([t.tolist() for t in tokens], pa.list_(pa.int64())),
+            "label": pa.array(range(n)),
+        }
+    )
+    path = write(tmp_path / "big.parquet", table, codec, False, data_page_size=1 << 16)
+    fields = {"image": stoker.Bytes(), "tokens": stoker.Bytes(), "label": stoker.Int()}
+    sized = []  # Bytes values are not sized before their read: no pass decodes them first
+    size_values = stoker.dataset.members.MemberTable.size_values
+    monkeypatch.setattr(
+        stoker.dataset.members.MemberTable,
+        "size_values",
+        lambda self, *a, **kw: sized.append(a[1]) or size_values(self, *a, **kw),
+    )
+    for limit in (0, 1 << 20):
+        stoker.set_decoded_cache_bytes(limit)
+        loader = stoker.Loader(stoker.Dataset(path), 8, fields=fields, shuffle=True)
+        kept = []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            seen = 0
+            for batch in loader:
+                for image, token, label in zip(
+                    batch["image"], batch["tokens"], batch["label"].tolist()
+                ):
+                    assert bytes(image) == values[label]
+                    assert image.flags.writeable == (len(values[label]) < 4096), label
+                    assert token.dtype == np.int64 and np.array_equal(token, tokens[label])
+                    assert token.flags.aligned  # copied where the pages have it unaligned
+                    seen += 1
+                    if epoch == 0:
+                        kept.append((label, image, token))
+            assert seen == n
+        assert sized == []
+        values_bytes = sum(map(len, values)) + sum(t.nbytes for t in tokens) + 8 * n
+        assert loader.stats()["bytes"] >= 3 * values_bytes  # those left where they lay too
+        with pytest.raises(ValueError, match="read-only"):
+            next(v for _, v, _ in kept if not v.flags.writeable)[0] = 1
+        for label, image, token in kept:  # still what they were, pages let go of or not
+            assert bytes(image) == values[label]
+            assert np.array_equal(token, tokens[label])
+
+
 def test_a_row_group_of_one_row_and_a_file_of_one_group(tmp_path):
     table = make_table(31, seed=2)
     for name, groups in (("one.parquet", 31), ("ones.parquet", 1)):

@@ -1,6 +1,7 @@
 #include "stoker/io/column_rows.hpp"
 
 #include <algorithm>
+#include <cstdint>
 #include <cstring>
 #include <limits>
 
@@ -54,6 +55,13 @@ class IntegerDecoder final : public FieldDecoder {
   uint32_t width_;
   bool signed_;
 };
+
+// [data, data + size) lies within `unit` (the decoded values, not the file's mapping).
+bool lies_in(const uint8_t* data, uint64_t size, const ByteVector& unit) {
+  const auto at = reinterpret_cast<uintptr_t>(data);
+  const auto first = reinterpret_cast<uintptr_t>(unit.data());
+  return at >= first && at - first <= unit.size() && size <= unit.size() - (at - first);
+}
 
 const ColumnLayout& column_of(const FileTable& files, const ReadRequest& r) {
   if (r.array >= files.columns.size()) {
@@ -135,6 +143,7 @@ void validate_column_value(const FileTable& files, const ReadRequest& r, uint64_
     throw Error(c.name + ": a value decodes to " + std::to_string(r.decoder->output_bytes()) +
                 " bytes, not " + std::to_string(r.out_length));
   }
+  if (r.out_length == kUnsizedValue && r.borrow && !r.decoder) return;  // no room laid out
   if (r.dest_offset > dest_size || r.out_length > dest_size - r.dest_offset) {
     throw Error(c.name + ": a value of " + std::to_string(r.out_length) +
                 " bytes at buffer offset " + std::to_string(r.dest_offset) +
@@ -173,8 +182,8 @@ ColumnPlan plan_columns(const FileTable& files, const std::vector<ReadRequest>& 
 
 uint64_t execute_column_task(const FileTable& files, const std::vector<ReadRequest>& requests,
                              const ColumnPlan& plan, const ColumnTask& task, uint8_t* dest,
-                             FileCache& cache, ChunkCache& decoded,
-                             std::vector<uint32_t>& blanked) {
+                             FileCache& cache, ChunkCache& decoded, std::vector<uint32_t>& blanked,
+                             std::vector<BorrowedValue>& borrowed) {
   const ColumnLayout& c = *files.columns[task.column];
   const ColumnUnit& u = c.units[task.unit];
   const std::string& path = files.paths[c.file];
@@ -257,6 +266,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
     return stored + v.starts[row];
   };
   const FieldDecoder* sizes = value_size_decoder().get();
+  std::vector<BorrowedValue> copies;  // unsized values to hand out from a copy of their own
   for (uint32_t k = task.first; k < task.first + task.count; ++k) {
     const uint32_t index = plan.requests[k];
     const ReadRequest& r = requests[index];
@@ -277,6 +287,14 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                             "fill its nulls (pyarrow.compute.fill_null) and write the file again");
     }
     const uint8_t* src = value_at(row, size, r.offset);
+    if (!r.decoder && r.out_length == kUnsizedValue && r.borrow) {
+      if (size >= kBorrowMinBytes && lies_in(src, size, *values)) {
+        borrowed.push_back({index, src, size, values});
+      } else {  // small, or in the file's mapping: copied, below
+        copies.push_back({index, src, size});
+      }
+      continue;
+    }
     if (!r.decoder) {
       if (size != r.out_length) {
         throw FormatError(path, u.offset,
@@ -284,7 +302,11 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                               std::to_string(size) + " bytes, not the " +
                               std::to_string(r.out_length) + " laid out for it");
       }
-      if (size) std::memcpy(into, src, size);
+      if (r.borrow && size >= kBorrowMinBytes && lies_in(src, size, *values)) {
+        borrowed.push_back({index, src, size, values});
+      } else if (size) {
+        std::memcpy(into, src, size);
+      }
     } else if (!r.decoder->blank_on_error()) {
       r.decoder->decode(src, size, r.seed, into, path, u.offset);
     } else {
@@ -294,6 +316,23 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
         std::memset(into, 0, r.out_length);
         blanked.push_back(index);
       }
+    }
+  }
+  if (!copies.empty()) {
+    // One buffer for the task's copies, each at an offset aligned for any list's numbers.
+    constexpr uint64_t kCopyAlign = 16;
+    uint64_t total = 0;
+    for (const BorrowedValue& c : copies)
+      total += (c.size + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+    auto held = std::make_shared<ByteVector>(total);
+    uint64_t at = 0;
+    for (BorrowedValue& c : copies) {
+      if (c.size) std::memcpy(held->data() + at, c.data, c.size);
+      c.data = held->data() + at;
+      c.owner = held;
+      c.shared = false;
+      at += (c.size + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+      borrowed.push_back(std::move(c));
     }
   }
   return read;

@@ -37,10 +37,17 @@ ColumnPlan plan_columns(const FileTable& files, const std::vector<ReadRequest>& 
 
 // Reads and decodes the task's unit (unless the cache has it) and serves each of
 // its values. Returns the bytes it read from the file. A value whose decoder
-// blanks on error is zeroed and its request noted in `blanked`.
+// blanks on error is zeroed and its request noted in `blanked`; one a request
+// lets borrow (ReadRequest::borrow) that lies in the decoded unit is noted in
+// `borrowed` instead of copied.
 uint64_t execute_column_task(const FileTable& files, const std::vector<ReadRequest>& requests,
                              const ColumnPlan& plan, const ColumnTask& task, uint8_t* dest,
-                             FileCache& cache, ChunkCache& decoded, std::vector<uint32_t>& blanked);
+                             FileCache& cache, ChunkCache& decoded, std::vector<uint32_t>& blanked,
+                             std::vector<BorrowedValue>& borrowed);
+
+// Values smaller than this are copied even where they may be borrowed: the copy costs
+// less than the batch keeping the value's whole unit (often megabytes) alive.
+constexpr uint64_t kBorrowMinBytes = 4096;
 
 // Writes a value's size in bytes as a uint64 (UINT64_MAX for a null): what a
 // batch of a column's variable-size values must know before it is laid out.

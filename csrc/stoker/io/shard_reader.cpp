@@ -353,7 +353,9 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
     if (!failed_.load(std::memory_order_relaxed)) {
       auto started = std::chrono::steady_clock::now();
       thread_local std::vector<uint32_t> blanked;
+      thread_local std::vector<BorrowedValue> borrowed;
       blanked.clear();
+      borrowed.clear();
       uint64_t read = 0;
       try {
         if (c < arrays) {
@@ -362,7 +364,7 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
         } else if (c < tasks) {
           read = execute_column_task(*plan_->files, plan_->requests, plan_->columns,
                                      plan_->columns.tasks[c - arrays], plan_->dest, *files_,
-                                     *chunks_, blanked);
+                                     *chunks_, blanked, borrowed);
         } else {
           auto [first, last] = plan_->chunks[c - tasks];
           OpenFile open;
@@ -374,9 +376,17 @@ void PendingRead::work(std::chrono::steady_clock::time_point deadline,
         fail(std::current_exception());
       }
       bytes_read_.fetch_add(read, std::memory_order_relaxed);
-      if (!blanked.empty()) {
+      if (!blanked.empty() || !borrowed.empty()) {
+        uint64_t unsized = 0;
+        for (const BorrowedValue& b : borrowed) {
+          if (plan_->requests[b.request].out_length == kUnsizedValue) unsized += b.size;
+        }
+        unsized_bytes_.fetch_add(unsized, std::memory_order_relaxed);
         std::lock_guard<std::mutex> lock(mutex_);
         blanked_.insert(blanked_.end(), blanked.begin(), blanked.end());
+        borrowed_.insert(borrowed_.end(), std::make_move_iterator(borrowed.begin()),
+                         std::make_move_iterator(borrowed.end()));
+        borrowed.clear();  // a thread's list must not keep units alive between batches
       }
       busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                              std::chrono::steady_clock::now() - started)
@@ -396,6 +406,11 @@ void PendingRead::fail(std::exception_ptr error) {
 std::vector<uint32_t> PendingRead::blanked() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return blanked_;
+}
+
+std::vector<BorrowedValue> PendingRead::borrowed() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return borrowed_;
 }
 
 void PendingRead::cancel() {

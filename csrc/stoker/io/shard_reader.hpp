@@ -19,6 +19,7 @@
 
 #include "stoker/io/aligned_buffer.hpp"
 #include "stoker/io/array_layout.hpp"
+#include "stoker/io/byte_vector.hpp"
 #include "stoker/io/column_layout.hpp"
 #include "stoker/io/decoder.hpp"
 #include "stoker/io/file_cache.hpp"
@@ -74,6 +75,25 @@ struct ReadRequest {
   uint32_t array = 0;  // kArrayRow, kArrayBox: into FileTable::arrays; kColumnValue: columns
   // kArrayBox: the box to read; its elements land from dest_offset on, at its strides.
   std::shared_ptr<const ArrayBox> box;
+  // A Bytes value: where it lies in a decoded unit (a table's decompressed pages), it may
+  // be handed out there (BorrowedValue) instead of copied into the batch. A table value
+  // whose size is not known yet (out_length kUnsizedValue) is always handed out so, from
+  // its unit or from a copy the task makes: the batch has no room laid out for it.
+  bool borrow = false;
+};
+
+// The out_length of a borrowed table value whose size its read finds out.
+constexpr uint64_t kUnsizedValue = ~uint64_t(0);
+
+// A value left where a decoded unit holds it, for request `request`: its bytes are
+// data[0, size), kept alive by `owner`. A batch of a compressed Parquet column's images
+// then costs one copy of their bytes (decompressing them), not two.
+struct BorrowedValue {
+  uint32_t request = 0;
+  const uint8_t* data = nullptr;
+  uint64_t size = 0;
+  std::shared_ptr<const ByteVector> owner;
+  bool shared = true;  // owner is a unit the cache may serve again, not a copy of the batch's
 };
 
 class ChunkCache;  // decoded chunks of array sources (array_rows.hpp)
@@ -100,6 +120,11 @@ class PendingRead {
   // The requests (by index) whose member did not decode and were filled with
   // zeros instead (FieldDecoder::blank_on_error), in no particular order.
   std::vector<uint32_t> blanked() const;
+  // The values handed out where they lie (ReadRequest::borrow), in no particular order;
+  // complete once the batch is.
+  std::vector<BorrowedValue> borrowed() const;
+  // The bytes of the borrowed values the batch's buffer has no room for (kUnsizedValue).
+  uint64_t unsized_bytes() const { return unsized_bytes_.load(std::memory_order_relaxed); }
   // Bytes read from files for this batch so far: whole runs, gaps merged into them
   // included, and array chunks as stored; chunks the ChunkCache served count nothing,
   // but for Parquet values it keeps only the place of (taken from the file's mapping:
@@ -128,10 +153,12 @@ class PendingRead {
   std::atomic<bool> failed_{false};
   std::atomic<int64_t> busy_ns_{0};
   std::atomic<uint64_t> bytes_read_{0};
+  std::atomic<uint64_t> unsized_bytes_{0};
   mutable std::mutex mutex_;
   std::condition_variable finished_;
   std::exception_ptr error_;
-  std::vector<uint32_t> blanked_;  // under mutex_
+  std::vector<uint32_t> blanked_;        // under mutex_
+  std::vector<BorrowedValue> borrowed_;  // under mutex_
 };
 
 class ShardReader {

@@ -118,6 +118,15 @@ ReadRequest request_for(const MemberRef& m, uint64_t dest) {
 
 uint64_t out_of(const MemberRef& r) { return r.shard->out[r.row]; }
 
+// A table value whose size is not known yet, or which is known to be null (the index's
+// length is then UNSIZED - 1, members.py's NULL_VALUE): its read finds out, and a null
+// asked for is an error there.
+bool unsized(const MemberRef& r) {
+  const ShardColumns& s = *r.shard;
+  return static_cast<Codec>(s.codec[r.row]) == Codec::kColumnValue &&
+         (s.out[r.row] == io::kUnsizedValue || s.length[r.row] == io::kUnsizedValue - 1);
+}
+
 void add(PreparedBatch& batch, const ReadRequest& r, const MemberRef& member) {
   batch.requests.push_back(r);
   batch.request_rows.push_back(member.id);
@@ -179,13 +188,19 @@ void plan_bytes(const std::vector<MemberRef>& rows, Regions& regions, FieldLayou
   uint64_t size = 0;
   for (size_t i = 0; i < n; ++i) {
     out.starts[i] = size;
-    out.lengths[i] = out_of(rows[i]);
-    size += (out.lengths[i] + kAlign - 1) / kAlign * kAlign;
+    // A table value not sized yet gets no room: its read hands it out where it lies.
+    const uint64_t length = unsized(rows[i]) ? 0 : out_of(rows[i]);
+    out.lengths[i] = length;
+    size += (length + kAlign - 1) / kAlign * kAlign;
   }
   out.offset = regions.take(size);
+  out.first_request = batch.requests.size();
   for (size_t i = 0; i < n; ++i) {
     out.starts[i] += out.offset;
-    add(batch, request_for(rows[i], out.starts[i]), rows[i]);
+    ReadRequest r = request_for(rows[i], out.starts[i]);
+    r.borrow = true;  // handed out one array a value: it need not lie in the buffer
+    if (unsized(rows[i])) r.out_length = io::kUnsizedValue;
+    add(batch, r, rows[i]);
   }
 }
 

@@ -102,6 +102,7 @@ struct FieldLayout {
   std::vector<MemberRef> rows;   // kNpy members: each sample's member (for check())
   std::vector<uint64_t> starts;  // kBytes: where each sample's bytes are
   std::vector<uint64_t> lengths;
+  size_t first_request = 0;  // kBytes: sample i's bytes are request first_request + i
 };
 
 struct PreparedBatch {

@@ -551,7 +551,7 @@ class MemberTable:
         parts = self._by_piece(indices)
         if len(parts) == 1:
             index, local, _, piece = parts[0]
-            return index.keys_of(local, self.names[self.piece_shard[piece]]).tolist()
+            return index.keys_of(local, self.names[self.piece_shard[piece]])
         out = np.empty(len(indices), dtype=object)
         for index, local, where, piece in parts:
             out[where] = index.keys_of(local, self.names[self.piece_shard[piece]])

@@ -87,6 +87,7 @@ class ShardIndex:
         out = self.columns["out"]
         self.unsized = {int(f) for f in np.unique(field[out == np.iinfo(np.uint64).max]).tolist()}
         self._core: _core.ShardColumns | None = None
+        self._key_prefix: str | None = None  # "stem/" of keys made from the shard's name
 
     @property
     def rows(self) -> int:
@@ -104,14 +105,15 @@ class ShardIndex:
             )
         return self._core
 
-    def keys_of(self, local: np.ndarray, name: str) -> np.ndarray:
+    def keys_of(self, local: np.ndarray, name: str) -> list[str]:
         """Keys of the shard's samples `local` (`name`: the shard's, which names the rows of
-        a .npy)."""
+        a .npy or a table)."""
         if self.keys is not None:
-            return self.keys[local]
-        stem = os.path.splitext(name.rsplit("/", 1)[-1])[0]
-        rows = (local + self.row_offset).tolist()
-        return np.array([f"{stem}/{row}" for row in rows], dtype=object)
+            return self.keys[local].tolist()
+        prefix = self._key_prefix
+        if prefix is None:
+            prefix = self._key_prefix = os.path.splitext(name.rsplit("/", 1)[-1])[0] + "/"
+        return [prefix + str(row) for row in (local + self.row_offset).tolist()]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()

@@ -128,8 +128,9 @@ class BatchReader:
             buffer = item.pending.wait()
         except ShardFormatError as error:  # the reader knows files and offsets, not samples
             if item.prepared is not None:
-                assert plan is not None
-                raise plan.name_member(error, item.prepared) from error
+                assert plan is not None and item.indices is not None
+                named = plan.name_null(error, item.indices, self.reader)
+                raise (named or plan.name_member(error, item.prepared)) from error
             if item.members is not None:
                 members = item.members
                 raise self.ds.explain(error, members.ids, members.offset) from error
@@ -143,7 +144,7 @@ class BatchReader:
             assert plan is not None
             if plan.has_images:
                 self._count_blanked(item, plan)
-        self.stats.bytes += int(buffer.nbytes)
+        self.stats.bytes += int(buffer.nbytes) + item.pending.unsized_bytes()
         self.stats.samples += len(indices)
         if self.stats.per_source is not None:
             assert isinstance(self.ds, Mix)  # per_source is counted for a Mix only
@@ -153,7 +154,7 @@ class BatchReader:
         if item.prepared is not None:
             assert plan is not None
             copy = self.stage is not None  # a pinned slot the ring needs back soon
-            batch = plan.assemble(item.prepared, buffer, indices, self.torch, copy)
+            batch = plan.assemble(item.prepared, item.pending, buffer, indices, self.torch, copy)
             return self.stage.to_device(batch, buffer) if self.stage else batch
         assert item.members is not None  # a map= batch: submit() gathered its members
         samples = self.ds.samples_of(buffer, indices, item.members)

@@ -73,14 +73,19 @@ class FieldsPlan:
         self.entries: list[tuple[str, FieldSpec]] = []  # (batch entry, decoder)
         specs: list[tuple] = []  # BatchPlan's fields, less the ids _plan looks up
         self._widen: dict[str, np.dtype] = {}  # Int() of a table's integers: read as they are
-        self._size_names: list[str] = []  # fields whose table values must be sized first
+        # Fields whose table values must be sized first: a Bytes value is handed out where
+        # its read leaves it (see PreparedBatch.values), so it need not be.
+        self._size_names: list[str] = []
+        self._bytes_names: list[str] = []  # Bytes fields' alternatives (see name_null)
         self._lists: dict[str, np.dtype] = {}  # Bytes() of a table's lists: their elements' type
         read: set[str] = set()
         for key, spec in fields.items():
             name, alternatives = self._check(key, spec, have)
             read.update(alternatives)
-            if not isinstance(spec, (Image, Int)):
+            if not isinstance(spec, (Image, Int, Bytes)):
                 self._size_names += alternatives
+            if isinstance(spec, Bytes):
+                self._bytes_names += alternatives
             if isinstance(spec, Bytes):  # a table's lists of numbers: handed out typed
                 listed = ds.table_dtype(alternatives[0], listed=True)
                 if listed is not None:
@@ -184,6 +189,7 @@ class FieldsPlan:
         self.plan = _core.BatchPlan(specs)
         self._field_names = len(self.ds.fields)
         self._size_ids = [f for f in self.ds.field_ids(self._size_names) if f >= 0]
+        self._bytes_ids = [f for f in self.ds.field_ids(self._bytes_names) if f >= 0]
 
     def blanked(self, prepared: Any, requests: np.ndarray) -> list[str]:
         """The keys of the samples whose images the reader blanked (`requests`, its request
@@ -198,10 +204,17 @@ class FieldsPlan:
         return new
 
     def assemble(
-        self, prepared: Any, buffer: np.ndarray, indices: np.ndarray, torch: Any, copy: bool
+        self,
+        prepared: Any,
+        pending: Any,
+        buffer: np.ndarray,
+        indices: np.ndarray,
+        torch: Any,
+        copy: bool,
     ) -> dict[str, Any]:
-        """The batch's tensors viewing `buffer` (the read of `prepared`); `copy`: Bytes
-        fields are copied out (the buffer is a pinned slot the ring needs back)."""
+        """The batch's tensors viewing `buffer` (what `pending`, the read of `prepared`,
+        returned); `copy`: Bytes fields are copied out (the buffer is a pinned slot the ring
+        needs back). Bytes values the reader left in decoded pages view those, read-only."""
         n = len(indices)
         # Fixed-size fields only (Raw, Int, integer columns): every batch of n samples has
         # the same layout, so the views' recipe is worked out once per n.
@@ -213,14 +226,9 @@ class FieldsPlan:
         if not self._fixed:
             prepared.check(buffer)  # .npy members' headers against the batch's first
         batch: dict[str, Any] = {}
-        for name, start, end, dtype, shape, pieces in recipe:
-            if pieces is not None:  # Bytes
-                starts, lengths = pieces
-                views = (buffer[s : s + ln] for s, ln in zip(starts.tolist(), lengths.tolist()))
-                listed = self._lists.get(name)
-                if listed is not None:
-                    views = (v.view(listed) for v in views)
-                batch[name] = [v.copy() for v in views] if copy else list(views)
+        for name, start, end, dtype, shape, field in recipe:
+            if field is not None:  # Bytes
+                batch[name] = prepared.values(field, buffer, pending, copy, self._lists.get(name))
                 continue
             try:
                 values = buffer[start:end].view(dtype).reshape(shape)
@@ -236,12 +244,14 @@ class FieldsPlan:
         return batch
 
     def _recipe(self, prepared: Any, n: int) -> list[tuple]:
-        """(name, start, end, dtype, shape, pieces) of each field of the batch `prepared`
-        lays out: a view of buffer[start:end], or the Bytes pieces (starts, lengths)."""
+        """(name, start, end, dtype, shape, field) of each field of the batch `prepared`
+        lays out: a view of buffer[start:end], or a Bytes field's number (`field`)."""
         recipe: list[tuple] = []
-        for (name, spec), (offset, decoder, npy, pieces) in zip(self.entries, prepared.layout()):
+        for field, ((name, spec), (offset, decoder, npy, _)) in enumerate(
+            zip(self.entries, prepared.layout())
+        ):
             if isinstance(spec, Bytes):
-                recipe.append((name, 0, 0, None, None, pieces or (np.zeros(0), np.zeros(0))))
+                recipe.append((name, 0, 0, None, None, field))
                 continue
             dtype, shape, nbytes = self._layout_of(spec, decoder, npy)
             recipe.append((name, offset, offset + n * nbytes, dtype, (n, *shape), None))
@@ -270,6 +280,21 @@ class FieldsPlan:
             nbytes = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
             found = self._layouts[key] = (dtype, shape, nbytes)
         return found
+
+    def name_null(
+        self, error: ShardFormatError, indices: np.ndarray, reader: Any
+    ) -> ShardFormatError | None:
+        """For `error`, a table value of a Bytes field that its read found null (the reader
+        knows the file, row group and row, not the sample): the error sizing the batch's
+        values raises, which names the sample too. None for any other error."""
+        if not self._bytes_ids or "is null, and a batch asks" not in str(error):
+            return None
+        try:
+            with self.ds.indexed(indices):
+                self.ds.size_values(indices, self._bytes_ids, reader)
+        except ShardFormatError as named:
+            return named
+        return None
 
     def name_member(self, error: ShardFormatError, prepared: Any) -> ShardFormatError:
         """`error` from the reader, said of the field and sample whose bytes it is about."""
