@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -226,10 +227,11 @@ class PyPreparedBatch {
         if (length) std::memcpy(value.mutable_data(), b->data, length);
       } else if (b) {
         if (b->owner.get() != unit_of) {
-          auto* holder = new std::shared_ptr<const io::ByteVector>(b->owner);
-          unit = py::capsule(holder, [](void* p) {
+          auto holder = std::make_unique<std::shared_ptr<const io::ByteVector>>(b->owner);
+          unit = py::capsule(holder.get(), [](void* p) {
             delete static_cast<std::shared_ptr<const io::ByteVector>*>(p);
           });
+          holder.release();  // the capsule's now
           unit_of = b->owner.get();
         }
         value = py::array(type, shape, strides, b->data, unit);

@@ -78,9 +78,9 @@ class Bytes:
     """Variable-length bytes (a JPEG, a JSON text). The batch gets a list of uint8 arrays
     viewing the buffer, for ``map=`` or a decoder downstream.
 
-    A Parquet or Arrow value is handed out where its read leaves it: one of 4 KiB or more
-    in a decoded unit (decompressed pages) is a read-only view of that unit, which it
-    keeps alive; ``v.copy()`` gives a writable copy of its own.
+    A Parquet value is handed out where its read leaves it: one of 4 KiB or more in a
+    decoded unit the decoded-chunk cache keeps (decompressed pages) is a read-only view of
+    that unit, which it keeps alive; ``v.copy()`` gives a writable copy of its own.
 
     Takes no arguments. ``bytes(v)`` of a value gives ``bytes``.
     """

@@ -56,6 +56,11 @@ class IntegerDecoder final : public FieldDecoder {
   bool signed_;
 };
 
+// Whether the decoded-chunk cache keeps a unit of this size (a quarter of its limit at most).
+bool keeps(const ChunkCache& decoded, const ByteVector& unit) {
+  return unit.size() <= decoded.limit() / 4;
+}
+
 // [data, data + size) lies within `unit` (the decoded values, not the file's mapping).
 bool lies_in(const uint8_t* data, uint64_t size, const ByteVector& unit) {
   const auto at = reinterpret_cast<uintptr_t>(data);
@@ -227,8 +232,12 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
       throw FormatError(e.path(), e.offset(),
                         "row group " + std::to_string(u.row_group) + ", " + e.detail());
     }
-    if (values->size() <= decoded.limit() / 4) decoded.put(c.id, task.unit, values);
+    if (keeps(decoded, *values)) decoded.put(c.id, task.unit, values);
   }
+  // Values are lent out only of a unit the cache keeps: what batches hold alive past the
+  // cache's limit is then units it let go of meanwhile, not every unit of every batch in
+  // flight (a column chunk with no page index is one unit, up to gigabytes).
+  const bool lends = keeps(decoded, *values);
   const ColumnValues v = c.decoder->view(*values);
   if (v.rows != u.rows) {
     throw FormatError(path, u.offset,
@@ -288,7 +297,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
     }
     const uint8_t* src = value_at(row, size, r.offset);
     if (!r.decoder && r.out_length == kUnsizedValue && r.borrow) {
-      if (size >= kBorrowMinBytes && lies_in(src, size, *values)) {
+      if (lends && size >= kBorrowMinBytes && lies_in(src, size, *values)) {
         borrowed.push_back({index, src, size, values});
       } else {  // small, or in the file's mapping: copied, below
         copies.push_back({index, src, size});
@@ -302,7 +311,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                               std::to_string(size) + " bytes, not the " +
                               std::to_string(r.out_length) + " laid out for it");
       }
-      if (r.borrow && size >= kBorrowMinBytes && lies_in(src, size, *values)) {
+      if (r.borrow && lends && size >= kBorrowMinBytes && lies_in(src, size, *values)) {
         borrowed.push_back({index, src, size, values});
       } else if (size) {
         std::memcpy(into, src, size);
@@ -322,17 +331,18 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
     // One buffer for the task's copies, each at an offset aligned for any list's numbers.
     constexpr uint64_t kCopyAlign = 16;
     uint64_t total = 0;
-    for (const BorrowedValue& c : copies)
-      total += (c.size + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+    for (const BorrowedValue& copy : copies) {
+      total += (copy.size + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+    }
     auto held = std::make_shared<ByteVector>(total);
     uint64_t at = 0;
-    for (BorrowedValue& c : copies) {
-      if (c.size) std::memcpy(held->data() + at, c.data, c.size);
-      c.data = held->data() + at;
-      c.owner = held;
-      c.shared = false;
-      at += (c.size + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
-      borrowed.push_back(std::move(c));
+    for (BorrowedValue& copy : copies) {
+      if (copy.size) std::memcpy(held->data() + at, copy.data, copy.size);
+      copy.data = held->data() + at;
+      copy.owner = held;
+      copy.shared = false;
+      at += (copy.size + kCopyAlign - 1) / kCopyAlign * kCopyAlign;
+      borrowed.push_back(std::move(copy));
     }
   }
   return read;

@@ -38,8 +38,8 @@ ColumnPlan plan_columns(const FileTable& files, const std::vector<ReadRequest>& 
 // Reads and decodes the task's unit (unless the cache has it) and serves each of
 // its values. Returns the bytes it read from the file. A value whose decoder
 // blanks on error is zeroed and its request noted in `blanked`; one a request
-// lets borrow (ReadRequest::borrow) that lies in the decoded unit is noted in
-// `borrowed` instead of copied.
+// lets borrow (ReadRequest::borrow) that lies in the decoded unit, a unit the
+// cache keeps, is noted in `borrowed` instead of copied.
 uint64_t execute_column_task(const FileTable& files, const std::vector<ReadRequest>& requests,
                              const ColumnPlan& plan, const ColumnTask& task, uint8_t* dest,
                              FileCache& cache, ChunkCache& decoded, std::vector<uint32_t>& blanked,

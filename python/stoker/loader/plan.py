@@ -287,13 +287,16 @@ class FieldsPlan:
         """For `error`, a table value of a Bytes field that its read found null (the reader
         knows the file, row group and row, not the sample): the error sizing the batch's
         values raises, which names the sample too. None for any other error."""
-        if not self._bytes_ids or "is null, and a batch asks" not in str(error):
+        null = "is null, and a batch asks"  # the reader's words for it, and the sizing's
+        if not self._bytes_ids or null not in str(error):
             return None
         try:
             with self.ds.indexed(indices):
                 self.ds.size_values(indices, self._bytes_ids, reader)
         except ShardFormatError as named:
-            return named
+            return named if "is null" in str(named) else None
+        except Exception:  # noqa: BLE001 - the reader's own error is raised instead
+            return None
         return None
 
     def name_member(self, error: ShardFormatError, prepared: Any) -> ShardFormatError:
