@@ -263,6 +263,25 @@ def test_large_values_are_handed_out_where_they_were_decompressed(
             assert np.array_equal(token, tokens[label])
 
 
+def test_a_null_of_another_field_beside_bytes_is_the_readers_error(tmp_path):
+    """A null that an Int() field asks for, in a batch whose Bytes() values have none: the
+    reader's error, naming the file and the row, stands (the pass that names a Bytes
+    field's null with its sample finds nothing to say)."""
+    n = 40
+    table = pa.table(
+        {
+            "image": pa.array([bytes([i]) * 5000 for i in range(n)], pa.binary()),
+            "label": pa.array([None if i == 17 else i for i in range(n)], pa.int64()),
+        }
+    )
+    path = write(tmp_path / "labels.parquet", table, "zstd", False)
+    loader = stoker.Loader(
+        stoker.Dataset(path), 8, fields={"image": stoker.Bytes(), "label": stoker.Int()}
+    )
+    with pytest.raises(stoker.ShardFormatError, match=r"labels\.parquet.*row 17 is null"):
+        list(loader)
+
+
 def test_a_row_group_of_one_row_and_a_file_of_one_group(tmp_path):
     table = make_table(31, seed=2)
     for name, groups in (("one.parquet", 31), ("ones.parquet", 1)):

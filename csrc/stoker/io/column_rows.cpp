@@ -238,6 +238,10 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
   // cache's limit is then units it let go of meanwhile, not every unit of every batch in
   // flight (a column chunk with no page index is one unit, up to gigabytes).
   const bool lends = keeps(decoded, *values);
+  // A value handed out where it lies: in such a unit, and big enough to hold it for.
+  auto lendable = [&](const uint8_t* src, uint64_t size) {
+    return lends && size >= kBorrowMinBytes && lies_in(src, size, *values);
+  };
   const ColumnValues v = c.decoder->view(*values);
   if (v.rows != u.rows) {
     throw FormatError(path, u.offset,
@@ -297,7 +301,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
     }
     const uint8_t* src = value_at(row, size, r.offset);
     if (!r.decoder && r.out_length == kUnsizedValue && r.borrow) {
-      if (lends && size >= kBorrowMinBytes && lies_in(src, size, *values)) {
+      if (lendable(src, size)) {
         borrowed.push_back({index, src, size, values});
       } else {  // small, or in the file's mapping: copied, below
         copies.push_back({index, src, size});
@@ -311,7 +315,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                               std::to_string(size) + " bytes, not the " +
                               std::to_string(r.out_length) + " laid out for it");
       }
-      if (r.borrow && lends && size >= kBorrowMinBytes && lies_in(src, size, *values)) {
+      if (r.borrow && lendable(src, size)) {
         borrowed.push_back({index, src, size, values});
       } else if (size) {
         std::memcpy(into, src, size);
