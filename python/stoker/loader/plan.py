@@ -86,7 +86,7 @@ class FieldsPlan:
                 self._size_names += alternatives
             if isinstance(spec, Bytes):
                 self._bytes_names += alternatives
-            if isinstance(spec, Bytes):  # a table's lists of numbers: handed out typed
+                # A table's lists of numbers are handed out as arrays of their type.
                 listed = ds.table_dtype(alternatives[0], listed=True)
                 if listed is not None:
                     self._lists[name] = listed
@@ -294,7 +294,7 @@ class FieldsPlan:
             with self.ds.indexed(indices):
                 self.ds.size_values(indices, self._bytes_ids, reader)
         except ShardFormatError as named:
-            return named if "is null" in str(named) else None
+            return named if null in str(named) else None
         except Exception:  # noqa: BLE001 - the reader's own error is raised instead
             return None
         return None
