@@ -220,12 +220,20 @@ class PyPreparedBatch {
       }
       const std::vector<ssize_t> shape{static_cast<ssize_t>(length / itemsize)};
       const std::vector<ssize_t> strides{static_cast<ssize_t>(itemsize)};
+      if (!b && (f.starts[i] > size || length > size - f.starts[i])) {
+        throw py::value_error("the buffer is smaller than the batch");
+      }
+      const uint8_t* src = b ? b->data : base + f.starts[i];
+      // A pinned slot's values are copied out; views of the buffer are aligned
+      // (plan::kAlign), and a borrowed list of numbers lying unaligned is copied too.
+      const bool copied = b ? reinterpret_cast<uintptr_t>(src) % itemsize != 0 : copy;
       py::array value;
-      // Views of the buffer are aligned (plan::kAlign); a borrowed list of numbers may not be.
-      if (b && reinterpret_cast<uintptr_t>(b->data) % itemsize != 0) {
+      if (copied) {
         value = py::array(type, shape, strides);
-        if (length) std::memcpy(value.mutable_data(), b->data, length);
-      } else if (b) {
+        if (length) std::memcpy(value.mutable_data(), src, length);
+      } else if (!b) {
+        value = py::array(type, shape, strides, src, buffer);
+      } else {
         if (b->owner.get() != unit_of) {
           auto holder = std::make_unique<std::shared_ptr<const io::ByteVector>>(b->owner);
           unit = py::capsule(holder.get(), [](void* p) {
@@ -234,19 +242,9 @@ class PyPreparedBatch {
           holder.release();  // the capsule's now
           unit_of = b->owner.get();
         }
-        value = py::array(type, shape, strides, b->data, unit);
+        value = py::array(type, shape, strides, src, unit);
         if (b->shared) {
           py::detail::array_proxy(value.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-        }
-      } else {
-        if (f.starts[i] > size || length > size - f.starts[i]) {
-          throw py::value_error("the buffer is smaller than the batch");
-        }
-        if (copy) {
-          value = py::array(type, shape, strides);
-          if (length) std::memcpy(value.mutable_data(), base + f.starts[i], length);
-        } else {
-          value = py::array(type, shape, strides, base + f.starts[i], buffer);
         }
       }
       PyList_SET_ITEM(out.ptr(), static_cast<ssize_t>(i), value.release().ptr());

@@ -300,16 +300,9 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
                             "fill its nulls (pyarrow.compute.fill_null) and write the file again");
     }
     const uint8_t* src = value_at(row, size, r.offset);
-    if (!r.decoder && r.out_length == kUnsizedValue && r.borrow) {
-      if (lendable(src, size)) {
-        borrowed.push_back({index, src, size, values});
-      } else {  // small, or in the file's mapping: copied, below
-        copies.push_back({index, src, size});
-      }
-      continue;
-    }
     if (!r.decoder) {
-      if (size != r.out_length) {
+      const bool unsized = r.out_length == kUnsizedValue && r.borrow;  // no room laid out
+      if (!unsized && size != r.out_length) {
         throw FormatError(path, u.offset,
                           c.name + ": row " + std::to_string(r.offset) + " is " +
                               std::to_string(size) + " bytes, not the " +
@@ -317,6 +310,8 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
       }
       if (r.borrow && lendable(src, size)) {
         borrowed.push_back({index, src, size, values});
+      } else if (unsized) {  // small, or in the file's mapping: copied, below
+        copies.push_back({index, src, size});
       } else if (size) {
         std::memcpy(into, src, size);
       }
