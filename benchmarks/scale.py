@@ -18,6 +18,12 @@ pyarrow writes by default), hard-linked into a folder of as many files as each s
 and opened as that folder, with no manifest: every file's footer is looked at when it
 opens.
 
+With ``--format npy`` or ``--format hdf5``, one file of as many rows as the size's samples:
+a .npy of (rows, 16) uint8 written by numpy, or an HDF5 file written by h5py with a
+contiguous (rows, 16) uint8 ``bin`` and a (rows,) int64 ``cls``, their data holes (sparse
+files) but for the last row; opened as that one file and read as ``Npy()``, or two
+``Row()`` fields.
+
 Each measurement is a fresh process (this script with --child), killed when it runs past
 --timeout or its RSS passes --rss-limit GB (10^9 bytes; polled every 0.1 s), so that it reads
 "> 12 GB (killed)" rather than swapping the machine. For each size, and rank 0 and rank W-1
@@ -205,6 +211,39 @@ def make_parquet_dataset(root: str, label: str, base: str, rows: int) -> tuple[s
     return folder, time.perf_counter() - start
 
 
+def make_array_file(root: str, label: str, fmt: str) -> tuple[str, float | None]:
+    """One file of `label`'s samples (rows): a .npy of (rows, 16) uint8 written by numpy,
+    or an HDF5 file written by h5py with a contiguous (rows, 16) uint8 ``bin`` and a
+    (rows,) int64 ``cls``. Their data are holes but for the first and last rows (a sparse
+    file costs no disk): what is measured is opening and planning, not the disk."""
+    rows = SIZES[label] * SHARD_SAMPLES
+    path = os.path.join(root, f"{fmt}-{label}.{'npy' if fmt == 'npy' else 'h5'}")
+    if os.path.exists(path):
+        return path, None
+    import numpy as np
+
+    start = time.perf_counter()
+    os.makedirs(root, exist_ok=True)
+    tmp = path + ".tmp"
+    if fmt == "npy":
+        array = np.lib.format.open_memmap(tmp, mode="w+", dtype=np.uint8, shape=(rows, 16))
+        array[[0, rows - 1]] = 7
+        array.flush()
+        del array
+    else:
+        import h5py
+
+        with h5py.File(tmp, "w") as f:
+            for name, shape, dtype in (("bin", (rows, 16), np.uint8), ("cls", (rows,), np.int64)):
+                space = h5py.h5s.create_simple(shape)
+                plist = h5py.h5p.create(h5py.h5p.DATASET_CREATE)
+                plist.set_fill_time(h5py.h5d.FILL_TIME_NEVER)  # allocated, never written
+                h5py.h5d.create(f.id, name.encode(), h5py.h5t.py_create(dtype), space, plist)
+                f[name][rows - 1] = 7
+    os.replace(tmp, path)
+    return path, time.perf_counter() - start
+
+
 def _link(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -262,7 +301,11 @@ def child(spec: dict) -> None:
     ds = stoker.Dataset(spec["manifest"])
     emit(open_s=time.perf_counter() - start, rss_open=proc_status_bytes("VmRSS:"))
     start = time.perf_counter()
-    fields = {"bin": stoker.Raw((16,), "uint8"), "cls": stoker.Int()}  # (both formats')
+    fields: dict[str, Any] = {"bin": stoker.Raw((16,), "uint8"), "cls": stoker.Int()}
+    if spec["format"] == "npy":
+        fields = {"npy": stoker.Npy()}
+    elif spec["format"] == "hdf5":
+        fields = {"bin": stoker.Row(), "cls": stoker.Row()}
     split = {"rank": spec["rank"], "world_size": spec["world"]}
     loader = stoker.Loader(ds, BATCH, **split, shuffle=True, seed=0, drop_last=True, fields=fields)
     made = time.perf_counter()
@@ -473,6 +516,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
 
 
 def measure(label: str, manifest: str, args: argparse.Namespace, into: dict, raw: list) -> None:
+    data = {"format": args.format}  # which fields the children ask for
+
     def run(what: str, specs: list[dict]) -> list[Outcome]:
         start = time.perf_counter()
         outs = run_group(specs, args.timeout, args.rss_limit * GB)
@@ -486,16 +531,17 @@ def measure(label: str, manifest: str, args: argparse.Namespace, into: dict, raw
     for i in range(args.runs):  # configurations take turns, so drift hits them alike
         for config in args.configs:
             r, w = map(int, config.split("/"))
-            spec = {"kind": "single", "manifest": manifest, "rank": r, "world": w}
+            spec = {"kind": "single", "manifest": manifest, "rank": r, "world": w, **data}
             name = f"rank {r} / {w}"
             outs = run(f"{name}, run {i + 1}", [{**spec, "steps": args.steps}])
             into["single"].setdefault(name, []).extend(outs)
     if not args.skip_long:
-        spec = {"kind": "long", "manifest": manifest, "rank": WORLD - 1, "world": WORLD}
+        spec = {"kind": "long", "manifest": manifest, "rank": WORLD - 1, "world": WORLD, **data}
         into["long"] = run("long read", [spec])
     if not args.skip_together:
         barrier = tempfile.mkdtemp(prefix="stoker-scale-barrier-")
         spec = {"kind": "together", "manifest": manifest, "world": WORLD, "barrier": barrier}
+        spec.update(data)
         specs = [{**spec, "rank": r} for r in range(WORLD)]
         into["together"] = run(f"{WORLD} ranks at once", specs)
         shutil.rmtree(barrier, ignore_errors=True)
@@ -520,7 +566,7 @@ def main() -> None:
     parser.add_argument("--root", default="/tmp/stoker-scale")
     parser.add_argument("--prepare", action="store_true", help="make the datasets, measure nothing")
     parser.add_argument("--json", help="write every raw result here")
-    parser.add_argument("--format", choices=("tar", "parquet"), default="tar")
+    parser.add_argument("--format", choices=("tar", "parquet", "npy", "hdf5"), default="tar")
     parser.add_argument("--file-rows", type=int, default=1_000_000, help="parquet: rows a file")
     args = parser.parse_args()
     if args.child:
@@ -543,7 +589,12 @@ def main() -> None:
 
     made: dict[str, float | None] = {}
     manifests = {}
-    if args.format == "parquet":
+    if args.format in ("npy", "hdf5"):
+        for label in args.sizes:
+            manifests[label], made[label] = make_array_file(args.root, label, args.format)
+            how = "reused" if made[label] is None else f"made in {made[label]:.3f} s"
+            say(f"{label}: one {args.format} file of {SIZES[label] * SHARD_SAMPLES:,} rows, {how}")
+    elif args.format == "parquet":
         base = write_parquet_base(os.path.join(args.root, "base"), args.file_rows)
         for label in args.sizes:
             manifests[label], made[label] = make_parquet_dataset(

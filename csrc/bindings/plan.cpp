@@ -10,6 +10,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bindings.hpp"
@@ -50,46 +51,62 @@ std::shared_ptr<const void> hold_objects(std::vector<py::object> objects) {
   });
 }
 
+// A member column as the plan reads it: a numpy array of the caller's (held in `keep`),
+// or a rule (shard_rows.ComputedColumn: its `base` and `step`, one of each per member of
+// a sample). `length` is its rows.
+template <typename T>
+plan::MemberColumn<T> member_column(const py::handle& object, const char* what,
+                                    std::vector<py::object>& keep, uint64_t& length) {
+  plan::MemberColumn<T> out;
+  if (py::isinstance<py::array>(object)) {
+    auto array = exact<T>(object, what);
+    keep.push_back(py::reinterpret_borrow<py::object>(object));
+    out.stored = array.data();
+    length = static_cast<uint64_t>(array.size());
+    return out;
+  }
+  out.base = object.attr("base").cast<std::vector<T>>();
+  out.step = object.attr("step").cast<std::vector<T>>();
+  if (out.base.empty() || out.base.size() != out.step.size()) {
+    throw py::value_error(std::string(what) +
+                          ": a rule needs as many steps as bases, at least one");
+  }
+  length = object.attr("rows").cast<uint64_t>();
+  return out;
+}
+
 // One indexed shard's member columns (rows within the shard), as the plan reads them.
 std::shared_ptr<plan::ShardColumns> make_shard_columns(int64_t first_sample, py::dict columns,
-                                                       py::array sample_first,
+                                                       py::object sample_first,
                                                        py::list field_rows) {
   auto out = std::make_shared<plan::ShardColumns>();
   std::vector<py::object> keep;
-  auto column = [&](const char* name) -> py::object {
-    py::object array = columns[name];
-    keep.push_back(array);
-    return array;
+  uint64_t rows = 0, length = 0;
+  out->file = member_column<uint32_t>(columns["file"], "file", keep, rows);
+  auto column = [&](auto& into, const char* name) {
+    into = member_column<typename std::decay_t<decltype(into)>::Value>(columns[name], name, keep,
+                                                                       length);
+    if (length != rows) throw py::value_error("the member columns differ in length");
   };
-  auto file = exact<uint32_t>(column("file"), "file");
-  out->file = file.data();
-  out->offset = exact<uint64_t>(column("offset"), "offset").data();
-  out->length = exact<uint64_t>(column("length"), "length").data();
-  out->out = exact<uint64_t>(column("out"), "out").data();
-  out->codec = exact<uint8_t>(column("codec"), "codec").data();
-  out->crc = exact<uint32_t>(column("crc"), "crc").data();
-  out->decoder = exact<int32_t>(column("decoder"), "decoder").data();
-  out->array = exact<uint32_t>(column("array"), "array").data();
-  out->rows = static_cast<uint64_t>(file.size());
-  for (const py::object& array : keep) {
-    if (py::len(array) != out->rows) throw py::value_error("the member columns differ in length");
-  }
-  auto first = exact<int64_t>(sample_first, "sample_first");
-  keep.push_back(sample_first);
-  out->sample_first = first.data();
-  out->samples = static_cast<uint64_t>(first.size());
+  column(out->offset, "offset");
+  column(out->length, "length");
+  column(out->out, "out");
+  column(out->codec, "codec");
+  column(out->crc, "crc");
+  column(out->decoder, "decoder");
+  column(out->array, "array");
+  out->rows = rows;
+  out->sample_first = member_column<int64_t>(sample_first, "sample_first", keep, out->samples);
   out->first_sample = first_sample;
   for (const py::handle& table : field_rows) {
     if (table.is_none()) {
-      out->field_rows.push_back(nullptr);
+      out->field_rows.emplace_back();
       continue;
     }
-    auto rows = exact<int64_t>(table, "a field's rows");
-    if (static_cast<uint64_t>(rows.size()) != out->samples) {
+    out->field_rows.push_back(member_column<int64_t>(table, "a field's rows", keep, length));
+    if (length != out->samples) {
       throw py::value_error("a field's rows differ in length from the shard's samples");
     }
-    keep.push_back(py::reinterpret_borrow<py::object>(table));
-    out->field_rows.push_back(rows.data());
   }
   out->keep = hold_objects(std::move(keep));
   return out;
@@ -328,7 +345,8 @@ void register_plan(py::module_& m) {
       .def(py::init(&make_shard_columns), py::arg("first_sample"), py::arg("columns"),
            py::arg("sample_first"), py::arg("field_rows"),
            "columns: the member columns (rows within the shard); sample_first: each sample's "
-           "first row; field_rows: per field id, each sample's row of it (-1: none), or None.");
+           "first row; field_rows: per field id, each sample's row of it (-1: none), or None. "
+           "Each a numpy array, or a rule with `rows`, `base` and `step` (a ComputedColumn).");
   py::class_<PyMembers, std::shared_ptr<PyMembers>>(m, "MemberColumns",
                                                     "The dataset's index as a batch plan reads it.")
       .def(py::init<py::array, py::dict, std::shared_ptr<io::FileTable>, std::vector<uint64_t>,

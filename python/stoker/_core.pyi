@@ -11,6 +11,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
+from stoker._columns import ComputedColumn
+
 __version__: str
 
 class StokerError(Exception):
@@ -710,9 +712,9 @@ class ShardColumns:
     def __init__(
         self,
         first_sample: int,
-        columns: dict[str, np.ndarray],
-        sample_first: np.ndarray,
-        field_rows: Sequence[np.ndarray | None],
+        columns: dict[str, np.ndarray | ComputedColumn],
+        sample_first: np.ndarray | ComputedColumn,
+        field_rows: Sequence[np.ndarray | ComputedColumn | None],
     ) -> None: ...
 
 class MemberColumns:

@@ -437,3 +437,29 @@ def test_remote_array_sources_are_refused_clearly():
     with pytest.raises(stoker.ShardFormatError, match="local disk") as e:
         stoker.Dataset("https://127.0.0.1:9/data.h5")
     assert "https://127.0.0.1:9/data.h5" in str(e.value)
+
+
+def test_rows_by_rule_beside_rows_in_chunks_read_in_place(tmp_path):
+    """Rows of a contiguous array, and of one read by chunk, follow a rule: their members
+    are computed, not stored row by row. Whole rows in uncompressed chunks are read in
+    place from each chunk's offset, which follows no rule: beside them the members are
+    stored. Both read byte-exact."""
+    from stoker._columns import ComputedColumn
+
+    data = _data()
+    path = tmp_path / "mixed.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("images", data=data["images"])
+        f.create_dataset("floats", data=data["floats"], chunks=(16, 5), compression="gzip")
+        f.create_dataset("grid", data=data["grid"], chunks=(16, 5, 7))
+    order = np.random.default_rng(2).permutation(N)
+    for arrays, computed in ((["images", "floats"], True), (None, False)):
+        ds = stoker.Dataset(str(path), arrays=arrays)
+        batch = ds.get_batch(order)
+        for sample, i in zip(batch, order):
+            for name in arrays or ("images", "floats", "grid"):
+                want = data[name][i]
+                assert sample[name].tobytes() == want.astype(sample[name].dtype).tobytes()
+        columns = ds.members.piece_index(0).columns
+        assert all(isinstance(c, ComputedColumn) for c in columns.values()) == computed
+        assert isinstance(columns["offset"], ComputedColumn) == computed

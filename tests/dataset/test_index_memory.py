@@ -161,3 +161,59 @@ def test_the_fields_plan_after_indexes_were_let_go_of(many_shards):
     cls = np.concatenate([b["cls"].numpy() for b in loader])
     assert cls.tolist() == [int(f["cls"]) for _, f in samples]
     assert os.path.exists(manifest)
+
+
+def _sparse_npy(path, rows: int, picks: list[int]) -> np.ndarray:
+    """A .npy of `rows` (2,) uint16 rows written by numpy, its data a hole but for the rows
+    `picks`; returns their values."""
+    values = np.stack([np.array(picks) % 65521, np.array(picks) // 65521 % 65521], 1)
+    array = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint16, shape=(rows, 2))
+    array[picks] = values
+    array.flush()
+    del array
+    return values.astype(np.uint16)
+
+
+def test_a_large_npy_is_indexed_by_rule_not_row_by_row(tmp_path):
+    """A .npy's rows follow a rule (offset = data start + row * row bytes): opening one of
+    5M rows makes no array of them (it made ten columns of 5M, 50 bytes a row), and rows at
+    both ends and in the middle read back through the sample path and the fields= plan."""
+    import tracemalloc
+
+    torch = pytest.importorskip("torch")
+    rows = 5_000_000
+    picks = [0, 1, 2, 3, 2_345_678, rows - 1]
+    values = _sparse_npy(tmp_path / "rows.npy", rows, picks)
+    tracemalloc.start()
+    try:
+        ds = stoker.Dataset(str(tmp_path / "rows.npy"))
+        got = ds.get_batch(np.array(picks))
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(ds) == rows
+    assert peak < 2_000_000, peak
+    assert max(len(a) for a in _arrays(ds.members)) < 100
+    for sample, want in zip(got, values):
+        assert sample["npy"].tolist() == want.tolist()
+    assert [s["__key__"] for s in got] == [f"rows/{i}" for i in picks]
+    loader = stoker.Loader(ds, batch_size=4, shuffle=False, fields={"npy": stoker.Npy()})
+    first = next(iter(loader))
+    assert torch.equal(first["npy"], torch.from_numpy(values[:4]))
+    assert first["__key__"] == [f"rows/{i}" for i in range(4)]
+
+
+def test_a_npy_cut_short_after_open_names_the_file_and_offset(tmp_path):
+    """Rows read by rule from a file cut short since it was opened: the error names the
+    file and the offset of the first row it could not read."""
+    path = tmp_path / "short.npy"
+    np.save(path, np.arange(1000, dtype=np.int64).reshape(500, 2))
+    ds = stoker.Dataset(str(path))
+    loader = stoker.Loader(ds, batch_size=500, shuffle=False, fields={"npy": stoker.Npy()})
+    size = os.path.getsize(path)
+    with open(path, "r+b") as f:
+        f.truncate(size - 16 * 10)  # the last 10 rows gone
+    with pytest.raises(stoker.StokerError) as e:
+        next(iter(loader))
+    assert str(path) in str(e.value), e.value
+    assert "offset" in str(e.value), e.value

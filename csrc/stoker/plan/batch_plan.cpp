@@ -75,7 +75,7 @@ void find_rows(const FieldSpec& f, const int64_t* indices, size_t n, const Membe
     int64_t row = -1;
     for (int32_t field : f.field_ids) {
       if (field >= 0 && static_cast<size_t>(field) < shard->field_rows.size() &&
-          shard->field_rows[field] != nullptr) {
+          shard->field_rows[field].present()) {
         row = shard->field_rows[field][local];
         if (row >= 0) break;
       }

@@ -46,24 +46,42 @@ struct FieldSpec {
   uint64_t length = 0;                              // kColumn: the column's entries
 };
 
-// One indexed shard's members, rows numbered within the shard. The arrays are
-// the caller's; `keep` holds them for as long as any batch plan uses them.
+// A member column: stored, one value per row, or worked out from the row where the
+// rows follow a rule (a .npy's, an array source's: a billion rows held as a few
+// numbers). With base.size() members per sample, member j of sample i being row
+// i * base.size() + j, that row holds base[j] + step[j] * i.
+template <typename T>
+struct MemberColumn {
+  using Value = T;
+  const T* stored = nullptr;
+  std::vector<T> base, step;
+  bool present() const { return stored != nullptr || !base.empty(); }
+  T operator[](uint64_t row) const {
+    if (stored != nullptr) return stored[row];
+    const size_t period = base.size();
+    const size_t j = period == 1 ? 0 : row % period;
+    return static_cast<T>(base[j] + step[j] * static_cast<T>(row / period));
+  }
+};
+
+// One indexed shard's members, rows numbered within the shard. Stored columns are
+// the caller's arrays; `keep` holds them for as long as any batch plan uses them.
 struct ShardColumns {
   int64_t first_sample = 0;  // the dataset's number of the shard's first sample
   uint64_t samples = 0;
   uint64_t rows = 0;
-  const uint32_t* file = nullptr;  // into the dataset's FileTable
-  const uint64_t* offset = nullptr;
-  const uint64_t* length = nullptr;
-  const uint64_t* out = nullptr;
-  const uint8_t* codec = nullptr;
-  const uint32_t* crc = nullptr;
-  const int32_t* decoder = nullptr;
-  const uint32_t* array = nullptr;
-  const int64_t* sample_first = nullptr;  // per sample of the shard: its first row
+  MemberColumn<uint32_t> file;  // into the dataset's FileTable
+  MemberColumn<uint64_t> offset;
+  MemberColumn<uint64_t> length;
+  MemberColumn<uint64_t> out;
+  MemberColumn<uint8_t> codec;
+  MemberColumn<uint32_t> crc;
+  MemberColumn<int32_t> decoder;
+  MemberColumn<uint32_t> array;
+  MemberColumn<int64_t> sample_first;  // per sample of the shard: its first row
   // Per field id of the dataset: each sample's row of that field (-1: none), or
-  // null where no sample of the shard has the field.
-  std::vector<const int64_t*> field_rows;
+  // absent where no sample of the shard has the field.
+  std::vector<MemberColumn<int64_t>> field_rows;
   std::shared_ptr<const void> keep;
 };
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import numpy as np
 
 import stoker._core as _core
+from stoker._columns import ComputedColumn
 from stoker.errors import ShardFormatError, StokerError, UsageError, located
 
 
@@ -26,7 +27,7 @@ class ArrayField:
     dtype: np.dtype  # native byte order
     row_shape: tuple[int, ...]
     layout: _core.ArrayLayout | None = None
-    offsets: np.ndarray | None = None
+    offsets: np.ndarray | ComputedColumn | None = None
     storage: str = ""  # how it is stored, for `stoker inspect`
 
     @property
@@ -85,9 +86,10 @@ def field_names_of(path: str, names: Sequence[str]) -> list[str]:
     return [n.lower() for n in names]
 
 
-def in_place_offsets(base: int, rows: int, row_bytes: int) -> np.ndarray:
-    """Byte offsets of `rows` rows stored back to back from `base`."""
-    return np.uint64(base) + np.arange(rows, dtype=np.uint64) * np.uint64(row_bytes)
+def in_place_offsets(base: int, rows: int, row_bytes: int) -> ComputedColumn:
+    """Byte offsets of `rows` rows stored back to back from `base` (worked out as they are
+    asked for: a billion rows are not made at open)."""
+    return ComputedColumn(rows, base, row_bytes, np.uint64)
 
 
 def has_tensor_type(dtype: np.dtype) -> bool:

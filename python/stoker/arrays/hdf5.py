@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 import stoker._core as _core
+from stoker._columns import ComputedColumn
 from stoker.arrays.array_fields import (
     ArrayField,
     check_dtype,
@@ -88,7 +89,9 @@ def hdf5_arrays(path: str, arrays: Sequence[str] | None) -> tuple[int, list[Arra
 
 def _layout(
     path: str, name: str, d: Any
-) -> tuple[np.dtype, tuple[int, ...], _core.ArrayLayout | None, np.ndarray | None, str]:
+) -> tuple[
+    np.dtype, tuple[int, ...], _core.ArrayLayout | None, np.ndarray | ComputedColumn | None, str
+]:
     """(dtype, row shape, ArrayLayout or None, in-place offsets or None, storage text) of
     the h5py.Dataset `d`."""
     where = f"{path}:/{name}"

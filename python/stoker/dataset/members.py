@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 import stoker._core as _core
+from stoker._columns import ComputedColumn
 from stoker._process import ProcessLocal
 from stoker.dataset.shard_rows import (
     MEMBER_COLUMNS,
@@ -539,12 +540,13 @@ class MemberTable:
         """Whether every sample of indexed `piece` has field `name`."""
         index = self._resident[piece]
         rows = index.field_rows.get(self._field_ids.get(name, -1))
-        return rows is not None and bool((rows >= 0).all())
+        # (Rows that follow a rule are every sample's: see ShardIndex.)
+        return rows is not None and (isinstance(rows, ComputedColumn) or bool((rows >= 0).all()))
 
     def member_out(self, piece: int) -> tuple[np.ndarray, np.ndarray]:
         """Each member's decoded bytes of indexed `piece`, and where each sample's start."""
         index = self._resident[piece]
-        return index.columns["out"], index.sample_first
+        return np.asarray(index.columns["out"]), np.asarray(index.sample_first)
 
     def keys(self, indices: np.ndarray) -> list[str]:
         """Keys of samples `indices` (their pieces indexed)."""

@@ -10,6 +10,7 @@ from typing import Any, Protocol
 import numpy as np
 
 import stoker._core as _core
+from stoker._columns import ComputedColumn
 from stoker.errors import ShardFormatError, located
 
 #: What adding shards found that a user should hear: (kind, shard, detail, detail).
@@ -60,32 +61,46 @@ class ShardIndex:
     def __init__(
         self,
         first_sample: int,
-        columns: dict[str, np.ndarray],
-        per_sample: np.ndarray,
+        columns: dict[str, np.ndarray | ComputedColumn],
+        per_sample: np.ndarray | int,
         keys: np.ndarray | None,
         row_offset: int = 0,
     ) -> None:
         self.first_sample = first_sample
         self.row_offset = row_offset
-        self.columns = {
-            name: np.ascontiguousarray(columns[name], dtype=dtype)
+        self.columns: dict[str, Any] = {
+            name: column
+            if isinstance(column := columns[name], ComputedColumn)
+            else np.ascontiguousarray(column, dtype=dtype)
             for name, dtype in MEMBER_COLUMNS.items()
         }
-        self.samples = len(per_sample)
-        self.sample_first = np.zeros(self.samples + 1, np.int64)
-        np.cumsum(per_sample, out=self.sample_first[1:])
-        self.field_rows: dict[int, np.ndarray] = {}
-        field, sample = self.columns["field"], self.columns["sample"]
-        for f in np.unique(field).tolist():
-            hits = np.flatnonzero(field == f)
-            rows = np.full(self.samples, -1, np.int64)
-            rows[sample[hits]] = hits
-            self.field_rows[int(f)] = rows
-        self.keys = keys
+        self.field_rows: dict[int, Any] = {}
         #: Fields with members whose size is not known yet (table values: see
         #: MemberTable.size_values).
-        out = self.columns["out"]
-        self.unsized = {int(f) for f in np.unique(field[out == np.iinfo(np.uint64).max]).tolist()}
+        self.unsized: set[int] = set()
+        self.sample_first: Any
+        if isinstance(per_sample, int):
+            # Every sample has the same `per_sample` members, one per field in the same
+            # order (a .npy's rows, an array source's): the rows follow a rule, and so do
+            # the samples' first rows and each field's rows.
+            self.samples = self.rows // per_sample
+            self.sample_first = ComputedColumn(self.samples + 1, 0, per_sample, np.int64)
+            for j, f in enumerate(np.asarray(columns["field"][:per_sample]).tolist()):
+                self.field_rows[int(f)] = ComputedColumn(self.samples, j, per_sample, np.int64)
+        else:
+            self.samples = len(per_sample)
+            self.sample_first = np.zeros(self.samples + 1, np.int64)
+            np.cumsum(per_sample, out=self.sample_first[1:])
+            field, sample = self.columns["field"], self.columns["sample"]
+            for f in np.unique(field).tolist():
+                hits = np.flatnonzero(field == f)
+                rows = np.full(self.samples, -1, np.int64)
+                rows[sample[hits]] = hits
+                self.field_rows[int(f)] = rows
+            out = self.columns["out"]
+            unsized = field[out == np.iinfo(np.uint64).max]
+            self.unsized = {int(f) for f in np.unique(unsized).tolist()}
+        self.keys = keys
         self._core: _core.ShardColumns | None = None
         self._key_prefix: str | None = None  # "stem/" of keys made from the shard's name
 
@@ -97,10 +112,13 @@ class ShardIndex:
         """The shard as a BatchPlan reads it (made once)."""
         if self._core is None:
             fields = max(self.field_rows, default=-1) + 1
+            first = self.sample_first
             self._core = _core.ShardColumns(
                 self.first_sample,
                 {name: self.columns[name] for name in _PLAN_COLUMNS},
-                self.sample_first[:-1],
+                first[:-1]
+                if isinstance(first, np.ndarray)
+                else ComputedColumn(self.samples, first.base, first.step, np.int64),
                 [self.field_rows.get(f) for f in range(fields)],
             )
         return self._core
@@ -140,6 +158,7 @@ def shard_index(
     notes: list[Note] = []
     keys = None
     start = 0
+    per_sample: np.ndarray | int  # an int: every sample's members follow a rule
     if index["format"] == "table":
         start, end = rows if rows is not None else (0, int(index["rows"]))
         cols, n, per_sample = _table_rows(numbering, shard, index, name, start, end)
@@ -179,8 +198,12 @@ def shard_index(
             "the shard changed",
         )
     m = len(cols["offset"])
-    cols["file"] = member_files if member_files is not None else np.full(m, shard)
-    cols["sample"] = np.repeat(np.arange(n, dtype=np.int64), per_sample)
+    if isinstance(per_sample, int):  # rows that follow a rule (see ShardIndex)
+        cols["file"] = ComputedColumn(m, shard, 0, np.uint32)
+        cols["sample"] = ComputedColumn(m, [0] * per_sample, [1] * per_sample, np.int64)
+    else:
+        cols["file"] = member_files if member_files is not None else np.full(m, shard)
+        cols["sample"] = np.repeat(np.arange(n, dtype=np.int64), per_sample)
     return ShardIndex(first, cols, per_sample, keys, start), notes
 
 
@@ -214,46 +237,67 @@ def chunk_groups(sizes: np.ndarray, rows_per_group: dict[int, int | np.ndarray])
     return np.concatenate(out) if out else sizes
 
 
-def _npy_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np.ndarray]:
+def _npy_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, int]:
     """The member rows of a .npy shard's index: one per row, with a decoder for its dtype
-    and row shape."""
+    and row shape; computed, not stored."""
     n = int(index["shape"][0])
     row_shape = tuple(int(d) for d in index["shape"][1:])
-    row = np.uint64(index["row_bytes"])
-    cols = {
-        "offset": np.uint64(index["data_offset"]) + np.arange(n, dtype=np.uint64) * row,
-        "length": np.full(n, row, np.uint64),
-        "out": np.full(n, row, np.uint64),
-        "codec": np.zeros(n, np.uint8),
-        "crc": np.zeros(n, np.uint32),
-        "field": np.full(n, table.field_id("npy"), np.int32),
-        "decoder": np.full(n, table.decoder_id(index["descr"], row_shape, name), np.int32),
-        "array": np.zeros(n, np.uint32),
+    row = int(index["row_bytes"])
+    constant = {
+        "length": row,
+        "out": row,
+        "codec": 0,
+        "crc": 0,
+        "field": table.field_id("npy"),
+        "decoder": table.decoder_id(index["descr"], row_shape, name),
+        "array": 0,
     }
-    return cols, n, np.ones(n, np.int64)
+    cols: dict[str, Any] = {
+        column: ComputedColumn(n, value, 0, MEMBER_COLUMNS[column])
+        for column, value in constant.items()
+    }
+    cols["offset"] = ComputedColumn(n, int(index["data_offset"]), row, np.uint64)
+    return cols, n, 1
 
 
-def _array_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np.ndarray]:
+def _array_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np.ndarray | int]:
     """The member rows of an array source: per sample, one per field (array), each row
-    read in place or as an ARRAY_ROW of the array's layout (which joins the table's)."""
+    read in place or as an ARRAY_ROW of the array's layout (which joins the table's).
+    Computed where every array's rows follow a rule (read by chunk, or in place back to
+    back); stored where an array's rows lie in chunks read in place."""
     n = int(index["rows"])
     fields = index["fields"]
     k = len(fields)
-    cols = {column: np.zeros(n * k, dtype) for column, dtype in MEMBER_COLUMNS.items()}
+    base = {column: [0] * k for column in MEMBER_COLUMNS}
+    step = {column: [0] * k for column in MEMBER_COLUMNS}
+    stored = {}  # the offsets of arrays whose rows follow no rule
     for j, field in enumerate(fields):
-        at = slice(j, n * k, k)  # sample-major: sample i's members are i*k .. i*k+k-1
         row_bytes = field.row_bytes
-        cols["out"][at] = row_bytes
-        cols["field"][at] = table.field_id(field.name)
-        cols["decoder"][at] = table.decoder_id(field.dtype.str, field.row_shape, name)
+        base["out"][j] = row_bytes
+        base["field"][j] = table.field_id(field.name)
+        base["decoder"][j] = table.decoder_id(field.dtype.str, field.row_shape, name)
         if field.layout is None:
-            cols["offset"][at] = field.offsets
-            cols["length"][at] = row_bytes
+            base["length"][j] = row_bytes
+            if isinstance(field.offsets, ComputedColumn) and field.offsets.period == 1:
+                base["offset"][j] = int(field.offsets.base[0])
+                step["offset"][j] = int(field.offsets.step[0])
+            else:
+                stored[j] = np.asarray(field.offsets, np.uint64)
         else:
-            cols["offset"][at] = np.arange(n, dtype=np.uint64)
-            cols["codec"][at] = int(_core.Codec.ARRAY_ROW)
-            cols["array"][at] = len(table.arrays)
+            step["offset"][j] = 1  # the row
+            base["codec"][j] = int(_core.Codec.ARRAY_ROW)
+            base["array"][j] = len(table.arrays)
             table.arrays.append(field.layout)
+    computed = {
+        column: ComputedColumn(n * k, base[column], step[column], dtype)
+        for column, dtype in MEMBER_COLUMNS.items()
+        if column not in ("file", "sample")
+    }
+    if not stored:
+        return computed, n, k
+    cols = {column: np.asarray(values) for column, values in computed.items()}
+    for j, offsets in stored.items():
+        cols["offset"][j : n * k : k] = offsets  # sample-major: sample i's at i*k .. i*k+k-1
     return cols, n, np.full(n, k, np.int64)
 
 
