@@ -19,6 +19,7 @@
 #include "stoker/errors.hpp"
 #include "stoker/io/decoder.hpp"
 #include "stoker/plan/batch_plan.hpp"
+#include "stoker/plan/keyed_permutation.hpp"
 
 namespace py = pybind11;
 
@@ -326,6 +327,29 @@ PyBatchPlan make_plan(const py::list& fields) {
 }  // namespace
 
 void register_plan(py::module_& m) {
+  m.def(
+      "keyed_permutation",
+      [](uint64_t n, const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& keys,
+         const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& positions) {
+        const int64_t* at = positions.data();
+        for (py::ssize_t i = 0; i < positions.size(); ++i) {
+          if (at[i] < 0 || static_cast<uint64_t>(at[i]) >= n) {
+            throw py::value_error("position " + std::to_string(at[i]) + " is outside [0, " +
+                                  std::to_string(n) + ")");
+          }
+        }
+        py::array_t<int64_t> out(positions.size());
+        int64_t* into = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          plan::keyed_permutation(n, keys.data(), static_cast<size_t>(keys.size()), at,
+                                  static_cast<size_t>(positions.size()), into);
+        }
+        return out;
+      },
+      py::arg("n"), py::arg("keys"), py::arg("positions"),
+      "Where each of `positions` (each in [0, n)) goes under the pseudo-random permutation "
+      "of [0, n) that `keys` (uint64, one per Feistel round) choose.");
   // The reader's own codes and those the decoders registered (module.cpp registers
   // them first), under the names they registered.
   py::enum_<io::Codec> codec(m, "Codec",

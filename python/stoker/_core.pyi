@@ -717,6 +717,10 @@ class ShardColumns:
         field_rows: Sequence[np.ndarray | ComputedColumn | None],
     ) -> None: ...
 
+def keyed_permutation(n: int, keys: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """Where each of `positions` (each in [0, n)) goes under the pseudo-random permutation of
+    [0, n) that `keys` (uint64, one per Feistel round) choose."""
+
 class MemberColumns:
     def __init__(
         self,

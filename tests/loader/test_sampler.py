@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from stoker.errors import StokerError, UsageError
-from stoker.loader import sampler
+from stoker.loader import sample_orders, sampler
 from stoker.loader.epochs import EpochCursor, Order
 from stoker.loader.sampler import MixSpec, _source_seed, plan_epoch
 
@@ -157,9 +157,18 @@ def reference_order(
     n = np.array([len(s) for s in segments], np.int64)
     counts = _gen(seed, epoch, 4, rank, world_size).multinomial(n, [1.0 / w] * w)
     buckets = [[] for _ in range(len(segments) + w - 1)]
+
+    def permutation(size, lazy, *words):
+        # A segment of more than LAZY_SEGMENT samples, and a bucket that may hold a piece
+        # of one, are permuted by a KeyedPermutation; the rest by numpy's permutation.
+        if lazy:
+            return sample_orders.KeyedPermutation(size, *words).at(np.arange(size))
+        return _gen(*words).permutation(size)
+
+    large = n > sample_orders.LAZY_SEGMENT
     for j, segment in enumerate(segments):
         dealt = np.array(segment)[
-            _gen(seed, epoch, 6, rank, world_size, j).permutation(len(segment))
+            permutation(len(segment), large[j], seed, epoch, 6, rank, world_size, j)
         ]
         at = 0
         for i in range(w):
@@ -168,7 +177,8 @@ def reference_order(
     order = []
     for k, bucket in enumerate(buckets):
         bucket = np.array(bucket, np.int64)
-        order.extend(bucket[_gen(seed, epoch, 5, rank, world_size, k).permutation(len(bucket))])
+        lazy = large[max(0, k - w + 1) : k + 1].any()
+        order.extend(bucket[permutation(len(bucket), lazy, seed, epoch, 5, rank, world_size, k)])
     return [int(v) for v in order]
 
 
@@ -293,6 +303,70 @@ FIXED = [
 @pytest.mark.parametrize("case", FIXED)
 def test_the_plan_is_the_reference(case):
     _check_against_reference(**case)
+
+
+@pytest.fixture
+def lazy_segments(monkeypatch):
+    """Segments of more than 6 samples permuted lazily, as those of millions are."""
+    monkeypatch.setattr(sample_orders, "LAZY_SEGMENT", 6)
+
+
+@pytest.mark.parametrize("case", FIXED)
+def test_lazily_permuted_plans_are_the_reference(case, lazy_segments):
+    _check_against_reference(**case)
+
+
+def test_lazily_permuted_plans_keep_the_guarantees(lazy_segments):
+    sizes = np.array([40, 3, 17, 1, 0, 9, 64, 5, 2, 30], np.int64)
+    for drop_last in (True, False):
+        plans = _plans(sizes, 3, drop_last=drop_last, shuffle_window=3, batch_size=4)
+        seen = np.concatenate([p.indices for p in plans])
+        if drop_last:
+            assert len(np.unique(seen)) == len(seen)  # disjoint ranks
+        else:
+            assert set(seen.tolist()) == set(range(int(sizes.sum())))  # every sample read
+        for p in plans:
+            assert len(np.unique(p.indices)) == p.samples  # each once in its stretch
+            _check_spans(p, sizes, 2)
+            again = pickle.loads(pickle.dumps(p))
+            assert np.array_equal(again.indices, p.indices)
+    one, other = (_plans(sizes, 1, seed=seed)[0].indices for seed in (1, 2))
+    assert not np.array_equal(one, other)
+
+
+def test_a_billion_row_group_plans_lazily():
+    """One group of a billion samples (a .npy or HDF5 file read in place): a rank's segment
+    of 125M samples is permuted where batches read it, not made whole (1 GB and 9 s at
+    every epoch); its order is still a permutation of the stretch, batch by batch."""
+    for world, rank in ((8, 0), (8, 7), (1, 0)):
+        tracemalloc.start()
+        try:
+            began = time.perf_counter()
+            plan = plan_epoch(
+                [10**9],
+                batch_size=256,
+                shuffle=True,
+                seed=1,
+                epoch=2,
+                rank=rank,
+                world_size=world,
+                drop_last=True,
+            )
+            first = plan.batch(0)
+            took = time.perf_counter() - began
+            middle = plan.batch(len(plan) // 2)
+            last = plan.batch(len(plan) - 1)
+            groups, _, _ = plan.group_spans(len(plan) - 3)
+            peak = tracemalloc.get_traced_memory()[1]
+        finally:
+            tracemalloc.stop()
+        stretch = 10**9 // world
+        both = np.concatenate([first, middle, last])
+        assert len(np.unique(both)) == 3 * 256
+        assert (both >= rank * stretch).all() and (both < (rank + 1) * stretch).all()
+        assert groups.tolist() == [0]
+        assert peak < 50e6
+        assert took < 2.0  # milliseconds; the bound only catches work in N
 
 
 @pytest.mark.parametrize("world,done", [(3, 0), (2, 7), (4, 5)])
@@ -658,9 +732,29 @@ def test_a_state_of_the_old_order_is_refused():
     )
     cursor = EpochCursor(order)
     state = cursor.state_dict(10)
-    assert state["version"] == 2
+    assert state["version"] == 3
     with pytest.raises(StokerError, match="earlier stoker.*cannot be resumed exactly.*set_epoch"):
         cursor.load_state_dict({**state, "version": 1, "epoch": 3}, 10)
     with pytest.raises(StokerError, match="version 7 is not supported"):
         cursor.load_state_dict({**state, "version": 7}, 10)
     cursor.load_state_dict(state, 10)
+    # Version 2 had the same order where no group is permuted lazily, as here.
+    cursor.load_state_dict({**state, "version": 2}, 10)
+
+
+def test_a_state_of_the_order_before_lazy_segments_is_refused_where_it_differs(lazy_segments):
+    order = Order(
+        np.array([5, 9]),
+        batch_size=2,
+        shuffle=True,
+        seed=0,
+        drop_last=False,
+        rank=0,
+        world_size=1,
+        shuffle_window=8,
+    )
+    cursor = EpochCursor(order)
+    state = cursor.state_dict(14)
+    cursor.load_state_dict(state, 14)
+    with pytest.raises(StokerError, match="groups of more than 6 samples.*one of 9.*set_epoch"):
+        cursor.load_state_dict({**state, "version": 2}, 14)

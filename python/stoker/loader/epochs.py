@@ -11,11 +11,14 @@ from typing import Any
 import numpy as np
 
 from stoker.errors import StokerError
+from stoker.loader import sample_orders
 from stoker.loader.mixing import MixSpec
 from stoker.loader.sampler import EpochPlan, batch_count, plan_epoch, rank_stretch
 
-#: 2: the lazy per-rank order (order version 2 of the sampler); 1 had another order.
-STATE_VERSION = 2
+#: 3: segments of more than sample_orders.LAZY_SEGMENT samples permuted by a
+#: KeyedPermutation; 2: the lazy per-rank order (order version 2 of the sampler), which is
+#: the same where no group is that large; 1 had another order.
+STATE_VERSION = 3
 
 
 def epoch_batches(samples: int, world_size: int, drop_last: bool, batch_size: int) -> int:
@@ -180,11 +183,21 @@ class EpochCursor:
 
     def load_state_dict(self, state: Mapping[str, Any], samples: int) -> None:
         version = state.get("version")
-        if version == 1:
+        largest = int(np.max(self.order.group_sizes, initial=0))
+        if version == 2 and largest <= sample_orders.LAZY_SEGMENT:
+            version = STATE_VERSION  # (no group is permuted otherwise now: the same order)
+        if version in (1, 2):
             epoch = state.get("epoch", 0)
             raise StokerError(
                 "this loader state was saved by an earlier stoker, whose epoch order differs "
-                "from this one's, so it cannot be resumed exactly: start the epoch over "
+                "from this one's"
+                + (
+                    f" for groups of more than {sample_orders.LAZY_SEGMENT:,} samples (this "
+                    f"dataset has one of {largest:,})"
+                    if version == 2
+                    else ""
+                )
+                + ", so it cannot be resumed exactly: start the epoch over "
                 f"instead (load nothing, or call set_epoch({epoch}) to read epoch {epoch} "
                 "again from its first batch)"
             )

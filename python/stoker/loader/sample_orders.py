@@ -19,6 +19,8 @@ import numpy as np
 import numpy.ma  # noqa: F401
 import numpy.random  # noqa: F401
 
+import stoker._core as _core
+
 # Random streams, each its own tag, so that changing how one is drawn never shifts another
 # (tags 1 and 2: the first order's keys, and the sampler's augment_seed; a Mix's sources
 # are seeded with tag 3 in another position of the words, see stoker.loader.mixing).
@@ -37,6 +39,28 @@ def concat(parts: list[np.ndarray]) -> np.ndarray:
     if not parts:
         return EMPTY
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+#: Segments of more samples than this are permuted by a KeyedPermutation, worked out at the
+#: positions a batch reads, rather than by a permutation array made whole (8 bytes a
+#: sample: a billion-row file read in place is one group, its rank's segment 125M samples
+#: in a world of 8, which took 9 s and a gigabyte at every epoch).
+LAZY_SEGMENT = 1 << 22
+_ROUNDS = 6
+_LABEL_BLOCK = 1 << 20
+
+
+class KeyedPermutation:
+    """A pseudo-random permutation of range(n), keyed by the random stream `words` name:
+    ``at(positions)`` is where each position goes, in time of the positions asked and no
+    memory of n (a Feistel network of _ROUNDS rounds, see _core.keyed_permutation)."""
+
+    def __init__(self, n: int, *words: int) -> None:
+        self.n = int(n)
+        self.keys = random_stream(*words).integers(0, 2**64, _ROUNDS, dtype=np.uint64)
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return _core.keyed_permutation(self.n, self.keys, positions)
 
 
 class SampleSeq(Protocol):
@@ -162,15 +186,17 @@ class ShuffledStretch:
         self._segments = RecentCache(w + 1)
         self._buckets = RecentCache(2)
 
-    def _segment(self, j: int) -> tuple[np.ndarray, np.ndarray]:
-        """Segment j's samples in the order they are dealt out, and where each bucket's
-        piece of them starts."""
+    def _segment(self, j: int) -> tuple[np.ndarray | _LazySegment, np.ndarray]:
+        """Segment j's samples in the order they are dealt out (a large one's worked out
+        where they are read), and where each bucket's piece of them starts."""
         seed, epoch, rank, world = self.streams
-        rng = random_stream(seed, epoch, _SEGMENT, rank, world, j)
-        samples = self.base[j] + rng.permutation(int(self.n[j]))
+        words = (seed, epoch, _SEGMENT, rank, world, j)
         cuts = np.zeros(self.window + 1, np.int64)
         np.cumsum(self.counts[j], out=cuts[1:])
-        return samples, cuts
+        n = int(self.n[j])
+        if n > LAZY_SEGMENT:
+            return _LazySegment(int(self.base[j]), KeyedPermutation(n, *words)), cuts
+        return self.base[j] + random_stream(*words).permutation(n), cuts
 
     def _sources(self, k: int) -> range:
         """The segments that may have samples in bucket k."""
@@ -180,7 +206,14 @@ class ShuffledStretch:
         seed, epoch, rank, world = self.streams
         return random_stream(seed, epoch, _BUCKET, rank, world, k).permutation(size)
 
-    def _bucket(self, k: int) -> np.ndarray:
+    def _lazy(self, k: int) -> bool:
+        """Whether bucket k holds a piece of a segment permuted lazily: it is too."""
+        return any(self.n[j] > LAZY_SEGMENT for j in self._sources(k))
+
+    def _bucket(self, k: int) -> np.ndarray | _LazyBucket:
+        if self._lazy(k):
+            seed, epoch, rank, world = self.streams
+            return _LazyBucket(self, k, (seed, epoch, _BUCKET, rank, world, k))
         parts = []
         for j in self._sources(k):
             if self.counts[j, k - j]:
@@ -189,12 +222,33 @@ class ShuffledStretch:
         bucket = concat(parts)
         return bucket[self._bucket_permutation(k, len(bucket))]
 
-    def _bucket_segments(self, k: int) -> np.ndarray:
-        """The segment each sample of bucket k comes from, in bucket order."""
+    def _bucket_reads(self, k: int, lo: int, hi: int) -> tuple[np.ndarray, ...]:
+        """The segments that bucket k's positions [lo, hi) hold samples of, and the first
+        and the last of those positions holding each."""
         sources = np.array(self._sources(k), np.int64)
         pieces = self.counts[sources, k - sources].astype(np.int64)
-        labels = np.repeat(sources, pieces)
-        return labels[self._bucket_permutation(k, len(labels))]
+        if not self._lazy(k):
+            labels = np.repeat(sources, pieces)
+            labels = labels[self._bucket_permutation(k, len(labels))][lo:hi]
+            u, where = np.unique(labels, return_index=True)
+            _, back = np.unique(labels[::-1], return_index=True)
+            return u, lo + where, hi - 1 - back
+        held = sources[pieces > 0]
+        if len(held) == 1:  # (a file read in place is one group: its buckets hold only it)
+            return held, np.array([lo]), np.array([hi - 1])
+        bucket = self._buckets.get(k, self._bucket)
+        assert isinstance(bucket, _LazyBucket)
+        first = np.full(len(sources), -1, np.int64)
+        last = np.full(len(sources), -1, np.int64)
+        for block in range(lo, hi, _LABEL_BLOCK):  # in blocks: a bucket may be millions
+            labels = bucket.segments_at(block, min(hi, block + _LABEL_BLOCK)) - sources[0]
+            u, where = np.unique(labels, return_index=True)
+            new = first[u] < 0
+            first[u[new]] = block + where[new]
+            u, where = np.unique(labels[::-1], return_index=True)
+            last[u] = block + len(labels) - 1 - where
+        read = np.flatnonzero(first >= 0)
+        return sources[read], first[read], last[read]
 
     def take(self, start: int, count: int) -> np.ndarray:
         stop = start + count
@@ -234,19 +288,63 @@ class ShuffledStretch:
             last.append((s[k_last + 1] - 1) // b)
             bucket.append(k_first)
         for k in sorted({k_lo, k_hi}):
-            labels = self._bucket_segments(k)
-            positions = s[k] + np.arange(len(labels), dtype=np.int64)
-            read = (positions >= start) & (positions < stop)
-            labels, positions = labels[read], positions[read]
-            if not len(labels):
+            lo, hi = max(start, int(s[k])), min(stop, int(s[k + 1]))
+            if hi <= lo:
                 continue
-            u, at = np.unique(labels, return_index=True)
-            _, at_back = np.unique(labels[::-1], return_index=True)
+            u, at, at_last = self._bucket_reads(k, lo - int(s[k]), hi - int(s[k]))
             seg.append(u)
-            first.append(positions[at] // b)
-            last.append(positions[len(labels) - 1 - at_back] // b)
+            first.append((s[k] + at) // b)
+            last.append((s[k] + at_last) // b)
             bucket.append(np.full(len(u), k, np.int64))
         return spans_by_group(self.group[concat(seg)], concat(first), concat(last), concat(bucket))
+
+
+class _LazySegment:
+    """A large segment's samples in their dealt-out order, worked out where sliced."""
+
+    def __init__(self, base: int, order: KeyedPermutation) -> None:
+        self.base, self.order = base, order
+
+    def at(self, positions: np.ndarray) -> np.ndarray:
+        return self.base + self.order.at(positions)
+
+
+class _LazyBucket:
+    """Bucket k of a stretch holding a lazily permuted segment's piece: its pieces one
+    after another (as an eager bucket's), permuted by a KeyedPermutation; a slice of it
+    is worked out from the positions alone."""
+
+    def __init__(self, stretch: ShuffledStretch, k: int, words: tuple[int, ...]) -> None:
+        self.stretch, self.k = stretch, k
+        self.sources = np.array(stretch._sources(k), np.int64)
+        sizes = stretch.counts[self.sources, k - self.sources].astype(np.int64)
+        self.starts = np.zeros(len(sizes) + 1, np.int64)  # each piece's place in the bucket
+        np.cumsum(sizes, out=self.starts[1:])
+        self.order = KeyedPermutation(int(self.starts[-1]), *words)
+
+    def _pieces(self, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """For bucket positions [lo, hi): which piece each sample is of, and where in it."""
+        at = self.order.at(np.arange(lo, hi, dtype=np.int64))
+        piece = np.searchsorted(self.starts, at, side="right") - 1
+        return piece, at - self.starts[piece]
+
+    def segments_at(self, lo: int, hi: int) -> np.ndarray:
+        """The segment of each sample at bucket positions [lo, hi)."""
+        return self.sources[self._pieces(lo, hi)[0]]
+
+    def __getitem__(self, key: slice) -> np.ndarray:
+        lo, hi, _ = key.indices(int(self.starts[-1]))
+        piece, offset = self._pieces(lo, hi)
+        out = np.empty(len(piece), np.int64)
+        for p in np.unique(piece).tolist():
+            j = int(self.sources[p])
+            samples, cuts = self.stretch._segments.get(j, self.stretch._segment)
+            where = piece == p
+            positions = cuts[self.k - j] + offset[where]
+            out[where] = (
+                samples.at(positions) if isinstance(samples, _LazySegment) else samples[positions]
+            )
+        return out
 
 
 def spans_by_group(

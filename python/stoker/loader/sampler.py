@@ -2,7 +2,7 @@
 world size, the group sizes, the shuffle window and drop_last, never of timing or threads.
 
 Samples come in groups: a shard, or a run of whole chunks of an array source. The order is
-shuffled at two levels so that data can stream group by group (order version 2):
+shuffled at two levels so that data can stream group by group (order version 3):
 
 - **The line.** The epoch's groups are put in a random order (natural order without
   shuffle), and their samples laid out one group after another, each group's in its own
@@ -27,12 +27,17 @@ What this guarantees:
 - The mixing is that of giving each sample a key uniform in [j, j+w) and sorting by key,
   per rank: a sample's bucket is uniform over its w buckets, and within a bucket the order
   is uniformly random.
+- A segment of more than ``LAZY_SEGMENT`` (4M) samples, and a bucket holding a piece of
+  one, is permuted by a keyed pseudo-random permutation (a Feistel network) worked out at
+  the positions a batch reads, rather than by a permutation made whole: a file of a
+  billion rows read in place is one group, a rank's segment of it 125M samples in a world
+  of 8. (Version 2 made those whole; smaller segments are permuted as they were.)
 - Nothing is made before it is needed. A plan holds a few numbers per group; a batch is
   built from the one or two buckets it overlaps, each from at most w segments, so the first
   batch costs the same for a thousand samples or a billion, and batch k comes without
   making the batches before it (an exact resume starts there at once). Reading batch by
   batch, each segment is shuffled once and each bucket built once; memory stays about w
-  groups' worth.
+  groups' worth (nothing of a segment permuted lazily).
 
 **A Mix** draws an epoch of ``epoch_samples`` from its sources, exactly ``counts()[s]`` of
 source s. Each source is read as an endless stream of passes, pass p that source's own
@@ -328,7 +333,7 @@ def plan_epoch(
     consumed: tuple[int, bool, int] | None = None,
     mix: MixSpec | None = None,
 ) -> EpochPlan:
-    """This rank's batches for `epoch` (order version 2; see the module's docstring).
+    """This rank's batches for `epoch` (order version 3; see the module's docstring).
 
     Every rank gets the same number of samples, hence of batches (DDP hangs otherwise).
     With ``drop_last`` the ranks are disjoint and the end of the line is dropped (at most
