@@ -192,7 +192,8 @@ if not all(os.path.realpath(p).startswith(want) for p in (stoker.__file__, stoke
   for name in test_tar test_zip test_npy test_reader test_dataset test_loader test_malformed \
     test_member_index test_index_memory test_grouping test_image test_hdf5 test_zarr test_nifti \
     test_cuda_standin test_gds_cpu test_patches test_tiff test_array_boxes test_stores \
-    test_slides test_parquet_pages test_parquet_dataset test_table_pieces test_tables_damaged; do
+    test_slides test_parquet_pages test_parquet_dataset test_table_pieces test_tables_damaged \
+    test_sampler test_computed_columns; do
     found=$(find "$ROOT/tests" -name "$name.py" -print -quit)
     if [[ -n $found ]]; then
       tests+=("$found")
