@@ -23,6 +23,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 import stoker
 from stoker._process import usable_cores
 from stoker.errors import StokerError
@@ -454,13 +456,16 @@ def run(args: argparse.Namespace) -> int:
 
                 def dataloader(w: int = knob, b: int = b) -> Any:
                     fork = w > 0 and sys.platform.startswith("linux")
+                    # The `limit` samples read, in a random order: what shuffle=True reads
+                    # first, without its permutation of every sample (a list of a billion
+                    # ints for a billion-row file, more memory than most machines have).
+                    order = np.random.default_rng(0).choice(n, limit, replace=False)
                     return torch.utils.data.DataLoader(
                         ds,
                         batch_size=b,
-                        shuffle=True,
+                        sampler=order.tolist(),
                         num_workers=w,
                         collate_fn=_keep_bytes,
-                        generator=torch.Generator().manual_seed(0),
                         multiprocessing_context="fork" if fork else None,
                     )
 

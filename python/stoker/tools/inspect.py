@@ -155,12 +155,43 @@ def _remote_entry(ds: Any, i: int) -> dict:
 
 
 @dataclass
+class FieldSizes:
+    """A field's member sizes summed up: how many, the least, the most and their total (a
+    file of a billion rows of one size is four numbers, not 8 GB of sizes)."""
+
+    count: int = 0
+    least: int = 0
+    most: int = 0
+    total: int = 0
+
+    @classmethod
+    def of(cls, sizes: np.ndarray) -> FieldSizes:
+        if not len(sizes):
+            return cls()
+        return cls(len(sizes), int(sizes.min()), int(sizes.max()), int(sizes.sum()))
+
+    @classmethod
+    def uniform(cls, count: int, size: int) -> FieldSizes:
+        return cls(count, size, size, count * size) if count else cls()
+
+    def __add__(self, other: FieldSizes) -> FieldSizes:
+        if not other.count or not self.count:
+            return self if self.count else other
+        return FieldSizes(
+            self.count + other.count,
+            min(self.least, other.least),
+            max(self.most, other.most),
+            self.total + other.total,
+        )
+
+
+@dataclass
 class ShardReport:
     path: str
     format: str
     bytes: int
     samples: int = 0
-    fields: dict[str, np.ndarray] | None = None  # field -> member sizes
+    fields: dict[str, FieldSizes] | None = None  # field -> its members' sizes
     error: str | None = None
     keys: list[str] | None = None
     key_runs: int = 0  # samples a reader of adjacent members only would see
@@ -244,10 +275,10 @@ def inspect_shards(
             return ShardReport(path, os.path.splitext(path)[1][1:], 0, error=str(e))
         if fmt == "npy":
             rows = int(found["shape"][0])
-            sizes = np.full(rows, int(found["row_bytes"]), np.int64)
+            sizes = FieldSizes.uniform(rows, int(found["row_bytes"]))
             return ShardReport(path, fmt, size, rows, {"npy": sizes})
         fields = {
-            name: found["member_out_length"][found["member_field"] == i].astype(np.int64)
+            name: FieldSizes.of(found["member_out_length"][found["member_field"] == i])
             for i, name in enumerate(found["field_names"])
         }
         keys = found["keys"]
@@ -270,7 +301,7 @@ def _array_report(path: str, fmt: str) -> ShardReport:
     fields, lines = {}, []
     stored = 0
     for field in found["fields"]:
-        fields[field.name] = np.full(rows, field.row_bytes, np.int64)
+        fields[field.name] = FieldSizes.uniform(rows, field.row_bytes)
         layout = field.layout
         shape = f"{(rows, *field.row_shape)} {field.dtype}"
         line = f"{field.name}: {shape}, {field.storage}"
@@ -325,11 +356,11 @@ def _table_report(path: str, fmt: str) -> ShardReport:
             continue
         if column.lengths is not None:  # read in place: each value's size is known
             present = ~column.nulls if column.nulls is not None else slice(None)
-            fields[column.name.lower()] = column.lengths[present].astype(np.int64)
+            fields[column.name.lower()] = FieldSizes.of(column.lengths[present])
         elif column.width and column.spec is not None and column.spec[2] == 0:
             # (a required Parquet column of one width: every row has a value of that size;
             # other Parquet values are sized only by decoding their pages)
-            fields[column.name.lower()] = np.full(rows, column.width, np.int64)
+            fields[column.name.lower()] = FieldSizes.uniform(rows, column.width)
     report = TableReport(np.asarray(groups, np.int64), columns, about)
     return ShardReport(path, fmt, os.path.getsize(path), rows, fields, table=report)
 
@@ -496,7 +527,7 @@ def inspection_notes(reports: list[ShardReport], names: list[str]) -> list[str]:
     counts: dict[str, int] = {}
     for r in good:
         for field, sizes in (r.fields or {}).items():
-            counts[field] = counts.get(field, 0) + len(sizes)
+            counts[field] = counts.get(field, 0) + sizes.count
     partial = sorted(f for f, n in counts.items() if n < total)
     if partial:
         shown = ", ".join(f"{f} ({counts[f]:,})" for f in partial)
@@ -539,10 +570,10 @@ def format_inspection(
             )
         else:
             lines.append(f"{name:<{width}}  {r.format:<{kind}}  {'-':>9}  {'-':>9}  MALFORMED")
-    totals: dict[str, list[np.ndarray]] = {}
+    totals: dict[str, FieldSizes] = {}
     for r in good:
         for field, sizes in (r.fields or {}).items():
-            totals.setdefault(field, []).append(sizes)
+            totals[field] = totals.get(field, FieldSizes()) + sizes
     if totals:
         named = max([10, *(len(f) for f in totals)])  # (a table's dotted names run long)
         lines += [
@@ -550,12 +581,13 @@ def format_inspection(
             f"{'field':<{named}}  {'samples':>9}  {'min':>9}  {'mean':>9}  {'max':>9}  total",
         ]
         for field in sorted(totals):
-            sizes = np.concatenate(totals[field])
-            if not len(sizes):
+            sizes = totals[field]
+            if not sizes.count:
                 continue
             lines.append(
-                f"{field:<{named}}  {len(sizes):>9,}  {human(sizes.min()):>9}  "
-                f"{human(sizes.mean()):>9}  {human(sizes.max()):>9}  {human(sizes.sum())}"
+                f"{field:<{named}}  {sizes.count:>9,}  {human(sizes.least):>9}  "
+                f"{human(sizes.total / sizes.count):>9}  {human(sizes.most):>9}  "
+                f"{human(sizes.total)}"
             )
     lines += table_lines(shown, reports)
     arrays = [(name, r) for name, r in zip(shown, reports) if r.arrays and r.error is None]
