@@ -331,6 +331,9 @@ void register_plan(py::module_& m) {
       "keyed_permutation",
       [](uint64_t n, const py::array_t<uint64_t, py::array::c_style | py::array::forcecast>& keys,
          const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& positions) {
+        if (n > (uint64_t{1} << 63)) {
+          throw py::value_error("n must be at most 2**63: positions are int64");
+        }
         const int64_t* at = positions.data();
         for (py::ssize_t i = 0; i < positions.size(); ++i) {
           if (at[i] < 0 || static_cast<uint64_t>(at[i]) >= n) {

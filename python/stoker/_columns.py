@@ -25,6 +25,10 @@ class ComputedColumn:
         self.step = np.array(step, self.dtype, ndmin=1)
         if self.rows < 0 or not len(self.base) or self.base.shape != self.step.shape:
             raise ValueError("a computed column needs rows >= 0 and a step for each base")
+        if self.dtype.itemsize < 8 and self.step.any():
+            # (a sample's number times a step would wrap in a narrow type: only 64-bit
+            # columns, offsets and rows, grow with the row)
+            raise ValueError(f"a computed {self.dtype} column must be constant per member")
 
     @property
     def period(self) -> int:
@@ -46,8 +50,7 @@ class ComputedColumn:
             row = int(key) + (self.rows if key < 0 else 0)
             if not 0 <= row < self.rows:
                 raise IndexError(f"row {int(key)} of a column of {self.rows}")
-            i, j = divmod(row, self.period)
-            return self.dtype.type(self.base[j] + self.step[j] * self.dtype.type(i))
+            return self._at(np.array([row], np.int64))[0]
         if isinstance(key, slice):
             return self._at(np.arange(*key.indices(self.rows), dtype=np.int64))
         rows = np.asarray(key)
@@ -62,10 +65,18 @@ class ComputedColumn:
         return self._at(rows)
 
     def _at(self, rows: np.ndarray) -> np.ndarray:
-        if self.period == 1:
-            return self.base[0] + self.step[0] * rows.astype(self.dtype)
+        # In uint64, which wraps as the C++ plan's arithmetic does; then the column's type.
         i, j = np.divmod(rows, self.period)
-        return self.base[j] + self.step[j] * i.astype(self.dtype)
+        base, step = self.base.astype(np.uint64), self.step.astype(np.uint64)
+        return (base[j] + step[j] * i.astype(np.uint64)).astype(self.dtype)
+
+    def __eq__(self, other: object) -> bool:
+        # (numpy's `column == value` would be an array; a column that is not one must not
+        # quietly answer False)
+        raise TypeError("compare np.asarray(column), not a ComputedColumn")
+
+    __ne__ = __eq__
+    __hash__ = None  # type: ignore[assignment]
 
     def __array__(self, dtype: Any = None, copy: Any = None) -> np.ndarray:
         values = self._at(np.arange(self.rows, dtype=np.int64))

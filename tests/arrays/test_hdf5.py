@@ -461,5 +461,6 @@ def test_rows_by_rule_beside_rows_in_chunks_read_in_place(tmp_path):
                 want = data[name][i]
                 assert sample[name].tobytes() == want.astype(sample[name].dtype).tobytes()
         columns = ds.members.piece_index(0).columns
-        assert all(isinstance(c, ComputedColumn) for c in columns.values()) == computed
+        # Beside rows in chunks read in place only the offsets are stored, 8 bytes a member.
         assert isinstance(columns["offset"], ComputedColumn) == computed
+        assert all(isinstance(c, ComputedColumn) for n, c in columns.items() if n != "offset")

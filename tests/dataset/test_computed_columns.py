@@ -54,3 +54,31 @@ def test_rows_outside_are_refused():
         column[np.ones(9, bool)]
     with pytest.raises(ValueError):
         ComputedColumn(10, [1, 2], [1], np.int64)
+
+
+def test_narrow_columns_are_constant_and_read_past_their_range():
+    codec = ComputedColumn(1000, 3, 0, np.uint8)
+    assert codec[300] == 3 and codec[-1] == 3 and codec[np.array([999])].tolist() == [3]
+    field = ComputedColumn(2**33, [4, 5], [0, 0], np.int32)
+    assert field[2**32 + 1] == 5 and field[np.array([2**33 - 2])].tolist() == [4]
+    with pytest.raises(ValueError, match="constant per member"):
+        ComputedColumn(10, 0, 1, np.int32)
+
+
+def test_a_comparison_is_refused_rather_than_answered_false():
+    column = ComputedColumn(10, 0, 1, np.int64)
+    with pytest.raises(TypeError, match="np.asarray"):
+        column == 3  # noqa: B015
+    assert (np.asarray(column) == 3).sum() == 1
+
+
+def test_keyed_permutation_bounds():
+    import stoker._core as _core
+
+    keys = np.arange(6, dtype=np.uint64)
+    assert _core.keyed_permutation(2**63, keys, np.array([0, 2**63 - 1])).min() >= 0
+    with pytest.raises(ValueError, match="at most 2\\*\\*63"):
+        _core.keyed_permutation(2**63 + 1, keys, np.array([0]))
+    with pytest.raises(ValueError, match="outside"):
+        _core.keyed_permutation(10, keys, np.array([10]))
+    assert _core.keyed_permutation(0, keys, np.array([], np.int64)).tolist() == []

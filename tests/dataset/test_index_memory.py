@@ -217,3 +217,13 @@ def test_a_npy_cut_short_after_open_names_the_file_and_offset(tmp_path):
         next(iter(loader))
     assert str(path) in str(e.value), e.value
     assert "offset" in str(e.value), e.value
+
+
+def test_a_npy_of_more_rows_than_a_shard_may_hold_is_refused_clearly(tmp_path):
+    path = tmp_path / "huge.npy"
+    rows = np.lib.format.open_memmap(path, mode="w+", dtype=np.uint8, shape=(2**32 + 1,))
+    del rows  # (a hole: no disk)
+    with pytest.raises(stoker.ShardFormatError) as e:
+        stoker.Dataset(str(path))
+    assert str(path) in str(e.value) and "4,294,967,297 members" in str(e.value)
+    assert "split it" in str(e.value)

@@ -60,7 +60,9 @@ struct MemberColumn {
     if (stored != nullptr) return stored[row];
     const size_t period = base.size();
     const size_t j = period == 1 ? 0 : row % period;
-    return static_cast<T>(base[j] + step[j] * static_cast<T>(row / period));
+    // In uint64, which wraps (Python's ComputedColumn does the same); then the column's type.
+    return static_cast<T>(static_cast<uint64_t>(base[j]) +
+                          static_cast<uint64_t>(step[j]) * (row / period));
   }
 };
 

@@ -21,6 +21,9 @@ Note = tuple[str, int, int, int]
 PIECE_MIN_ROWS = 512
 PIECE_MAX_ROWS = 65536
 
+#: Members one shard (or table piece) may hold: a member's id keeps its row in 32 bits.
+MAX_SHARD_MEMBERS = 1 << 32
+
 #: The member columns and their types (rows and samples numbered within their shard).
 MEMBER_COLUMNS = {
     "file": np.uint32,  # index into the table's files
@@ -198,6 +201,14 @@ def shard_index(
             "the shard changed",
         )
     m = len(cols["offset"])
+    if m > MAX_SHARD_MEMBERS:
+        raise located(
+            ShardFormatError,
+            name,
+            0,
+            f"holds {m:,} members (rows times arrays): a shard holds at most {MAX_SHARD_MEMBERS:,} "
+            "(members are numbered in 32 bits); split it into several files",
+        )
     if isinstance(per_sample, int):  # rows that follow a rule (see ShardIndex)
         cols["file"] = ComputedColumn(m, shard, 0, np.uint32)
         cols["sample"] = ComputedColumn(m, [0] * per_sample, [1] * per_sample, np.int64)
@@ -260,11 +271,11 @@ def _npy_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, int]
     return cols, n, 1
 
 
-def _array_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np.ndarray | int]:
+def _array_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, int]:
     """The member rows of an array source: per sample, one per field (array), each row
     read in place or as an ARRAY_ROW of the array's layout (which joins the table's).
-    Computed where every array's rows follow a rule (read by chunk, or in place back to
-    back); stored where an array's rows lie in chunks read in place."""
+    Computed, but for the offsets of an array whose rows lie in uncompressed chunks read in
+    place (they follow the chunks'), which are stored."""
     n = int(index["rows"])
     fields = index["fields"]
     k = len(fields)
@@ -288,17 +299,17 @@ def _array_rows(table: Numbering, index: dict, name: str) -> tuple[dict, int, np
             base["codec"][j] = int(_core.Codec.ARRAY_ROW)
             base["array"][j] = len(table.arrays)
             table.arrays.append(field.layout)
-    computed = {
+    computed: dict[str, Any] = {
         column: ComputedColumn(n * k, base[column], step[column], dtype)
         for column, dtype in MEMBER_COLUMNS.items()
         if column not in ("file", "sample")
     }
-    if not stored:
-        return computed, n, k
-    cols = {column: np.asarray(values) for column, values in computed.items()}
-    for j, offsets in stored.items():
-        cols["offset"][j : n * k : k] = offsets  # sample-major: sample i's at i*k .. i*k+k-1
-    return cols, n, np.full(n, k, np.int64)
+    if stored:  # only the offsets are stored, 8 bytes a member
+        offsets = np.asarray(computed["offset"])
+        for j, values in stored.items():
+            offsets[j : n * k : k] = values  # sample-major: sample i's at i*k .. i*k+k-1
+        computed["offset"] = offsets
+    return computed, n, k
 
 
 def table_pieces(rows: int, groups: np.ndarray | None) -> np.ndarray:

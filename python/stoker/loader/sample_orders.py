@@ -9,7 +9,7 @@ reads data; everything is numpy.
 from __future__ import annotations
 
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 import numpy as np
@@ -39,6 +39,24 @@ def concat(parts: list[np.ndarray]) -> np.ndarray:
     if not parts:
         return EMPTY
     return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+
+def first_and_last(
+    blocks: Iterable[tuple[int, np.ndarray]], labels: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Of labels in [0, `labels`) given a block at a time (the block's first position, its
+    labels), those that occur, and the first and the last position of each, in label
+    order."""
+    first = np.full(labels, -1, np.int64)
+    last = np.full(labels, -1, np.int64)
+    for at, block in blocks:
+        u, where = np.unique(block, return_index=True)
+        new = first[u] < 0
+        first[u[new]] = at + where[new]
+        u, where = np.unique(block[::-1], return_index=True)
+        last[u] = at + len(block) - 1 - where
+    read = np.flatnonzero(first >= 0)
+    return read, first[read], last[read]
 
 
 #: Segments of more samples than this are permuted by a KeyedPermutation, worked out at the
@@ -227,28 +245,21 @@ class ShuffledStretch:
         and the last of those positions holding each."""
         sources = np.array(self._sources(k), np.int64)
         pieces = self.counts[sources, k - sources].astype(np.int64)
+        blocks: Iterable[tuple[int, np.ndarray]]
         if not self._lazy(k):
-            labels = np.repeat(sources, pieces)
-            labels = labels[self._bucket_permutation(k, len(labels))][lo:hi]
-            u, where = np.unique(labels, return_index=True)
-            _, back = np.unique(labels[::-1], return_index=True)
-            return u, lo + where, hi - 1 - back
-        held = sources[pieces > 0]
-        if len(held) == 1:  # (a file read in place is one group: its buckets hold only it)
-            return held, np.array([lo]), np.array([hi - 1])
-        bucket = self._buckets.get(k, self._bucket)
-        assert isinstance(bucket, _LazyBucket)
-        first = np.full(len(sources), -1, np.int64)
-        last = np.full(len(sources), -1, np.int64)
-        for block in range(lo, hi, _LABEL_BLOCK):  # in blocks: a bucket may be millions
-            labels = bucket.segments_at(block, min(hi, block + _LABEL_BLOCK)) - sources[0]
-            u, where = np.unique(labels, return_index=True)
-            new = first[u] < 0
-            first[u[new]] = block + where[new]
-            u, where = np.unique(labels[::-1], return_index=True)
-            last[u] = block + len(labels) - 1 - where
-        read = np.flatnonzero(first >= 0)
-        return sources[read], first[read], last[read]
+            labels = np.repeat(np.arange(len(sources)), pieces)
+            blocks = [(lo, labels[self._bucket_permutation(k, len(labels))][lo:hi])]
+        elif np.count_nonzero(pieces) == 1:  # (a file read in place is one group)
+            return sources[pieces > 0], np.array([lo]), np.array([hi - 1])
+        else:  # in blocks: a bucket may be millions
+            seed, epoch, rank, world = self.streams
+            bucket = _LazyBucket(self, k, (seed, epoch, _BUCKET, rank, world, k))
+            blocks = (
+                (at, bucket.segments_at(at, min(hi, at + _LABEL_BLOCK)) - sources[0])
+                for at in range(lo, hi, _LABEL_BLOCK)
+            )
+        read, first, last = first_and_last(blocks, len(sources))
+        return sources[read], first, last
 
     def take(self, start: int, count: int) -> np.ndarray:
         stop = start + count

@@ -78,6 +78,7 @@ from stoker.loader.sample_orders import (
     ShuffledStretch,
     Stretch,
     concat,
+    first_and_last,
     group_line,
     read_order,
 )
@@ -280,19 +281,14 @@ class EpochPlan:
 
     def _walk(self, start: int, stop: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         ends = np.cumsum(self._group_sizes)
-        first = np.full(len(ends), -1, np.int64)  # first and last position reading each
-        last = np.full(len(ends), -1, np.int64)
-        for at in range(start, stop, _WALK):
-            n = min(_WALK, stop - at)
-            groups = np.searchsorted(ends, self.take(at, n), side="right")
-            unique, where = np.unique(groups, return_index=True)
-            new = first[unique] < 0
-            first[unique[new]] = at + where[new]
-            unique, where = np.unique(groups[::-1], return_index=True)
-            last[unique] = at + n - 1 - where
-        read = np.flatnonzero(first >= 0)
-        read = read[np.argsort(first[read], kind="stable")]
-        return read, first[read] // self.batch_size, last[read] // self.batch_size
+        blocks = (
+            (at, np.searchsorted(ends, self.take(at, min(_WALK, stop - at)), side="right"))
+            for at in range(start, stop, _WALK)
+        )
+        read, first, last = first_and_last(blocks, len(ends))
+        order = np.argsort(first, kind="stable")
+        b = self.batch_size
+        return read[order], first[order] // b, last[order] // b
 
 
 def group_readers(
