@@ -228,10 +228,13 @@ class ShuffledStretch:
         """Whether bucket k holds a piece of a segment permuted lazily: it is too."""
         return any(self.n[j] > LAZY_SEGMENT for j in self._sources(k))
 
+    def _lazy_bucket(self, k: int) -> _LazyBucket:
+        seed, epoch, rank, world = self.streams
+        return _LazyBucket(self, k, (seed, epoch, _BUCKET, rank, world, k))
+
     def _bucket(self, k: int) -> np.ndarray | _LazyBucket:
         if self._lazy(k):
-            seed, epoch, rank, world = self.streams
-            return _LazyBucket(self, k, (seed, epoch, _BUCKET, rank, world, k))
+            return self._lazy_bucket(k)
         parts = []
         for j in self._sources(k):
             if self.counts[j, k - j]:
@@ -252,8 +255,7 @@ class ShuffledStretch:
         elif np.count_nonzero(pieces) == 1:  # (a file read in place is one group)
             return sources[pieces > 0], np.array([lo]), np.array([hi - 1])
         else:  # in blocks: a bucket may be millions
-            seed, epoch, rank, world = self.streams
-            bucket = _LazyBucket(self, k, (seed, epoch, _BUCKET, rank, world, k))
+            bucket = self._lazy_bucket(k)
             blocks = (
                 (at, bucket.segments_at(at, min(hi, at + _LABEL_BLOCK)) - sources[0])
                 for at in range(lo, hi, _LABEL_BLOCK)
