@@ -29,6 +29,7 @@ def run_in_threads(work: Callable[[int], None], count: int) -> None:
 
 def run_in_fork(check: Callable[[], bool], seconds: float, what: str) -> None:
     """Run check() in a forked child; fail if it returns False, raises, or hangs."""
+    import faulthandler
     import os
     import signal
     import time
@@ -38,6 +39,9 @@ def run_in_fork(check: Callable[[], bool], seconds: float, what: str) -> None:
     pid = os.fork()
     if pid == 0:  # the child: report by exit status only, never return into pytest
         try:
+            # A child about to be killed as hung first says where it is (on stderr, which
+            # pytest shows with the failure).
+            faulthandler.dump_traceback_later(max(seconds - 1, 0.5), exit=False)
             os._exit(0 if check() else 1)
         except BaseException:
             os._exit(2)
