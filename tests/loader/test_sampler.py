@@ -719,9 +719,10 @@ def test_empty_dataset_and_bad_arguments():
         ).batch(1)
 
 
-def test_a_state_of_the_old_order_is_refused():
+def _cursor(sizes):
+    """An EpochCursor over groups `sizes`, one rank, batches of 2."""
     order = Order(
-        np.array([5, 5]),
+        np.array(sizes),
         batch_size=2,
         shuffle=True,
         seed=0,
@@ -730,7 +731,11 @@ def test_a_state_of_the_old_order_is_refused():
         world_size=1,
         shuffle_window=8,
     )
-    cursor = EpochCursor(order)
+    return EpochCursor(order)
+
+
+def test_a_state_of_the_old_order_is_refused():
+    cursor = _cursor([5, 5])
     state = cursor.state_dict(10)
     assert state["version"] == 3
     with pytest.raises(StokerError, match="earlier stoker.*cannot be resumed exactly.*set_epoch"):
@@ -743,17 +748,7 @@ def test_a_state_of_the_old_order_is_refused():
 
 
 def test_a_state_of_the_order_before_lazy_segments_is_refused_where_it_differs(lazy_segments):
-    order = Order(
-        np.array([5, 9]),
-        batch_size=2,
-        shuffle=True,
-        seed=0,
-        drop_last=False,
-        rank=0,
-        world_size=1,
-        shuffle_window=8,
-    )
-    cursor = EpochCursor(order)
+    cursor = _cursor([5, 9])
     state = cursor.state_dict(14)
     cursor.load_state_dict(state, 14)
     with pytest.raises(StokerError, match="groups of more than 6 samples.*one of 9.*set_epoch"):
