@@ -19,6 +19,7 @@
 #include "stoker/errors.hpp"
 #include "stoker/io/decoder.hpp"
 #include "stoker/plan/batch_plan.hpp"
+#include "stoker/plan/keyed_draws.hpp"
 #include "stoker/plan/keyed_permutation.hpp"
 
 namespace py = pybind11;
@@ -353,6 +354,27 @@ void register_plan(py::module_& m) {
       py::arg("n"), py::arg("keys"), py::arg("positions"),
       "Where each of `positions` (each in [0, n)) goes under the pseudo-random permutation "
       "of [0, n) that `keys` (uint64, one per Feistel round) choose.");
+  m.def(
+      "keyed_uniforms",
+      [](const py::array_t<uint32_t, py::array::c_style | py::array::forcecast>& prefix,
+         const py::array_t<uint32_t, py::array::c_style | py::array::forcecast>& tails,
+         size_t count) {
+        if (tails.ndim() != 2) throw py::value_error("tails must be 2-D: a row of words a key");
+        const auto n = static_cast<size_t>(tails.shape(0));
+        const auto tail_words = static_cast<size_t>(tails.shape(1));
+        py::array_t<double> out({n, count});
+        double* into = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          plan::keyed_uniforms(prefix.data(), static_cast<size_t>(prefix.size()), tails.data(),
+                               tail_words, n, count, into);
+        }
+        return out;
+      },
+      py::arg("prefix"), py::arg("tails"), py::arg("count"),
+      "`count` uniform doubles for each key, as numpy's default_rng(key).random(count) "
+      "draws them; a key's 32-bit words (as SeedSequence splits its integers) are `prefix` "
+      "then its row of `tails`.");
   // The reader's own codes and those the decoders registered (module.cpp registers
   // them first), under the names they registered.
   py::enum_<io::Codec> codec(m, "Codec",

@@ -721,6 +721,11 @@ def keyed_permutation(n: int, keys: np.ndarray, positions: np.ndarray) -> np.nda
     """Where each of `positions` (each in [0, n)) goes under the pseudo-random permutation of
     [0, n) that `keys` (uint64, one per Feistel round) choose."""
 
+def keyed_uniforms(prefix: np.ndarray, tails: np.ndarray, count: int) -> np.ndarray:
+    """`count` uniform doubles for each key (an (n, count) array), as numpy's
+    default_rng(key).random(count) draws them; a key's 32-bit words (as SeedSequence splits
+    its integers) are `prefix` then its row of `tails` (uint32, n rows)."""
+
 class MemberColumns:
     def __init__(
         self,

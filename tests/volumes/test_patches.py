@@ -398,6 +398,31 @@ def test_order_does_not_depend_on_threads_and_resumes_exactly(tmp_path):
     assert keys_of(all_batches(other)) != whole
 
 
+@pytest.mark.parametrize("seed", [0, 7, 2**32 + 5, 2**70 + 1])
+def test_uniform_positions_are_numpys_keyed_draws(seed):
+    """Each start comes from default_rng([seed, epoch, subject, k]).random(rank), worked
+    out in C++ for a whole batch; keys that are not one 32-bit word each take numpy's
+    generators themselves."""
+    from stoker.volumes.samplers import uniform_starts
+
+    batch = [(s, k) for s in range(3) for k in (0, 1, 2, 99, 2**31)] + [(1, 2**33)]
+    shapes = [((700, 90, 33), (64, 64, 64), (5, 200, 80))[s] for s, _ in batch]
+    patch = (32, 64, 40)
+    for epoch in (0, 3, 2**40):
+        want = []
+        for (s, k), shape in zip(batch, shapes):
+            draws = np.random.default_rng([seed, epoch, s, k]).random(len(patch))
+            want.append(
+                tuple(
+                    min(int(u * (n - p + 1)), n - p) if n >= p else (n - p) // 2
+                    for u, n, p in zip(draws.tolist(), shape, patch)
+                )
+            )
+        assert uniform_starts(seed, epoch, batch, shapes, patch) == want
+    with pytest.raises(ValueError):
+        uniform_starts(-1, 0, batch, shapes, patch)
+
+
 def test_ranks_split_the_epoch(tmp_path):
     vols, _ = many_subjects(tmp_path)
     everything = set()

@@ -497,7 +497,7 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     chunk = decode_chunk(a, mask, raw.data(), size, bytes, scratch_a, scratch_b, path, offset,
                          where, region);
     if (filtered && !partial && bytes <= decoded.limit() / 4) {
-      decoded.put(a.id, task.chunk, std::make_shared<const ByteVector>(chunk, chunk + bytes));
+      decoded.put(a.id, task.chunk, kept_copy(chunk, bytes));
     }
   }
   serve(chunk);

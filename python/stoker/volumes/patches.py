@@ -32,7 +32,7 @@ from stoker.volumes.samplers import (
     block_bounds,
     occupancy,
     start_around,
-    uniform_start,
+    uniform_starts,
 )
 from stoker.volumes.subjects import Volumes
 
@@ -304,10 +304,11 @@ class PatchLoader:
         if isinstance(self.sampler, GridSampler):
             grids: dict[int, list[tuple[int, ...]]] = {}
             return [grids.setdefault(s, self._grid(s))[k] for s, k in batch]
-        rngs = [np.random.default_rng([self.seed, epoch, s, k]) for s, k in batch]
         if isinstance(self.sampler, LabelSampler):
+            rngs = [np.random.default_rng([self.seed, epoch, s, k]) for s, k in batch]
             return self._label_starts(batch, rngs)
-        return [uniform_start(r, shape_of(s), self.patch_size) for (s, _), r in zip(batch, rngs)]
+        shapes = [shape_of(s) for s, _ in batch]
+        return uniform_starts(self.seed, epoch, batch, shapes, self.patch_size)
 
     def _label_starts(
         self, batch: list[tuple[int, int]], rngs: list[np.random.Generator]

@@ -135,15 +135,47 @@ class GridSampler(PatchSampler):
         return [tuple(p) for p in itertools.product(*axes)]
 
 
-def uniform_start(
-    rng: np.random.Generator, shape: tuple[int, ...], patch_size: tuple[int, ...]
-) -> tuple[int, ...]:
-    """A start drawn uniformly among those where the patch fits (centred where it cannot)."""
-    draws = rng.random(len(shape))  # one call: a call per axis costs more than the draw
-    return tuple(
-        min(int(u * (s - p + 1)), s - p) if s >= p else (s - p) // 2
-        for u, s, p in zip(draws.tolist(), shape, patch_size)
-    )
+def uniform_starts(
+    seed: int,
+    epoch: int,
+    batch: Sequence[tuple[int, int]],
+    shapes: Sequence[tuple[int, ...]],
+    patch_size: tuple[int, ...],
+) -> list[tuple[int, ...]]:
+    """Each (subject, patch number)'s start, drawn uniformly among those where the patch
+    fits (centred where it cannot) by the first draws of numpy's ``default_rng([seed,
+    epoch, subject, patch number])``. The draws are worked out in C++ for the whole batch:
+    a numpy generator a patch cost ten times the draw and a third of the loader's Python
+    time."""
+    rank = len(patch_size)
+    keys = np.asarray(batch, np.int64).reshape(-1, 2)
+    prefix = _seed_words(seed) + _seed_words(epoch)
+    if keys.size and (keys.min() < 0 or keys.max() > _WORD) or None in prefix:
+        # Words SeedSequence would split differently: numpy's own generators.
+        draws = np.array(
+            [np.random.default_rng([seed, epoch, s, k]).random(rank) for s, k in batch]
+        ).reshape(-1, rank)
+    else:
+        draws = _core.keyed_uniforms(np.array(prefix, np.uint32), keys.astype(np.uint32), rank)
+    span = np.array(shapes, np.int64).reshape(-1, rank) - np.array(patch_size, np.int64)
+    starts = np.where(span >= 0, np.minimum((draws * (span + 1)).astype(np.int64), span), span // 2)
+    return [tuple(row) for row in starts.tolist()]
+
+
+_WORD = 0xFFFFFFFF
+
+
+def _seed_words(value: int) -> list[int | None]:
+    """`value` as SeedSequence takes an integer: 32-bit words, lowest first ([None] for a
+    negative one, which numpy refuses)."""
+    value = int(value)
+    if value < 0:
+        return [None]
+    words: list[int | None] = [value & _WORD]
+    while value > _WORD:
+        value >>= 32
+        words.append(value & _WORD)
+    return words
 
 
 def start_around(
