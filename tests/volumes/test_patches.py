@@ -399,28 +399,40 @@ def test_order_does_not_depend_on_threads_and_resumes_exactly(tmp_path):
 
 
 @pytest.mark.parametrize("seed", [0, 7, 2**32 + 5, 2**70 + 1])
-def test_uniform_positions_are_numpys_keyed_draws(seed):
-    """Each start comes from default_rng([seed, epoch, subject, k]).random(rank), worked
-    out in C++ for a whole batch; keys that are not one 32-bit word each take numpy's
+def test_uniform_positions_are_numpys_keyed_draws(seed, monkeypatch):
+    """Each start comes from default_rng([seed, epoch, subject, k]).random(rank): worked out
+    in C++ for a whole batch, or, for keys that are not one 32-bit word each, by numpy's
     generators themselves."""
-    from stoker.volumes.samplers import uniform_starts
+    from stoker import _core
+    from stoker.volumes import samplers
 
-    batch = [(s, k) for s in range(3) for k in (0, 1, 2, 99, 2**31)] + [(1, 2**33)]
-    shapes = [((700, 90, 33), (64, 64, 64), (5, 200, 80))[s] for s, _ in batch]
+    calls = []
+    keyed = _core.keyed_uniforms
+    monkeypatch.setattr(samplers._core, "keyed_uniforms", lambda *a: calls.append(a) or keyed(*a))
     patch = (32, 64, 40)
-    for epoch in (0, 3, 2**40):
-        want = []
-        for (s, k), shape in zip(batch, shapes):
+    shapes = ((700, 90, 33), (64, 64, 64), (5, 200, 80))
+
+    def numpys(epoch, batch):
+        out = []
+        for s, k in batch:
             draws = np.random.default_rng([seed, epoch, s, k]).random(len(patch))
-            want.append(
+            out.append(
                 tuple(
                     min(int(u * (n - p + 1)), n - p) if n >= p else (n - p) // 2
-                    for u, n, p in zip(draws.tolist(), shape, patch)
+                    for u, n, p in zip(draws.tolist(), shapes[s], patch)
                 )
             )
-        assert uniform_starts(seed, epoch, batch, shapes, patch) == want
+        return out
+
+    in_words = [(s, k) for s in range(3) for k in (0, 1, 2, 99, 2**31, 2**32 - 1)]
+    for epoch in (0, 3, 2**40):
+        for batch, by_core in ((in_words, True), ([(1, 2**33), (2, 0)], False)):
+            calls.clear()
+            got = samplers.uniform_starts(seed, epoch, batch, [shapes[s] for s, _ in batch], patch)
+            assert got == numpys(epoch, batch)
+            assert bool(calls) == by_core
     with pytest.raises(ValueError):
-        uniform_starts(-1, 0, batch, shapes, patch)
+        samplers.uniform_starts(-1, 0, in_words, [shapes[s] for s, _ in in_words], patch)
 
 
 def test_ranks_split_the_epoch(tmp_path):

@@ -7,6 +7,7 @@
 
 #include "stoker/errors.hpp"
 #include "stoker/io/chunk_codec.hpp"
+#include "stoker/io/posix_file.hpp"
 #include "stoker/io/strided_copy.hpp"
 
 namespace stoker::io {
@@ -57,6 +58,15 @@ StridedBox box_part(const ArrayLayout& a, const ArrayBox& b, const std::vector<u
   }
   simplify(box);
   return box;
+}
+
+// A copy of a decoded chunk for the cache to keep. While the cache fills, its memory is
+// fresh from the kernel: the pages are made present in one call before the copy.
+std::shared_ptr<const ByteVector> kept_copy(const uint8_t* data, size_t size) {
+  auto copy = std::make_shared<ByteVector>(size);
+  populate_for_write(copy->data(), size);
+  if (size) std::memcpy(copy->data(), data, size);
+  return copy;
 }
 
 }  // namespace

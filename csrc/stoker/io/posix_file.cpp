@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 
@@ -39,6 +40,9 @@ namespace {
 // built against old headers and run on new kernels.
 #ifndef MADV_POPULATE_READ
 #define MADV_POPULATE_READ 22
+#endif
+#ifndef MADV_POPULATE_WRITE
+#define MADV_POPULATE_WRITE 23
 #endif
 
 // Whether the kernel takes MADV_POPULATE_READ (5.14 and later): without it a mapping's
@@ -152,6 +156,18 @@ const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint6
   scratch.resize(length);
   pread_exact(fd.get(), path, scratch.data(), length, offset);
   return scratch.data();
+}
+
+void populate_for_write(void* data, size_t size) {
+  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  static std::atomic<bool> works{true};
+  const auto first = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
+  const auto end = (reinterpret_cast<uintptr_t>(data) + size) & ~(page - 1);
+  if (end <= first + 8 * page || !works.load(std::memory_order_relaxed)) return;
+  if (::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_WRITE) != 0 &&
+      errno == EINVAL) {
+    works.store(false, std::memory_order_relaxed);  // a kernel before 5.14
+  }
 }
 
 void preadv_exact(int fd, const std::string& path, struct iovec* iov, int count, uint64_t offset) {

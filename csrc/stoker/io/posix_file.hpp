@@ -76,6 +76,13 @@ void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, u
 const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint64_t offset,
                         uint64_t length, ByteVector& scratch);
 
+// Makes the pages that lie wholly inside [data, data + size), memory about to be written
+// whole, present in one call (MADV_POPULATE_WRITE) instead of a fault each as the writes
+// reach them: on the development machine 60 us against 110-150 us for 192 KiB of fresh
+// memory, and about 2 us where the pages are present already. Does nothing on kernels
+// before 5.14, or when the call fails (the writes then fault the pages in as before).
+void populate_for_write(void* data, size_t size);
+
 // Like pread_exact, but scatters the bytes at `offset` over `count` buffers
 // (may modify `iov`). Same errors.
 void preadv_exact(int fd, const std::string& path, struct iovec* iov, int count, uint64_t offset);

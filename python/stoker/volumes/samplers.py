@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import io
 import itertools
+import operator
 import os
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -148,15 +149,15 @@ def uniform_starts(
     a numpy generator a patch cost ten times the draw and a third of the loader's Python
     time."""
     rank = len(patch_size)
-    keys = np.asarray(batch, np.int64).reshape(-1, 2)
     prefix = _seed_words(seed) + _seed_words(epoch)
-    if keys.size and (keys.min() < 0 or keys.max() > _WORD) or None in prefix:
+    if None in prefix or any(not 0 <= v <= _WORD for key in batch for v in key):
         # Words SeedSequence would split differently: numpy's own generators.
         draws = np.array(
             [np.random.default_rng([seed, epoch, s, k]).random(rank) for s, k in batch]
         ).reshape(-1, rank)
     else:
-        draws = _core.keyed_uniforms(np.array(prefix, np.uint32), keys.astype(np.uint32), rank)
+        keys = np.array(batch, np.uint32).reshape(-1, 2)
+        draws = _core.keyed_uniforms(np.array(prefix, np.uint32), keys, rank)
     span = np.array(shapes, np.int64).reshape(-1, rank) - np.array(patch_size, np.int64)
     starts = np.where(span >= 0, np.minimum((draws * (span + 1)).astype(np.int64), span), span // 2)
     return [tuple(row) for row in starts.tolist()]
@@ -168,7 +169,7 @@ _WORD = 0xFFFFFFFF
 def _seed_words(value: int) -> list[int | None]:
     """`value` as SeedSequence takes an integer: 32-bit words, lowest first ([None] for a
     negative one, which numpy refuses)."""
-    value = int(value)
+    value = operator.index(value)
     if value < 0:
         return [None]
     words: list[int | None] = [value & _WORD]
