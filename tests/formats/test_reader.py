@@ -1,5 +1,6 @@
 """ShardReader on its own: whole batches of byte ranges into one buffer."""
 
+import os
 import subprocess
 import sys
 import threading
@@ -267,6 +268,12 @@ def test_forked_child_gets_its_own_pool(files):
     run_in_fork(child_reads, 20, "a child forked after reads")
 
 
+@pytest.mark.skipif(
+    bool(os.environ.get("STOKER_SANITIZED_SITE")),
+    reason="gcc 12's ASan runtime holds no allocator lock across fork() (LLVM's does "
+    "since 18, llvm-project#75290): a child forked while another thread allocates can "
+    "hang in malloc, whatever stoker does; the suite without sanitizers runs this test",
+)
 def test_fork_while_other_threads_read(files):
     # Locks held by the parent's threads at fork() (fd cache, buffer pool, queue)
     # must not exist in the child's path: fork many times in the middle of reads.
