@@ -42,7 +42,7 @@ workers keep them between epochs, ``persistent_workers=True``):
    whole table (``read_table``; ``arrow``: the memory-mapped IPC files), its chunks joined
    (``combine_chunks``), and ``take`` of each batch's rows of a permutation, 0 and 2 workers,
    reported beside the others but left out of the target's best peer (they hold the whole
-   table in each process; the issue's peers read the files as they go). Ray Data:
+   table in each process; the other peers read the files as they go). Ray Data:
    ``read_parquet(path).select_columns([...]).iter_batches(batch_format="pyarrow",
    local_shuffle_buffer_size=1000)``, Ray started before the clock with one CPU a core
    (skipped, saying why, where it does not start).
@@ -121,8 +121,8 @@ class Entry:
     kind: str
     sets: tuple[str, ...]
     workers: int = 0
-    #: Holds the whole table in each process: reported beside the issue's peers, which
-    #: read the files as they go, not counted among them for the target.
+    #: Holds the whole table in each process: reported beside the peers that read the
+    #: files as they go, not counted among them for the target.
     in_memory: bool = False
 
     @property

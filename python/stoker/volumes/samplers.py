@@ -149,15 +149,16 @@ def uniform_starts(
     a numpy generator a patch cost ten times the draw and a third of the loader's Python
     time."""
     rank = len(patch_size)
-    prefix = _seed_words(seed) + _seed_words(epoch)
-    if None in prefix or any(not 0 <= v <= _WORD for key in batch for v in key):
-        # Words SeedSequence would split differently: numpy's own generators.
+    seed, epoch = operator.index(seed), operator.index(epoch)
+    if min(seed, epoch) < 0 or any(not 0 <= v <= _WORD for key in batch for v in key):
+        # Words SeedSequence would split differently, or refuses: numpy's own generators.
         draws = np.array(
             [np.random.default_rng([seed, epoch, s, k]).random(rank) for s, k in batch]
         ).reshape(-1, rank)
     else:
         keys = np.array(batch, np.uint32).reshape(-1, 2)
-        draws = _core.keyed_uniforms(np.array(prefix, np.uint32), keys, rank)
+        prefix = np.array(_seed_words(seed) + _seed_words(epoch), np.uint32)
+        draws = _core.keyed_uniforms(prefix, keys, rank)
     span = np.array(shapes, np.int64).reshape(-1, rank) - np.array(patch_size, np.int64)
     starts = np.where(span >= 0, np.minimum((draws * (span + 1)).astype(np.int64), span), span // 2)
     return [tuple(row) for row in starts.tolist()]
@@ -166,13 +167,9 @@ def uniform_starts(
 _WORD = 0xFFFFFFFF
 
 
-def _seed_words(value: int) -> list[int | None]:
-    """`value` as SeedSequence takes an integer: 32-bit words, lowest first ([None] for a
-    negative one, which numpy refuses)."""
-    value = operator.index(value)
-    if value < 0:
-        return [None]
-    words: list[int | None] = [value & _WORD]
+def _seed_words(value: int) -> list[int]:
+    """`value` (not negative) as SeedSequence takes an integer: 32-bit words, lowest first."""
+    words = [value & _WORD]
     while value > _WORD:
         value >>= 32
         words.append(value & _WORD)
