@@ -375,6 +375,21 @@ void register_plan(py::module_& m) {
       "`count` uniform doubles for each key, as numpy's default_rng(key).random(count) "
       "draws them; a key's 32-bit words (as SeedSequence splits its integers) are `prefix` "
       "then its row of `tails`.");
+  m.def(
+      "keyed_shuffle",
+      [](const py::array_t<uint32_t, py::array::c_style | py::array::forcecast>& words, int64_t n) {
+        if (n < 0) throw py::value_error("n must not be negative");
+        py::array_t<int64_t> out(n);
+        int64_t* into = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          plan::keyed_shuffle(words.data(), static_cast<size_t>(words.size()), uint64_t(n), into);
+        }
+        return out;
+      },
+      py::arg("words"), py::arg("n"),
+      "The permutation of [0, n) that numpy's default_rng(key).permutation(n) makes; the "
+      "key's 32-bit words (as SeedSequence splits its integers) are `words`.");
   // The reader's own codes and those the decoders registered (module.cpp registers
   // them first), under the names they registered.
   py::enum_<io::Codec> codec(m, "Codec",

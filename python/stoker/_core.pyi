@@ -296,7 +296,8 @@ class PendingRead:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the batch is read, with the GIL released and Ctrl-C honoured; the
-        waiting thread reads pieces of the batch too.
+        waiting thread reads pieces of the batch too, and once they are all taken, pieces
+        of the reader's later batches, one at a time, while the batch's last are read.
 
         Args:
             timeout: Seconds to wait at most; None waits as long as it takes.
@@ -725,6 +726,10 @@ def keyed_uniforms(prefix: np.ndarray, tails: np.ndarray, count: int) -> np.ndar
     """`count` uniform doubles for each key (an (n, count) array), as numpy's
     default_rng(key).random(count) draws them; a key's 32-bit words (as SeedSequence splits
     its integers) are `prefix` then its row of `tails` (uint32, n rows)."""
+
+def keyed_shuffle(words: np.ndarray, n: int) -> np.ndarray:
+    """The permutation of [0, n) (int64) that numpy's default_rng(key).permutation(n) makes;
+    the key's 32-bit words (as SeedSequence splits its integers) are `words` (uint32)."""
 
 class MemberColumns:
     def __init__(

@@ -753,3 +753,24 @@ def test_a_state_of_the_order_before_lazy_segments_is_refused_where_it_differs(l
     cursor.load_state_dict(state, 14)
     with pytest.raises(StokerError, match="groups of more than 6 samples.*one of 9.*set_epoch"):
         cursor.load_state_dict({**state, "version": 2}, 14)
+
+
+def test_random_permutation_is_numpys():
+    """The C++ permutation makes numpy's default_rng(words).permutation(n), bit for bit:
+    keys of no words, of several, of values past 32 bits (SeedSequence splits them); and
+    a negative value is numpy's ValueError."""
+    rng = np.random.default_rng(5)
+    for _ in range(400):
+        words = [
+            int(v)
+            for v in rng.integers(
+                0, 2 ** int(rng.choice([8, 32, 40, 64])), rng.integers(0, 7), np.uint64
+            )
+        ]
+        n = int(rng.choice([0, 1, 2, 3, 100, int(rng.integers(0, 3000))]))
+        got = sample_orders.random_permutation(n, *words)
+        assert got.dtype == np.int64
+        assert np.array_equal(got, np.random.default_rng(words).permutation(n))
+    assert sample_orders.seed_words(0, 2**32, 2**64 + 3) == [0, 0, 1, 3, 0, 1]
+    with pytest.raises(ValueError):
+        sample_orders.random_permutation(5, 1, -2)

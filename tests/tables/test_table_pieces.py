@@ -176,3 +176,32 @@ def test_a_table_read_again_is_the_same_only_if_it_lays_its_values_out_alike(tmp
     ds = stoker.Dataset(first)
     assert same_index(ds.members, 0, index_table_source(first, "parquet"))
     assert not same_index(ds.members, 0, index_table_source(second, "parquet"))
+
+
+def test_keys_of_tables_npy_and_tar_in_one_dataset(tmp_path):
+    """Numbered keys (a table's rows, a .npy's) are the file's stem and the row in it, in
+    any order and across files and pieces; a batch that also holds a tar shard's samples
+    gets theirs from its index."""
+    import io
+    import tarfile
+
+    _many_groups(str(tmp_path / "a.parquet"), 2000, 100)
+    _many_groups(str(tmp_path / "b.parquet"), 1500, 700, seed=1)
+    np.save(tmp_path / "c.npy", np.arange(30, dtype=np.int64).reshape(10, 3))
+    with tarfile.open(tmp_path / "d.tar", "w") as tar:
+        for i in range(5):
+            info = tarfile.TarInfo(f"s{i:02d}.cls")
+            info.size = 1
+            tar.addfile(info, io.BytesIO(b"7"))
+    paths = [str(tmp_path / f) for f in ("a.parquet", "b.parquet", "c.npy")]
+    truth = [f"a/{i}" for i in range(2000)] + [f"b/{i}" for i in range(1500)]
+    truth += [f"c/{i}" for i in range(10)]
+    numbered = stoker.Dataset(paths)
+    order = np.random.default_rng(0).permutation(len(truth))
+    assert numbered.keys(order) == [truth[i] for i in order]
+    assert numbered.keys([]) == []
+    mixed = stoker.Dataset([*paths, str(tmp_path / "d.tar")])
+    truth += [f"s{i:02d}" for i in range(5)]
+    order = np.random.default_rng(1).permutation(len(truth))
+    assert mixed.keys(order) == [truth[i] for i in order]
+    assert mixed.keys(order[-7:]) == [truth[i] for i in order[-7:]]

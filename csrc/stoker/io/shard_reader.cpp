@@ -328,73 +328,112 @@ void plan_chunks(ReadPlan& plan, size_t num_threads) {
 
 }  // namespace
 
+void Backlog::add(const std::shared_ptr<PendingRead>& batch) {
+  std::vector<std::shared_ptr<PendingRead>> held;  // released after the lock
+  std::lock_guard<std::mutex> lock(mutex_);
+  // Pruned here too: a reader whose waits always find their batch done never asks.
+  prune(nullptr, held);
+  batches_.push_back(batch);
+}
+
+std::shared_ptr<PendingRead> Backlog::oldest_unclaimed(const PendingRead* except) {
+  std::vector<std::shared_ptr<PendingRead>> held;
+  std::lock_guard<std::mutex> lock(mutex_);
+  return prune(except, held);
+}
+
+std::shared_ptr<PendingRead> Backlog::prune(const PendingRead* except,
+                                            std::vector<std::shared_ptr<PendingRead>>& held) {
+  std::shared_ptr<PendingRead> found;
+  auto kept = batches_.begin();
+  for (auto at = batches_.begin(); at != batches_.end(); ++at) {
+    std::shared_ptr<PendingRead> batch = at->lock();
+    if (!batch) continue;
+    // Its owner may let go meanwhile: a batch is never destroyed under the lock.
+    held.push_back(batch);
+    if (!batch->unclaimed()) continue;  // fully claimed batches never get work back
+    if (!found && batch.get() != except) found = batch;
+    *kept++ = std::move(*at);
+  }
+  batches_.erase(kept, batches_.end());
+  return found;
+}
+
 PendingRead::PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan,
                          std::shared_ptr<FileCache> files, std::shared_ptr<ChunkCache> chunks,
-                         std::shared_ptr<AlignedBuffer> buffer)
+                         std::shared_ptr<AlignedBuffer> buffer, std::shared_ptr<Backlog> backlog)
     : owner_(owner),
       plan_(std::move(plan)),
       files_(std::move(files)),
       chunks_(std::move(chunks)),
       buffer_(std::move(buffer)),
-      remaining_(plan_->arrays.tasks.size() + plan_->columns.tasks.size() + plan_->chunks.size()) {}
+      backlog_(std::move(backlog)),
+      remaining_(chunk_count()) {}
+
+size_t PendingRead::chunk_count() const {
+  return plan_->arrays.tasks.size() + plan_->columns.tasks.size() + plan_->chunks.size();
+}
 
 void PendingRead::work(std::chrono::steady_clock::time_point deadline,
                        const std::atomic<bool>* stop) {
+  while (unclaimed() && std::chrono::steady_clock::now() < deadline &&
+         !(stop && stop->load(std::memory_order_relaxed))) {
+    if (!work_one()) break;
+  }
+}
+
+bool PendingRead::work_one() {
   thread_local ByteVector scratch;
   // Array and column tasks come first: each decodes a chunk, the longest units a batch has.
   const size_t arrays = plan_->arrays.tasks.size();
   const size_t tasks = arrays + plan_->columns.tasks.size();
-  const size_t chunks = tasks + plan_->chunks.size();
-  while (next_chunk_.load(std::memory_order_relaxed) < chunks &&
-         std::chrono::steady_clock::now() < deadline &&
-         !(stop && stop->load(std::memory_order_relaxed))) {
-    size_t c = next_chunk_.fetch_add(1);
-    if (c >= chunks) break;
-    if (!failed_.load(std::memory_order_relaxed)) {
-      auto started = std::chrono::steady_clock::now();
-      thread_local std::vector<uint32_t> blanked;
-      thread_local std::vector<BorrowedValue> borrowed;
-      blanked.clear();
-      borrowed.clear();
-      uint64_t read = 0;
-      try {
-        if (c < arrays) {
-          read = execute_array_task(*plan_->files, plan_->requests, plan_->arrays,
-                                    plan_->arrays.tasks[c], plan_->dest, *files_, *chunks_);
-        } else if (c < tasks) {
-          read = execute_column_task(*plan_->files, plan_->requests, plan_->columns,
-                                     plan_->columns.tasks[c - arrays], plan_->dest, *files_,
-                                     *chunks_, blanked, borrowed);
-        } else {
-          auto [first, last] = plan_->chunks[c - tasks];
-          OpenFile open;
-          for (size_t i = first; i < last; ++i) {
-            read += execute_run(*plan_, plan_->runs[i], *files_, scratch, open, blanked);
-          }
+  size_t c = next_chunk_.fetch_add(1);
+  if (c >= chunk_count()) return false;
+  if (!failed_.load(std::memory_order_relaxed)) {
+    auto started = std::chrono::steady_clock::now();
+    thread_local std::vector<uint32_t> blanked;
+    thread_local std::vector<BorrowedValue> borrowed;
+    blanked.clear();
+    borrowed.clear();
+    uint64_t read = 0;
+    try {
+      if (c < arrays) {
+        read = execute_array_task(*plan_->files, plan_->requests, plan_->arrays,
+                                  plan_->arrays.tasks[c], plan_->dest, *files_, *chunks_);
+      } else if (c < tasks) {
+        read = execute_column_task(*plan_->files, plan_->requests, plan_->columns,
+                                   plan_->columns.tasks[c - arrays], plan_->dest, *files_, *chunks_,
+                                   blanked, borrowed);
+      } else {
+        auto [first, last] = plan_->chunks[c - tasks];
+        OpenFile open;
+        for (size_t i = first; i < last; ++i) {
+          read += execute_run(*plan_, plan_->runs[i], *files_, scratch, open, blanked);
         }
-      } catch (...) {
-        fail(std::current_exception());
       }
-      bytes_read_.fetch_add(read, std::memory_order_relaxed);
-      if (!blanked.empty() || !borrowed.empty()) {
-        uint64_t unsized = 0;
-        for (const BorrowedValue& b : borrowed) {
-          if (plan_->requests[b.request].out_length == kUnsizedValue) unsized += b.size;
-        }
-        unsized_bytes_.fetch_add(unsized, std::memory_order_relaxed);
-        std::lock_guard<std::mutex> lock(mutex_);
-        blanked_.insert(blanked_.end(), blanked.begin(), blanked.end());
-        borrowed_.insert(borrowed_.end(), std::make_move_iterator(borrowed.begin()),
-                         std::make_move_iterator(borrowed.end()));
-        borrowed.clear();  // a thread's list must not keep units alive between batches
-      }
-      busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
-                             std::chrono::steady_clock::now() - started)
-                             .count(),
-                         std::memory_order_relaxed);
+    } catch (...) {
+      fail(std::current_exception());
     }
-    finish_chunk();
+    bytes_read_.fetch_add(read, std::memory_order_relaxed);
+    if (!blanked.empty() || !borrowed.empty()) {
+      uint64_t unsized = 0;
+      for (const BorrowedValue& b : borrowed) {
+        if (plan_->requests[b.request].out_length == kUnsizedValue) unsized += b.size;
+      }
+      unsized_bytes_.fetch_add(unsized, std::memory_order_relaxed);
+      std::lock_guard<std::mutex> lock(mutex_);
+      blanked_.insert(blanked_.end(), blanked.begin(), blanked.end());
+      borrowed_.insert(borrowed_.end(), std::make_move_iterator(borrowed.begin()),
+                       std::make_move_iterator(borrowed.end()));
+      borrowed.clear();  // a thread's list must not keep units alive between batches
+    }
+    busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - started)
+                           .count(),
+                       std::memory_order_relaxed);
   }
+  finish_chunk();
+  return true;
 }
 
 void PendingRead::fail(std::exception_ptr error) {
@@ -439,6 +478,12 @@ bool PendingRead::wait(int64_t timeout_ms) {
   // A slice of helping is bounded too, so a waiter that must check for
   // Ctrl-C between slices gets to.
   work(deadline);
+  // Another batch's chunk at a time, so that this one is handed out at most a chunk late.
+  while (!done() && Clock::now() < deadline) {
+    std::shared_ptr<PendingRead> other = backlog_ ? backlog_->oldest_unclaimed(this) : nullptr;
+    if (!other) break;
+    other->work_one();
+  }
   std::unique_lock<std::mutex> lock(mutex_);
   auto complete = [this] { return remaining_.load(std::memory_order_acquire) == 0; };
   if (timeout_ms < 0) {
@@ -455,6 +500,7 @@ ShardReader::ProcessState::ProcessState(size_t num_threads, size_t max_open_file
     : files(std::make_shared<FileCache>(max_open_files)),
       chunks(std::make_shared<ChunkCache>(chunk_cache_bytes)),
       ring(std::make_shared<PinnedRing>(kIdleSlots, kIdleSlotBytes)),
+      backlog(std::make_shared<Backlog>()),
       pool(num_threads) {}
 
 // The thread that waits for a batch reads too: one pool thread fewer than the
@@ -527,7 +573,8 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
   size_t helpers = std::min(
       plan->arrays.tasks.size() + plan->columns.tasks.size() + plan->chunks.size(), num_threads_);
   auto pending = std::make_shared<PendingRead>(pid_, std::move(plan), process.files, process.chunks,
-                                               std::move(buffer));
+                                               std::move(buffer), process.backlog);
+  process.backlog->add(pending);
   // A batch outlives its pool if it must: whoever waits on it finishes it.
   const std::atomic<bool>* stop = &process.pool.stopping();
   for (size_t i = 0; i < helpers; ++i) {

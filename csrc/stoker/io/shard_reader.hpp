@@ -98,6 +98,28 @@ struct BorrowedValue {
 
 class ChunkCache;  // decoded chunks of array sources (array_rows.hpp)
 struct ReadPlan;   // a batch's requests, sorted and grouped into runs (shard_reader.cpp)
+class PendingRead;
+
+// A reader's batches in flight that still have chunks nobody has claimed, oldest first.
+// A thread waiting for its own batch, every chunk of which is claimed, reads one of
+// theirs while another thread finishes its last: with few cores and chunks that take
+// long to decode (a slide's JPEG tiles), sleeping there leaves a core idle for a tile's
+// decode at the end of every batch.
+class Backlog {
+ public:
+  void add(const std::shared_ptr<PendingRead>& batch);
+  // The oldest batch other than `except` with a chunk left to claim; nullptr if none.
+  std::shared_ptr<PendingRead> oldest_unclaimed(const PendingRead* except);
+
+ private:
+  // Drops the batches gone or fully claimed; returns the oldest kept other than `except`.
+  // Under mutex_; the batches it looked at go to `held`, for the caller to release after.
+  std::shared_ptr<PendingRead> prune(const PendingRead* except,
+                                     std::vector<std::shared_ptr<PendingRead>>& held);
+
+  std::mutex mutex_;
+  std::vector<std::weak_ptr<PendingRead>> batches_;
+};
 
 // One batch in flight. Its work is cut into chunks that pool threads claim
 // one at a time; a thread that waits claims chunks too, so waiting never means
@@ -107,10 +129,12 @@ struct ReadPlan;   // a batch's requests, sorted and grouped into runs (shard_re
 class PendingRead {
  public:
   PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan, std::shared_ptr<FileCache> files,
-              std::shared_ptr<ChunkCache> chunks, std::shared_ptr<AlignedBuffer> buffer);
+              std::shared_ptr<ChunkCache> chunks, std::shared_ptr<AlignedBuffer> buffer,
+              std::shared_ptr<Backlog> backlog);
 
-  // Helps read and waits, for up to about `timeout_ms` (negative: forever).
-  // True when the batch is complete; throws the batch's error if it failed.
+  // Helps read (this batch, then the backlog's others) and waits, for up to about
+  // `timeout_ms` (negative: forever). True when the batch is complete; throws the batch's
+  // error if it failed.
   bool wait(int64_t timeout_ms);
   bool done() const { return remaining_.load(std::memory_order_acquire) == 0; }
   // Chunks not yet started are skipped; the batch then fails as cancelled.
@@ -138,8 +162,12 @@ class PendingRead {
   void work(
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
       const std::atomic<bool>* stop = nullptr);
+  bool unclaimed() const { return next_chunk_.load(std::memory_order_relaxed) < chunk_count(); }
 
  private:
+  // Claims one chunk and reads it; false when none was left to claim.
+  bool work_one();
+  size_t chunk_count() const;
   void finish_chunk();
   void fail(std::exception_ptr error);
 
@@ -148,6 +176,7 @@ class PendingRead {
   std::shared_ptr<FileCache> files_;
   std::shared_ptr<ChunkCache> chunks_;
   std::shared_ptr<AlignedBuffer> buffer_;
+  std::shared_ptr<Backlog> backlog_;
   std::atomic<size_t> next_chunk_{0};
   std::atomic<size_t> remaining_;
   std::atomic<bool> failed_{false};
@@ -200,6 +229,7 @@ class ShardReader {
     std::shared_ptr<FileCache> files;  // batches in flight share it
     std::shared_ptr<ChunkCache> chunks;
     std::shared_ptr<PinnedRing> ring;
+    std::shared_ptr<Backlog> backlog;
     ThreadPool pool;
   };
   ProcessState& state();

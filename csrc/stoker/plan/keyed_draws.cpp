@@ -1,5 +1,9 @@
 #include "stoker/plan/keyed_draws.hpp"
 
+#include <algorithm>
+#include <utility>
+#include <vector>
+
 namespace stoker::plan {
 
 namespace {
@@ -27,26 +31,24 @@ using u128 = unsigned __int128;
 // PCG64's 128-bit LCG multiplier.
 constexpr u128 kPcgMultiplier = (u128(0x2360ed051fc65da4ULL) << 64) | 0x4385df649fccf645ULL;
 
-}  // namespace
-
-void keyed_uniforms(const uint32_t* prefix, size_t prefix_words, const uint32_t* tails,
-                    size_t tail_words, size_t n, size_t count, double* out) {
-  const size_t words = prefix_words + tail_words;
-  for (size_t item = 0; item < n; ++item) {
-    const uint32_t* tail = tails + item * tail_words;
-    auto word = [&](size_t j) { return j < prefix_words ? prefix[j] : tail[j - prefix_words]; };
+// numpy's PCG64 (XSL-RR output of a 128-bit LCG), seeded as SeedSequence(words) seeds it,
+// with its draws: 64 bits, 32 bits (half of a 64-bit draw, the other half kept for the
+// next), and 53-bit doubles.
+class Pcg64 {
+ public:
+  Pcg64(const uint32_t* words, size_t count) {
     // The entropy mixed into the pool.
     uint32_t pool[kPool];
     uint32_t multiplier = kInitA;
-    for (size_t i = 0; i < kPool; ++i) pool[i] = hash_word(i < words ? word(i) : 0, multiplier);
+    for (size_t i = 0; i < kPool; ++i) pool[i] = hash_word(i < count ? words[i] : 0, multiplier);
     for (size_t src = 0; src < kPool; ++src) {
       for (size_t dst = 0; dst < kPool; ++dst) {
         if (src != dst) pool[dst] = mix(pool[dst], hash_word(pool[src], multiplier));
       }
     }
-    for (size_t src = kPool; src < words; ++src) {
+    for (size_t src = kPool; src < count; ++src) {
       for (size_t dst = 0; dst < kPool; ++dst) {
-        pool[dst] = mix(pool[dst], hash_word(word(src), multiplier));
+        pool[dst] = mix(pool[dst], hash_word(words[src], multiplier));
       }
     }
     // Four 64-bit words of state (eight 32-bit ones, low word first) seed PCG64.
@@ -63,18 +65,72 @@ void keyed_uniforms(const uint32_t* prefix, size_t prefix_words, const uint32_t*
       seed[i] = state_words[2 * i] | (uint64_t(state_words[2 * i + 1]) << 32);
     }
     const u128 initial = (u128(seed[0]) << 64) | seed[1];
-    const u128 increment = (((u128(seed[2]) << 64) | seed[3]) << 1) | 1;
-    u128 state = increment;  // one step from zero
-    state += initial;
-    state = state * kPcgMultiplier + increment;
-    for (size_t c = 0; c < count; ++c) {
-      state = state * kPcgMultiplier + increment;
-      const uint64_t folded = uint64_t(state >> 64) ^ uint64_t(state);
-      const unsigned rotation = unsigned(state >> 122);
-      const uint64_t bits = (folded >> rotation) | (folded << ((64 - rotation) & 63));
-      out[item * count + c] = double(bits >> 11) * 0x1.0p-53;
-    }
+    increment_ = (((u128(seed[2]) << 64) | seed[3]) << 1) | 1;
+    state_ = increment_;  // one step from zero
+    state_ += initial;
+    state_ = state_ * kPcgMultiplier + increment_;
   }
+
+  uint64_t next64() {
+    state_ = state_ * kPcgMultiplier + increment_;
+    const uint64_t folded = uint64_t(state_ >> 64) ^ uint64_t(state_);
+    const unsigned rotation = unsigned(state_ >> 122);
+    return (folded >> rotation) | (folded << ((64 - rotation) & 63));
+  }
+
+  uint32_t next32() {
+    if (has_half_) {
+      has_half_ = false;
+      return half_;
+    }
+    const uint64_t bits = next64();
+    has_half_ = true;
+    half_ = uint32_t(bits >> 32);
+    return uint32_t(bits);
+  }
+
+  double next_double() { return double(next64() >> 11) * 0x1.0p-53; }
+
+  // A value in [0, max], as numpy's random_interval draws it: masked draws until one fits.
+  uint64_t interval(uint64_t max) {
+    if (max == 0) return 0;
+    uint64_t mask = max;
+    for (unsigned shift = 1; shift < 64; shift <<= 1) mask |= mask >> shift;
+    uint64_t value;
+    if (max <= 0xffffffffULL) {
+      while ((value = (next32() & mask)) > max) {
+      }
+    } else {
+      while ((value = (next64() & mask)) > max) {
+      }
+    }
+    return value;
+  }
+
+ private:
+  u128 state_, increment_;
+  bool has_half_ = false;
+  uint32_t half_ = 0;
+};
+
+}  // namespace
+
+void keyed_uniforms(const uint32_t* prefix, size_t prefix_words, const uint32_t* tails,
+                    size_t tail_words, size_t n, size_t count, double* out) {
+  std::vector<uint32_t> words(prefix, prefix + prefix_words);
+  words.resize(prefix_words + tail_words);
+  for (size_t item = 0; item < n; ++item) {
+    std::copy_n(tails + item * tail_words, tail_words, words.begin() + prefix_words);
+    Pcg64 draws(words.data(), words.size());
+    for (size_t c = 0; c < count; ++c) out[item * count + c] = draws.next_double();
+  }
+}
+
+void keyed_shuffle(const uint32_t* words, size_t word_count, uint64_t n, int64_t* out) {
+  for (uint64_t i = 0; i < n; ++i) out[i] = int64_t(i);
+  Pcg64 draws(words, word_count);
+  // numpy's shuffle: Fisher-Yates from the last place down to the second.
+  for (uint64_t i = n; i-- > 1;) std::swap(out[i], out[draws.interval(i)]);
 }
 
 }  // namespace stoker::plan

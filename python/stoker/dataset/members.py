@@ -43,6 +43,7 @@ from stoker.dataset.shard_rows import (
     chunk_groups,
     chunk_rows,
     dtype_of,
+    key_prefix,
     shard_index,
     table_pieces,
 )
@@ -550,6 +551,19 @@ class MemberTable:
 
     def keys(self, indices: np.ndarray) -> list[str]:
         """Keys of samples `indices` (their pieces indexed)."""
+        if not len(indices):
+            return []
+        if all(self._resident[p].keys is None for p in np.unique(self.pieces_of(indices)).tolist()):
+            # All numbered (tables, .npy and array rows): a key is its shard's stem and its
+            # row there, made in one go rather than piece by piece (a batch of a shuffled
+            # table crosses several row groups).
+            shards = self.shards_of(indices)
+            rows = (indices - self.shard_start[shards]).tolist()
+            if shards[0] == shards[-1] and (shards == shards[0]).all():
+                stem = key_prefix(self.names[int(shards[0])])
+                return [stem + str(row) for row in rows]
+            stems = {s: key_prefix(self.names[s]) for s in set(shards.tolist())}
+            return [stems[s] + str(row) for s, row in zip(shards.tolist(), rows)]
         parts = self._by_piece(indices)
         if len(parts) == 1:
             index, local, _, piece = parts[0]

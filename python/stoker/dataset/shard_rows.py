@@ -105,7 +105,6 @@ class ShardIndex:
             self.unsized = {int(f) for f in np.unique(unsized).tolist()}
         self.keys = keys
         self._core: _core.ShardColumns | None = None
-        self._key_prefix: str | None = None  # "stem/" of keys made from the shard's name
 
     @property
     def rows(self) -> int:
@@ -131,15 +130,19 @@ class ShardIndex:
         a .npy or a table)."""
         if self.keys is not None:
             return self.keys[local].tolist()
-        prefix = self._key_prefix
-        if prefix is None:
-            prefix = self._key_prefix = os.path.splitext(name.rsplit("/", 1)[-1])[0] + "/"
+        prefix = key_prefix(name)
         return [prefix + str(row) for row in (local + self.row_offset).tolist()]
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_core"] = None  # made again on the other side
         return state
+
+
+def key_prefix(name: str) -> str:
+    """What the numbered keys of shard `name` (a table's rows, a .npy's) start with: the
+    stem of its file name and a slash."""
+    return os.path.splitext(name.rsplit("/", 1)[-1])[0] + "/"
 
 
 def shard_index(

@@ -15,7 +15,7 @@ from stoker.loader.sample_orders import (
     SampleSeq,
     concat,
     group_line,
-    random_stream,
+    random_permutation,
     read_order,
 )
 
@@ -137,7 +137,7 @@ class MixLine:
         got = [self._keys_below(s, hi_key) - lo[s] for s in range(len(self.counts))]
         if self.shuffle:
             labels = np.repeat(np.arange(len(got), dtype=np.int64), got)
-            labels = random_stream(self.seed, self.epoch, MIX_LABELS, b).permutation(labels)
+            labels = labels[random_permutation(len(labels), self.seed, self.epoch, MIX_LABELS, b)]
         else:
             labels = self._by_key(b, lo, got)
         index = np.empty(len(labels), np.int64)

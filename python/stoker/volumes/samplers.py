@@ -26,6 +26,7 @@ import numpy as np
 from stoker import _core
 from stoker._files import write_atomically
 from stoker.errors import StokerError, UsageError
+from stoker.loader.sample_orders import WORD_MAX, seed_words
 from stoker.volumes.arrays import VolumeArray, cache_folder
 
 
@@ -150,30 +151,18 @@ def uniform_starts(
     time."""
     rank = len(patch_size)
     seed, epoch = operator.index(seed), operator.index(epoch)
-    if min(seed, epoch) < 0 or any(not 0 <= v <= _WORD for key in batch for v in key):
+    if min(seed, epoch) < 0 or any(not 0 <= v <= WORD_MAX for key in batch for v in key):
         # Words SeedSequence would split differently, or refuses: numpy's own generators.
         draws = np.array(
             [np.random.default_rng([seed, epoch, s, k]).random(rank) for s, k in batch]
         ).reshape(-1, rank)
     else:
         keys = np.array(batch, np.uint32).reshape(-1, 2)
-        prefix = np.array(_seed_words(seed) + _seed_words(epoch), np.uint32)
+        prefix = np.array(seed_words(seed, epoch), np.uint32)
         draws = _core.keyed_uniforms(prefix, keys, rank)
     span = np.array(shapes, np.int64).reshape(-1, rank) - np.array(patch_size, np.int64)
     starts = np.where(span >= 0, np.minimum((draws * (span + 1)).astype(np.int64), span), span // 2)
     return [tuple(row) for row in starts.tolist()]
-
-
-_WORD = 0xFFFFFFFF
-
-
-def _seed_words(value: int) -> list[int]:
-    """`value` (not negative) as SeedSequence takes an integer: 32-bit words, lowest first."""
-    words = [value & _WORD]
-    while value > _WORD:
-        value >>= 32
-        words.append(value & _WORD)
-    return words
 
 
 def start_around(
