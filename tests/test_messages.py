@@ -334,6 +334,9 @@ def test_arguments_stoker_cannot_use_are_usage_errors(tmp_path):
         lambda: stoker.Loader(ds, 4, prefetch=0),
         lambda: stoker.Loader(ds, 4, pinned_bytes=0),
         lambda: stoker.Loader(ds, 4, rank=2, world_size=2),
+        lambda: stoker.Loader(ds, 4, seed=-1),  # numpy's SeedSequence takes none below 0
+        lambda: stoker.Loader(ds, 4, seed=1.5),
+        lambda: stoker.Loader(ds, 4, seed=True),
         lambda: stoker.Dataset(3.5),
         lambda: rank_stretch(10, 3, 2, True),
         lambda: plan_epoch(

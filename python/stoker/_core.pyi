@@ -297,7 +297,8 @@ class PendingRead:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the batch is read, with the GIL released and Ctrl-C honoured; the
         waiting thread reads pieces of the batch too, and once they are all taken, pieces
-        of the reader's later batches, one at a time, while the batch's last are read.
+        of the reader's other batches in flight, oldest first, one at a time, while the
+        batch's last are read.
 
         Args:
             timeout: Seconds to wait at most; None waits as long as it takes.

@@ -1482,6 +1482,47 @@ void array_client(int id, World& w, std::shared_ptr<const io::FileTable> table) 
   }
 }
 
+// The reader's Backlog, with batches of our own: the oldest batch with a chunk left comes
+// first, its own waiter's batch is skipped, batches fully claimed or gone are dropped (and
+// none that is neither: every one stays offered until it is), and it never grows past the
+// batches still wanting help.
+struct BacklogBatch {
+  bool open = true;
+  bool unclaimed() const { return open; }
+};
+
+void check_backlog() {
+  io::Backlog<BacklogBatch> backlog;
+  std::vector<std::shared_ptr<BacklogBatch>> batches;
+  for (int i = 0; i < 5; ++i) {
+    batches.push_back(std::make_shared<BacklogBatch>());
+    backlog.add(batches.back());
+  }
+  auto expect = [&](const BacklogBatch* except, int index, size_t size, const char* when) {
+    auto got = backlog.oldest_unclaimed(except);
+    const BacklogBatch* want = index < 0 ? nullptr : batches[size_t(index)].get();
+    if (got.get() != want || backlog.size() != size) {
+      failure(std::string("backlog ") + when + ": not the batch or the count expected");
+    }
+  };
+  expect(nullptr, 0, 5, "at first");
+  expect(nullptr, 0, 5, "asked again");  // asking takes nothing away
+  expect(batches[0].get(), 1, 5, "skipping the waiter's own");
+  batches[0]->open = false;
+  expect(nullptr, 1, 4, "the oldest fully claimed");
+  batches[2].reset();  // its owner let go of it
+  expect(batches[1].get(), 3, 3, "one gone");
+  batches[1]->open = batches[3]->open = false;
+  expect(nullptr, 4, 1, "all but the newest claimed");
+  expect(batches[4].get(), -1, 1, "only the waiter's own left");
+  for (int i = 0; i < 1000; ++i) {  // added and finished, never asked: stays small
+    auto batch = std::make_shared<BacklogBatch>();
+    backlog.add(batch);
+    batch->open = false;
+  }
+  if (backlog.size() > 2) failure("backlog: batches fully claimed pile up when nobody asks");
+}
+
 int main(int argc, char** argv) {
   stoker::text::register_decoders();  // the reader's integer members, as the Python module does
   if (argc > 1 && (std::strcmp(argv[1], "-h") == 0 || std::strcmp(argv[1], "--help") == 0)) {
@@ -1509,6 +1550,7 @@ int main(int argc, char** argv) {
     remove_dir = true;
   }
 
+  check_backlog();
   auto started = Clock::now();
   World w;
   const size_t kShards = 6;

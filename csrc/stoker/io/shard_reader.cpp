@@ -328,40 +328,10 @@ void plan_chunks(ReadPlan& plan, size_t num_threads) {
 
 }  // namespace
 
-void Backlog::add(const std::shared_ptr<PendingRead>& batch) {
-  std::vector<std::shared_ptr<PendingRead>> held;  // released after the lock
-  std::lock_guard<std::mutex> lock(mutex_);
-  // Pruned here too: a reader whose waits always find their batch done never asks.
-  prune(nullptr, held);
-  batches_.push_back(batch);
-}
-
-std::shared_ptr<PendingRead> Backlog::oldest_unclaimed(const PendingRead* except) {
-  std::vector<std::shared_ptr<PendingRead>> held;
-  std::lock_guard<std::mutex> lock(mutex_);
-  return prune(except, held);
-}
-
-std::shared_ptr<PendingRead> Backlog::prune(const PendingRead* except,
-                                            std::vector<std::shared_ptr<PendingRead>>& held) {
-  std::shared_ptr<PendingRead> found;
-  auto kept = batches_.begin();
-  for (auto at = batches_.begin(); at != batches_.end(); ++at) {
-    std::shared_ptr<PendingRead> batch = at->lock();
-    if (!batch) continue;
-    // Its owner may let go meanwhile: a batch is never destroyed under the lock.
-    held.push_back(batch);
-    if (!batch->unclaimed()) continue;  // fully claimed batches never get work back
-    if (!found && batch.get() != except) found = batch;
-    *kept++ = std::move(*at);
-  }
-  batches_.erase(kept, batches_.end());
-  return found;
-}
-
 PendingRead::PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan,
                          std::shared_ptr<FileCache> files, std::shared_ptr<ChunkCache> chunks,
-                         std::shared_ptr<AlignedBuffer> buffer, std::shared_ptr<Backlog> backlog)
+                         std::shared_ptr<AlignedBuffer> buffer,
+                         std::shared_ptr<Backlog<PendingRead>> backlog)
     : owner_(owner),
       plan_(std::move(plan)),
       files_(std::move(files)),
@@ -411,22 +381,24 @@ bool PendingRead::work_one() {
           read += execute_run(*plan_, plan_->runs[i], *files_, scratch, open, blanked);
         }
       }
+      if (!blanked.empty() || !borrowed.empty()) {
+        uint64_t unsized = 0;
+        for (const BorrowedValue& b : borrowed) {
+          if (plan_->requests[b.request].out_length == kUnsizedValue) unsized += b.size;
+        }
+        unsized_bytes_.fetch_add(unsized, std::memory_order_relaxed);
+        std::lock_guard<std::mutex> lock(mutex_);
+        blanked_.insert(blanked_.end(), blanked.begin(), blanked.end());
+        borrowed_.insert(borrowed_.end(), std::make_move_iterator(borrowed.begin()),
+                         std::make_move_iterator(borrowed.end()));
+      }
     } catch (...) {
+      // Nothing may leave: the thread may be another batch's waiter, and this batch's
+      // chunk must still be counted finished for its own.
       fail(std::current_exception());
     }
+    borrowed.clear();  // a thread's list must not keep units alive between batches
     bytes_read_.fetch_add(read, std::memory_order_relaxed);
-    if (!blanked.empty() || !borrowed.empty()) {
-      uint64_t unsized = 0;
-      for (const BorrowedValue& b : borrowed) {
-        if (plan_->requests[b.request].out_length == kUnsizedValue) unsized += b.size;
-      }
-      unsized_bytes_.fetch_add(unsized, std::memory_order_relaxed);
-      std::lock_guard<std::mutex> lock(mutex_);
-      blanked_.insert(blanked_.end(), blanked.begin(), blanked.end());
-      borrowed_.insert(borrowed_.end(), std::make_move_iterator(borrowed.begin()),
-                       std::make_move_iterator(borrowed.end()));
-      borrowed.clear();  // a thread's list must not keep units alive between batches
-    }
     busy_ns_.fetch_add(std::chrono::duration_cast<std::chrono::nanoseconds>(
                            std::chrono::steady_clock::now() - started)
                            .count(),
@@ -500,7 +472,7 @@ ShardReader::ProcessState::ProcessState(size_t num_threads, size_t max_open_file
     : files(std::make_shared<FileCache>(max_open_files)),
       chunks(std::make_shared<ChunkCache>(chunk_cache_bytes)),
       ring(std::make_shared<PinnedRing>(kIdleSlots, kIdleSlotBytes)),
-      backlog(std::make_shared<Backlog>()),
+      backlog(std::make_shared<Backlog<PendingRead>>()),
       pool(num_threads) {}
 
 // The thread that waits for a batch reads too: one pool thread fewer than the

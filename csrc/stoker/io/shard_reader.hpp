@@ -98,27 +98,57 @@ struct BorrowedValue {
 
 class ChunkCache;  // decoded chunks of array sources (array_rows.hpp)
 struct ReadPlan;   // a batch's requests, sorted and grouped into runs (shard_reader.cpp)
-class PendingRead;
-
 // A reader's batches in flight that still have chunks nobody has claimed, oldest first.
 // A thread waiting for its own batch, every chunk of which is claimed, reads one of
 // theirs while another thread finishes its last: with few cores and chunks that take
 // long to decode (a slide's JPEG tiles), sleeping there leaves a core idle for a tile's
-// decode at the end of every batch.
+// decode at the end of every batch. (A template only so that tests/cpp/stress.cpp can
+// check it with batches of its own; the reader's is Backlog<PendingRead>.)
+template <typename Batch>
 class Backlog {
  public:
-  void add(const std::shared_ptr<PendingRead>& batch);
+  void add(const std::shared_ptr<Batch>& batch) {
+    std::vector<std::shared_ptr<Batch>> held;  // released after the lock
+    std::lock_guard<std::mutex> lock(mutex_);
+    // Pruned here too: a reader whose waits always find their batch done never asks.
+    prune(nullptr, held);
+    batches_.push_back(batch);
+  }
+
   // The oldest batch other than `except` with a chunk left to claim; nullptr if none.
-  std::shared_ptr<PendingRead> oldest_unclaimed(const PendingRead* except);
+  std::shared_ptr<Batch> oldest_unclaimed(const Batch* except) {
+    std::vector<std::shared_ptr<Batch>> held;
+    std::lock_guard<std::mutex> lock(mutex_);
+    return prune(except, held);
+  }
+
+  size_t size() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return batches_.size();
+  }
 
  private:
   // Drops the batches gone or fully claimed; returns the oldest kept other than `except`.
-  // Under mutex_; the batches it looked at go to `held`, for the caller to release after.
-  std::shared_ptr<PendingRead> prune(const PendingRead* except,
-                                     std::vector<std::shared_ptr<PendingRead>>& held);
+  // Under mutex_; the batches it looked at go to `held`, for the caller to release after
+  // (an owner may let go meanwhile: a batch is never destroyed under the lock).
+  std::shared_ptr<Batch> prune(const Batch* except, std::vector<std::shared_ptr<Batch>>& held) {
+    std::shared_ptr<Batch> found;
+    auto kept = batches_.begin();
+    for (auto at = batches_.begin(); at != batches_.end(); ++at) {
+      std::shared_ptr<Batch> batch = at->lock();
+      if (!batch) continue;
+      held.push_back(batch);
+      if (!batch->unclaimed()) continue;  // fully claimed batches never get work back
+      if (!found && batch.get() != except) found = batch;
+      if (kept != at) *kept = std::move(*at);  // (moved onto itself, a weak_ptr ends up empty)
+      ++kept;
+    }
+    batches_.erase(kept, batches_.end());
+    return found;
+  }
 
   std::mutex mutex_;
-  std::vector<std::weak_ptr<PendingRead>> batches_;
+  std::vector<std::weak_ptr<Batch>> batches_;
 };
 
 // One batch in flight. Its work is cut into chunks that pool threads claim
@@ -130,7 +160,7 @@ class PendingRead {
  public:
   PendingRead(pid_t owner, std::shared_ptr<const ReadPlan> plan, std::shared_ptr<FileCache> files,
               std::shared_ptr<ChunkCache> chunks, std::shared_ptr<AlignedBuffer> buffer,
-              std::shared_ptr<Backlog> backlog);
+              std::shared_ptr<Backlog<PendingRead>> backlog);
 
   // Helps read (this batch, then the backlog's others) and waits, for up to about
   // `timeout_ms` (negative: forever). True when the batch is complete; throws the batch's
@@ -176,7 +206,7 @@ class PendingRead {
   std::shared_ptr<FileCache> files_;
   std::shared_ptr<ChunkCache> chunks_;
   std::shared_ptr<AlignedBuffer> buffer_;
-  std::shared_ptr<Backlog> backlog_;
+  std::shared_ptr<Backlog<PendingRead>> backlog_;
   std::atomic<size_t> next_chunk_{0};
   std::atomic<size_t> remaining_;
   std::atomic<bool> failed_{false};
@@ -229,7 +259,7 @@ class ShardReader {
     std::shared_ptr<FileCache> files;  // batches in flight share it
     std::shared_ptr<ChunkCache> chunks;
     std::shared_ptr<PinnedRing> ring;
-    std::shared_ptr<Backlog> backlog;
+    std::shared_ptr<Backlog<PendingRead>> backlog;
     ThreadPool pool;
   };
   ProcessState& state();

@@ -551,6 +551,7 @@ class MemberTable:
 
     def keys(self, indices: np.ndarray) -> list[str]:
         """Keys of samples `indices` (their pieces indexed)."""
+        indices = np.asarray(indices, np.int64)
         if not len(indices):
             return []
         if all(self._resident[p].keys is None for p in np.unique(self.pieces_of(indices)).tolist()):

@@ -76,8 +76,11 @@ def _check_arguments(
     fields: Mapping[str, FieldSpec] | None,
     map_fn: Callable[[dict[str, Any]], Any] | None,
     collate: Callable[[list[Any]], Any] | None,
+    seed: int,
 ) -> None:
     """Refuse what a Loader cannot be made of, before anything is made."""
+    if not isinstance(seed, (int, np.integer)) or isinstance(seed, bool) or seed < 0:
+        raise UsageError(f"seed must be an integer of 0 or more, not {seed!r}")
     if batch_size < 1:
         raise UsageError(f"batch_size must be at least 1, not {batch_size}")
     if prefetch < 1:
@@ -209,13 +212,13 @@ class Loader:
         log_every: int | None = None,
         pinned_bytes: int | None = None,
     ) -> None:
-        _check_arguments(dataset, batch_size, prefetch, pinned_bytes, fields, map, collate)
+        _check_arguments(dataset, batch_size, prefetch, pinned_bytes, fields, map, collate, seed)
         self._device = cuda.device_index(device)
         self._torch = cuda.require_torch()
         self.dataset = dataset
         self.batch_size = batch_size
         self.shuffle = shuffle
-        self.seed = seed
+        self.seed = int(seed)
         self.drop_last = drop_last
         self.rank, self.world_size = resolve_rank(rank, world_size)
         self.prefetch = prefetch
