@@ -148,7 +148,8 @@ class Loader:
             UsageError (torch's DataLoader takes those).
         batch_size: Samples per batch, at least 1.
         shuffle: Shuffle each epoch. False reads the samples in their natural order.
-        seed: The shuffle's seed, and that of `Image` crops and flips, with the epoch.
+        seed: The shuffle's seed, and that of `Image` crops and flips, with the epoch: an
+            integer of 0 or more.
         drop_last: Drop the last partial batch, and make the ranks' samples disjoint (at
             most ``world_size - 1`` samples are dropped). Without it every sample is read
             and the last ranks wrap around to the start of the epoch.
