@@ -542,11 +542,10 @@ std::shared_ptr<PendingRead> ShardReader::submit_into(std::shared_ptr<const File
   plan->arrays = plan_arrays(*plan->files, plan->requests);
   plan->columns = plan_columns(*plan->files, plan->requests);
 
-  size_t helpers = std::min(
-      plan->arrays.tasks.size() + plan->columns.tasks.size() + plan->chunks.size(), num_threads_);
   auto pending = std::make_shared<PendingRead>(pid_, std::move(plan), process.files, process.chunks,
                                                std::move(buffer), process.backlog);
   process.backlog->add(pending);
+  const size_t helpers = std::min(pending->chunk_count(), num_threads_);
   // A batch outlives its pool if it must: whoever waits on it finishes it.
   const std::atomic<bool>* stop = &process.pool.stopping();
   for (size_t i = 0; i < helpers; ++i) {

@@ -192,12 +192,13 @@ class PendingRead {
   void work(
       std::chrono::steady_clock::time_point deadline = std::chrono::steady_clock::time_point::max(),
       const std::atomic<bool>* stop = nullptr);
+  // The units a batch's work is cut into (array and column tasks, then runs of pieces).
+  size_t chunk_count() const;
   bool unclaimed() const { return next_chunk_.load(std::memory_order_relaxed) < chunk_count(); }
 
  private:
   // Claims one chunk and reads it; false when none was left to claim.
   bool work_one();
-  size_t chunk_count() const;
   void finish_chunk();
   void fail(std::exception_ptr error);
 
