@@ -138,7 +138,7 @@ void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, u
 }
 
 const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint64_t offset,
-                        uint64_t length, ByteVector& scratch) {
+                        uint64_t length, ByteVector& scratch, Prefault prefault) {
   if (fd.mapped() != nullptr && offset <= fd.mapped_size() && length <= fd.mapped_size() - offset) {
     static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
     const auto first = reinterpret_cast<uintptr_t>(fd.mapped() + offset) & ~(page - 1);
@@ -148,7 +148,8 @@ const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint6
     struct stat st;
     if (length == 0 ||
         (::fstat(fd.get(), &st) == 0 && offset + length <= static_cast<uint64_t>(st.st_size) &&
-         ::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_READ) == 0)) {
+         (prefault == Prefault::kNo ||
+          ::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_READ) == 0))) {
       return fd.mapped() + offset;
     }
     // Else (the file is shorter now; ENOMEM, EINTR): pread says what happened.

@@ -68,13 +68,20 @@ FileDescriptor open_for_read(const std::string& path);
 // than whatever told us to read there); an OS failure is a ReadError.
 void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, uint64_t offset);
 
+// Whether bytes_at makes a mapping's pages present before handing them out. kNo is for
+// bytes whose pages were made present a moment ago (the pages of a unit that was decoded
+// and kept): walking a megabyte of present pages again, for every batch that takes a
+// few rows of the unit, was a fifth of a shuffled Parquet epoch's CPU. A page the kernel
+// has let go of meanwhile is faulted back in, as any mapping's is.
+enum class Prefault : uint8_t { kYes, kNo };
+
 // The `length` bytes at `offset`, for a decoder that only reads them: a pointer into the
-// file's mapping, once the file is seen to still hold them and their pages are made
+// file's mapping, once the file is seen to still hold them and (kYes) their pages are made
 // present (MADV_POPULATE_READ: one call, not a fault per page), or else read into
 // `scratch` as pread_exact reads (same errors: a file cut shorter since it was opened is
 // a short read, never a SIGBUS in the decoder). Valid while `fd` and `scratch` are.
 const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint64_t offset,
-                        uint64_t length, ByteVector& scratch);
+                        uint64_t length, ByteVector& scratch, Prefault prefault = Prefault::kYes);
 
 // Makes the pages that lie wholly inside [data, data + size), memory about to be written
 // whole, present in one call (MADV_POPULATE_WRITE) instead of a fault each as the writes
