@@ -69,10 +69,11 @@ FileDescriptor open_for_read(const std::string& path);
 void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, uint64_t offset);
 
 // Whether bytes_at makes a mapping's pages present before handing them out. kNo is for
-// bytes whose pages were made present a moment ago (the pages of a unit that was decoded
-// and kept): walking a megabyte of present pages again, for every batch that takes a
-// few rows of the unit, was a fifth of a shuffled Parquet epoch's CPU. A page the kernel
-// has let go of meanwhile is faulted back in, as any mapping's is.
+// bytes whose pages were made present when their unit was decoded (a Parquet column chunk
+// whose values stay in the file's mapping): walking a megabyte of present pages again, for
+// every batch that takes a few rows of the unit, was a fifth of a shuffled epoch's CPU. A
+// page the kernel has let go of since is faulted back in; only then could a disk's read
+// error, which making pages present turns into pread's ReadError, be a SIGBUS instead.
 enum class Prefault : uint8_t { kYes, kNo };
 
 // The `length` bytes at `offset`, for a decoder that only reads them: a pointer into the
