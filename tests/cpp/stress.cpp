@@ -1491,6 +1491,40 @@ struct BacklogBatch {
   bool unclaimed() const { return open; }
 };
 
+void check_present_pages() {
+  // 3 leaves of 32,768 pages, the last partly used.
+  const uint64_t pages = 2 * 32768 + 100;
+  io::PresentPages present(pages);
+  auto expect = [&](uint64_t first, uint64_t end, bool want, const char* when) {
+    if (present.all(first, end) != want) failure(std::string("present pages: ") + when);
+  };
+  expect(0, 1, false, "a page never marked");
+  expect(5, 5, true, "an empty range");
+  present.mark(60, 70);  // across a word
+  expect(60, 70, true, "the pages marked");
+  expect(61, 69, true, "pages inside those marked");
+  expect(59, 70, false, "a page before");
+  expect(60, 71, false, "a page after");
+  present.mark(32768 - 3, 32768 + 3);  // across a leaf
+  expect(32768 - 3, 32768 + 3, true, "pages across two leaves");
+  expect(32768 - 4, 32768 + 3, false, "one more before a leaf's end");
+  present.mark(64, 128);  // a whole word
+  expect(60, 128, true, "a word marked whole, after a part of the one before");
+  present.mark(pages - 1, pages);
+  expect(pages - 1, pages, true, "the last page");
+  expect(2 * 32768, pages, false, "the last leaf but one page");
+  // Threads marking the same leaf's words at once: every bit lands, one leaf wins.
+  io::PresentPages shared(pages);
+  std::vector<std::thread> threads;
+  for (uint64_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&shared, t] {
+      for (uint64_t page = t; page < 32768; page += 4) shared.mark(page, page + 1);
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  if (!shared.all(0, 32768)) failure("present pages: marks made at once went missing");
+}
+
 void check_backlog() {
   io::Backlog<BacklogBatch> backlog;
   std::vector<std::shared_ptr<BacklogBatch>> batches;
@@ -1551,6 +1585,7 @@ int main(int argc, char** argv) {
   }
 
   check_backlog();
+  check_present_pages();
   auto started = Clock::now();
   World w;
   const size_t kShards = 6;

@@ -250,7 +250,6 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
   }
   // Values left in the stored bytes are taken from them, read again (the file checked
   // to still hold them, see bytes_at) once a request wants a value and not its size.
-  // Their pages were made present when the unit was decoded, and are not walked again.
   bool count_values = false;  // bytes read: the values taken from a mapping, not the unit
   auto value_at = [&](uint64_t row, uint64_t size, uint64_t index) -> const uint8_t* {
     if (v.starts == nullptr) return v.data + v.offsets[row];
@@ -264,7 +263,7 @@ uint64_t execute_column_task(const FileTable& files, const std::vector<ReadReque
     }
     if (stored == nullptr) {
       open();
-      stored = bytes_at(*fd, path, u.offset, u.size, raw, Prefault::kNo);
+      stored = bytes_at(*fd, path, u.offset, u.size, raw);
       if (stored == raw.data()) {
         read += u.size;
       } else {

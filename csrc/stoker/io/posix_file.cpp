@@ -9,6 +9,8 @@
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <memory>
+#include <new>
 
 #include "stoker/errors.hpp"
 #include "stoker/io/thread_pool.hpp"
@@ -22,6 +24,7 @@ FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
     fd_ = other.fd_;
     map_ = other.map_;
     map_size_ = other.map_size_;
+    present_ = std::move(other.present_);
     other.fd_ = -1;
     other.map_ = nullptr;
     other.map_size_ = 0;
@@ -68,6 +71,14 @@ void FileDescriptor::map() {
     ::munmap(at, static_cast<size_t>(st.st_size));
     return;
   }
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  try {
+    present_ =
+        std::make_unique<PresentPages>((static_cast<uint64_t>(st.st_size) + page - 1) / page);
+  } catch (const std::bad_alloc&) {
+    ::munmap(at, static_cast<size_t>(st.st_size));
+    return;
+  }
   map_ = static_cast<const uint8_t*>(at);
   map_size_ = static_cast<uint64_t>(st.st_size);
 }
@@ -76,6 +87,60 @@ void FileDescriptor::unmap() {
   if (map_ != nullptr) ::munmap(const_cast<uint8_t*>(map_), map_size_);
   map_ = nullptr;
   map_size_ = 0;
+  present_.reset();
+}
+
+PresentPages::PresentPages(uint64_t pages)
+    : leaf_count_((pages + kLeafPages - 1) / kLeafPages),
+      leaves_(std::make_unique<std::atomic<std::atomic<uint64_t>*>[]>(leaf_count_)) {
+  for (uint64_t i = 0; i < leaf_count_; ++i) leaves_[i].store(nullptr, std::memory_order_relaxed);
+}
+
+PresentPages::~PresentPages() {
+  for (uint64_t i = 0; i < leaf_count_; ++i) delete[] leaves_[i].load(std::memory_order_acquire);
+}
+
+namespace {
+
+// The bits of pages [page, page + count) in their word, count <= 64 - page % 64.
+uint64_t page_bits(uint64_t page, uint64_t count) {
+  return (count == 64 ? ~uint64_t(0) : (uint64_t(1) << count) - 1) << (page % 64);
+}
+
+}  // namespace
+
+bool PresentPages::all(uint64_t first, uint64_t end) const {
+  for (uint64_t page = first; page < end;) {
+    const std::atomic<uint64_t>* leaf = leaves_[page / kLeafPages].load(std::memory_order_acquire);
+    if (leaf == nullptr) return false;
+    const uint64_t count = std::min<uint64_t>(64 - page % 64, end - page);
+    const uint64_t want = page_bits(page, count);
+    // Relaxed: a bit says only that a populate call returned, and publishes no data.
+    if ((leaf[page % kLeafPages / 64].load(std::memory_order_relaxed) & want) != want) {
+      return false;
+    }
+    page += count;
+  }
+  return true;
+}
+
+void PresentPages::mark(uint64_t first, uint64_t end) {
+  for (uint64_t page = first; page < end;) {
+    std::atomic<std::atomic<uint64_t>*>& slot = leaves_[page / kLeafPages];
+    std::atomic<uint64_t>* leaf = slot.load(std::memory_order_acquire);
+    if (leaf == nullptr) {
+      auto* made = new std::atomic<uint64_t>[kLeafWords]();
+      // Another thread's leaf, made meanwhile, wins: `leaf` is then that one.
+      if (slot.compare_exchange_strong(leaf, made, std::memory_order_acq_rel)) {
+        leaf = made;
+      } else {
+        delete[] made;
+      }
+    }
+    const uint64_t count = std::min<uint64_t>(64 - page % 64, end - page);
+    leaf[page % kLeafPages / 64].fetch_or(page_bits(page, count), std::memory_order_relaxed);
+    page += count;
+  }
 }
 
 FileDescriptor open_for_read(const std::string& path) {
@@ -138,21 +203,30 @@ void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, u
 }
 
 const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint64_t offset,
-                        uint64_t length, ByteVector& scratch, Prefault prefault) {
+                        uint64_t length, ByteVector& scratch, uint64_t* seen_size) {
   if (fd.mapped() != nullptr && offset <= fd.mapped_size() && length <= fd.mapped_size() - offset) {
-    static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
-    const auto first = reinterpret_cast<uintptr_t>(fd.mapped() + offset) & ~(page - 1);
-    const auto end = reinterpret_cast<uintptr_t>(fd.mapped() + offset + length);
+    if (length == 0) return fd.mapped() + offset;
+    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+    uint64_t size = seen_size != nullptr ? *seen_size : kSizeUnseen;
+    if (size == kSizeUnseen) {
+      struct stat st;
+      size = ::fstat(fd.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+      if (seen_size != nullptr && size != 0) *seen_size = size;
+    }
     // A file cut shorter since it was mapped reads as zeros to the end of the page that
     // holds its new end, and faults past that: only a range still in the file is taken.
-    struct stat st;
-    if (length == 0 ||
-        (::fstat(fd.get(), &st) == 0 && offset + length <= static_cast<uint64_t>(st.st_size) &&
-         (prefault == Prefault::kNo ||
-          ::madvise(reinterpret_cast<void*>(first), end - first, MADV_POPULATE_READ) == 0))) {
-      return fd.mapped() + offset;
+    if (offset + length <= size) {
+      // The mapping starts on a page, so its page numbers are the file's.
+      const uint64_t first = offset / page, end = (offset + length + page - 1) / page;
+      PresentPages& present = *fd.present();
+      if (present.all(first, end)) return fd.mapped() + offset;
+      if (::madvise(const_cast<uint8_t*>(fd.mapped()) + first * page, (end - first) * page,
+                    MADV_POPULATE_READ) == 0) {
+        present.mark(first, end);
+        return fd.mapped() + offset;
+      }
     }
-    // Else (the file is shorter now; ENOMEM, EINTR): pread says what happened.
+    // Else (the file is shorter now; ENOMEM, EINTR, EFAULT): pread says what happened.
   }
   scratch.resize(length);
   pread_exact(fd.get(), path, scratch.data(), length, offset);

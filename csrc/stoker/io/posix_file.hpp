@@ -4,14 +4,36 @@
 
 #include <sys/uio.h>
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
 #include "stoker/io/byte_vector.hpp"
 
 namespace stoker::io {
+
+// Which pages of a file's mapping have been made present (MADV_POPULATE_READ) since it was
+// mapped: a bit a page, in leaves of 4 KiB made when a page of their 128 MiB of the file is
+// first marked. Safe to mark and ask from many threads at once.
+class PresentPages {
+ public:
+  explicit PresentPages(uint64_t pages);
+  ~PresentPages();
+  PresentPages(const PresentPages&) = delete;
+  PresentPages& operator=(const PresentPages&) = delete;
+  // Whether every page of [first, end) is marked.
+  bool all(uint64_t first, uint64_t end) const;
+  void mark(uint64_t first, uint64_t end);
+
+ private:
+  static constexpr uint64_t kLeafWords = 512;
+  static constexpr uint64_t kLeafPages = kLeafWords * 64;
+  uint64_t leaf_count_;
+  std::unique_ptr<std::atomic<std::atomic<uint64_t>*>[]> leaves_;
+};
 
 class FileDescriptor {
  public:
@@ -20,7 +42,10 @@ class FileDescriptor {
   FileDescriptor(const FileDescriptor&) = delete;
   FileDescriptor& operator=(const FileDescriptor&) = delete;
   FileDescriptor(FileDescriptor&& other) noexcept
-      : fd_(other.fd_), map_(other.map_), map_size_(other.map_size_) {
+      : fd_(other.fd_),
+        map_(other.map_),
+        map_size_(other.map_size_),
+        present_(std::move(other.present_)) {
     other.fd_ = -1;
     other.map_ = nullptr;
     other.map_size_ = 0;
@@ -36,12 +61,15 @@ class FileDescriptor {
   void map();
   const uint8_t* mapped() const { return map_; }
   uint64_t mapped_size() const { return map_size_; }
+  // The mapping's pages that bytes_at has made present (null: not mapped).
+  PresentPages* present() const { return present_.get(); }
 
  private:
   void unmap();
   int fd_ = -1;
   const uint8_t* map_ = nullptr;
   uint64_t map_size_ = 0;
+  std::unique_ptr<PresentPages> present_;
 };
 
 // What a file was when it was indexed. Inode, size and modification time
@@ -68,21 +96,24 @@ FileDescriptor open_for_read(const std::string& path);
 // than whatever told us to read there); an OS failure is a ReadError.
 void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, uint64_t offset);
 
-// Whether bytes_at makes a mapping's pages present before handing them out. kNo is for
-// bytes whose pages were made present when their unit was decoded (a Parquet column chunk
-// whose values stay in the file's mapping): walking a megabyte of present pages again, for
-// every batch that takes a few rows of the unit, was a fifth of a shuffled epoch's CPU. A
-// page the kernel has let go of since is faulted back in; only then could a disk's read
-// error, which making pages present turns into pread's ReadError, be a SIGBUS instead.
-enum class Prefault : uint8_t { kYes, kNo };
+// A file's size as a caller's last bytes_at saw it, so that its many calls on one file in
+// one task stat it once (kSizeUnseen: not yet). A batch of patches of a volume is hundreds
+// of spans, and a stat for each was a tenth of their reading.
+constexpr uint64_t kSizeUnseen = UINT64_MAX;
 
 // The `length` bytes at `offset`, for a decoder that only reads them: a pointer into the
-// file's mapping, once the file is seen to still hold them and (kYes) their pages are made
-// present (MADV_POPULATE_READ: one call, not a fault per page), or else read into
-// `scratch` as pread_exact reads (same errors: a file cut shorter since it was opened is
-// a short read, never a SIGBUS in the decoder). Valid while `fd` and `scratch` are.
+// file's mapping, once the file is seen to still hold them (one fstat, or the size
+// `*seen_size` holds; an fstat's size is left there) and their pages are present, or else
+// read into `scratch` as pread_exact reads (same errors: a file cut shorter since it was
+// opened is a short read, never a SIGBUS in the decoder). Pages are made present by one
+// MADV_POPULATE_READ (a disk's read error is then that call's failure, and pread's
+// ReadError), once per mapping: pages this mapping made present before are handed out
+// with no system call. Walking present pages again, a call per span, was 40% of a
+// volume's patch reading and a fifth of a shuffled Parquet epoch's CPU. A page the kernel
+// has let go of since is faulted back in as any mapping's is; only then could a read
+// error be a SIGBUS. Valid while `fd` and `scratch` are.
 const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint64_t offset,
-                        uint64_t length, ByteVector& scratch, Prefault prefault = Prefault::kYes);
+                        uint64_t length, ByteVector& scratch, uint64_t* seen_size = nullptr);
 
 // Makes the pages that lie wholly inside [data, data + size), memory about to be written
 // whole, present in one call (MADV_POPULATE_WRITE) instead of a fault each as the writes

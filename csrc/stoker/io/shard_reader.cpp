@@ -191,6 +191,7 @@ void decode_or_blank(const ReadPlan& plan, uint32_t index, const uint8_t* src,
 struct OpenFile {
   uint32_t file = UINT32_MAX;
   std::shared_ptr<const FileDescriptor> fd;
+  uint64_t size = kSizeUnseen;  // the file's size as this chunk's first bytes_at saw it
 };
 
 // Returns the bytes it read.
@@ -202,6 +203,7 @@ uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache, Byt
     open.fd =
         cache.get(path, table.identities.empty() ? FileIdentity{} : table.identities[run.file]);
     open.file = run.file;
+    open.size = kSizeUnseen;
   }
   const auto& fd = open.fd;
   const uint64_t span = run.end - run.start;
@@ -234,7 +236,7 @@ uint64_t execute_run(const ReadPlan& plan, const Run& run, FileCache& cache, Byt
   }
   // The run whole: from the mapping, or (an unmapped file's run whose pieces overlap) read
   // into scratch. decode_or_blank copies a stored piece into place and decodes the rest.
-  const uint8_t* base = bytes_at(*fd, path, run.start, span, scratch);
+  const uint8_t* base = bytes_at(*fd, path, run.start, span, scratch, &open.size);
   for (uint32_t k = run.first; k < run.first + run.count; ++k) {
     const ReadRequest& r = plan.requests[plan.order[k]];
     decode_or_blank(plan, plan.order[k], base + (r.offset - run.start), path, blanked);
