@@ -165,6 +165,24 @@ def test_ctrl_c_interrupts_a_long_wait(tmp_path):
     assert "interrupted after" in result.stdout
 
 
+def test_a_file_cut_shorter_after_its_pages_were_read_is_a_short_read(tmp_path):
+    # Stored pieces are copied from the file's mapping, whose pages are made present once
+    # and then handed out with no system call: a file cut shorter after a first read must
+    # still fail as a short read naming it, never kill the process with SIGBUS.
+    path = tmp_path / "cut.bin"
+    data = bytes(range(256)) * 4096
+    path.write_bytes(data)
+    table = _core.FileTable([str(path)])
+    reader = stoker.ShardReader(2)
+    ids, offsets, lengths = [0, 0], [0, 8192], [4096, 4096]  # one run: a gap, two pieces
+    for _ in range(2):  # the second time from pages the mapping made present
+        buf, _ = _read(reader, table, ids, offsets, lengths)
+        assert bytes(buf) == data[:4096] + data[8192:12288]
+    os.truncate(path, 6000)
+    with pytest.raises(stoker.ShardFormatError, match=r"cut\.bin.*short read"):
+        _read(reader, table, ids, offsets, lengths)
+
+
 def test_short_read_never_returns_a_buffer(tmp_path):
     path = tmp_path / "short.bin"
     path.write_bytes(b"x" * 1000)
