@@ -1494,7 +1494,8 @@ struct BacklogBatch {
 void check_present_pages() {
   // 3 leaves of 32,768 pages, the last partly used.
   const uint64_t pages = 2 * 32768 + 100;
-  io::PresentPages present(pages);
+  io::PageLedger roomy(uint64_t(1) << 40);
+  io::PresentPages present(pages, roomy);
   auto expect = [&](uint64_t first, uint64_t end, bool want, const char* when) {
     if (present.all(first, end) != want) failure(std::string("present pages: ") + when);
   };
@@ -1510,19 +1511,42 @@ void check_present_pages() {
   expect(32768 - 4, 32768 + 3, false, "one more before a leaf's end");
   present.mark(64, 128);  // a whole word
   expect(60, 128, true, "a word marked whole, after a part of the one before");
+  present.mark(192, 256);
+  expect(64, 256, false, "a word unmarked between two marked");
   present.mark(pages - 1, pages);
   expect(pages - 1, pages, true, "the last page");
   expect(2 * 32768, pages, false, "the last leaf but one page");
-  // Threads marking the same leaf's words at once: every bit lands, one leaf wins.
-  io::PresentPages shared(pages);
-  std::vector<std::thread> threads;
-  for (uint64_t t = 0; t < 4; ++t) {
-    threads.emplace_back([&shared, t] {
-      for (uint64_t page = t; page < 32768; page += 4) shared.mark(page, page + 1);
-    });
+
+  // Past its ledger's budget every note is dropped, and marking starts again.
+  io::PageLedger small(100);
+  io::PresentPages first(1000, small), second(1000, small);
+  first.mark(0, 60);
+  second.mark(0, 30);
+  if (!first.all(0, 60) || !second.all(0, 30)) failure("present pages: notes under the budget");
+  first.mark(50, 70);  // 10 more pages noted: 100, not past it
+  if (!first.all(0, 70)) failure("present pages: notes at the budget");
+  second.mark(30, 31);  // 101: past it
+  if (first.all(0, 1) || second.all(30, 31)) failure("present pages: notes past the budget");
+  first.mark(5, 6);
+  if (!first.all(5, 6) || first.all(0, 5)) failure("present pages: marks of a new generation");
+
+  // Threads marking one leaf's words at once, each round on a fresh map whose leaf the
+  // threads race to make: every bit lands, in the leaf that won.
+  for (int round = 0; round < 20; ++round) {
+    io::PresentPages shared(32768, roomy);
+    std::atomic<int> ready{0};
+    std::vector<std::thread> threads;
+    for (uint64_t t = 0; t < 4; ++t) {
+      threads.emplace_back([&shared, &ready, t] {
+        ready.fetch_add(1);
+        while (ready.load() < 4) {
+        }
+        for (uint64_t page = t; page < 32768; page += 4) shared.mark(page, page + 1);
+      });
+    }
+    for (auto& thread : threads) thread.join();
+    if (!shared.all(0, 32768)) failure("present pages: marks made at once went missing");
   }
-  for (auto& thread : threads) thread.join();
-  if (!shared.all(0, 32768)) failure("present pages: marks made at once went missing");
 }
 
 void check_backlog() {

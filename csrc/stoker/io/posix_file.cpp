@@ -90,9 +90,28 @@ void FileDescriptor::unmap() {
   present_.reset();
 }
 
-PresentPages::PresentPages(uint64_t pages)
-    : leaf_count_((pages + kLeafPages - 1) / kLeafPages),
-      leaves_(std::make_unique<std::atomic<std::atomic<uint64_t>*>[]>(leaf_count_)) {
+PageLedger& PageLedger::process() {
+  static PageLedger ledger([] {
+    const long pages = ::sysconf(_SC_PHYS_PAGES);
+    return pages > 0 ? static_cast<uint64_t>(pages) / 4 : uint64_t(1) << 18;
+  }());
+  return ledger;
+}
+
+void PageLedger::noted(uint64_t pages) {
+  if (pages == 0) return;
+  if (noted_.fetch_add(pages, std::memory_order_relaxed) + pages > budget_) {
+    // Two threads past the budget at once may both start a generation: harmless.
+    noted_.store(0, std::memory_order_relaxed);
+    generation_.fetch_add(1, std::memory_order_acq_rel);
+  }
+}
+
+PresentPages::PresentPages(uint64_t pages, PageLedger& ledger)
+    : ledger_(ledger),
+      leaf_count_((pages + kLeafPages - 1) / kLeafPages),
+      leaves_(std::make_unique<std::atomic<std::atomic<uint64_t>*>[]>(leaf_count_)),
+      generation_(ledger.generation()) {
   for (uint64_t i = 0; i < leaf_count_; ++i) leaves_[i].store(nullptr, std::memory_order_relaxed);
 }
 
@@ -110,6 +129,7 @@ uint64_t page_bits(uint64_t page, uint64_t count) {
 }  // namespace
 
 bool PresentPages::all(uint64_t first, uint64_t end) const {
+  if (generation_.load(std::memory_order_acquire) != ledger_.generation()) return first == end;
   for (uint64_t page = first; page < end;) {
     const std::atomic<uint64_t>* leaf = leaves_[page / kLeafPages].load(std::memory_order_acquire);
     if (leaf == nullptr) return false;
@@ -124,12 +144,33 @@ bool PresentPages::all(uint64_t first, uint64_t end) const {
   return true;
 }
 
+void PresentPages::catch_up(uint64_t generation) {
+  std::lock_guard<std::mutex> lock(clearing_);
+  if (generation_.load(std::memory_order_acquire) == generation) return;
+  // A bit another thread sets meanwhile is of a page it has just made present: true in
+  // the new generation too.
+  for (uint64_t i = 0; i < leaf_count_; ++i) {
+    std::atomic<uint64_t>* leaf = leaves_[i].load(std::memory_order_acquire);
+    if (leaf == nullptr) continue;
+    for (uint64_t w = 0; w < kLeafWords; ++w) leaf[w].store(0, std::memory_order_relaxed);
+  }
+  generation_.store(generation, std::memory_order_release);
+}
+
 void PresentPages::mark(uint64_t first, uint64_t end) {
+  const uint64_t generation = ledger_.generation();
+  if (generation_.load(std::memory_order_acquire) != generation) catch_up(generation);
+  uint64_t noted = 0;
   for (uint64_t page = first; page < end;) {
+    const uint64_t count = std::min<uint64_t>(64 - page % 64, end - page);
     std::atomic<std::atomic<uint64_t>*>& slot = leaves_[page / kLeafPages];
     std::atomic<uint64_t>* leaf = slot.load(std::memory_order_acquire);
     if (leaf == nullptr) {
-      auto* made = new std::atomic<uint64_t>[kLeafWords]();
+      auto* made = new (std::nothrow) std::atomic<uint64_t>[kLeafWords]();
+      if (made == nullptr) {  // left unmarked: populated again next time
+        page += count;
+        continue;
+      }
       // Another thread's leaf, made meanwhile, wins: `leaf` is then that one.
       if (slot.compare_exchange_strong(leaf, made, std::memory_order_acq_rel)) {
         leaf = made;
@@ -137,10 +178,12 @@ void PresentPages::mark(uint64_t first, uint64_t end) {
         delete[] made;
       }
     }
-    const uint64_t count = std::min<uint64_t>(64 - page % 64, end - page);
-    leaf[page % kLeafPages / 64].fetch_or(page_bits(page, count), std::memory_order_relaxed);
+    const uint64_t bits = page_bits(page, count);
+    const uint64_t before = leaf[page % kLeafPages / 64].fetch_or(bits, std::memory_order_relaxed);
+    noted += static_cast<uint64_t>(__builtin_popcountll(bits & ~before));
     page += count;
   }
+  ledger_.noted(noted);
 }
 
 FileDescriptor open_for_read(const std::string& path) {
@@ -202,32 +245,39 @@ void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, u
   preadv_exact(fd, path, &iov, 1, offset);
 }
 
+const uint8_t* mapped_bytes(const FileDescriptor& fd, uint64_t offset, uint64_t length,
+                            uint64_t* seen_size) {
+  if (fd.mapped() == nullptr || offset > fd.mapped_size() || length > fd.mapped_size() - offset) {
+    return nullptr;
+  }
+  if (length == 0) return fd.mapped() + offset;
+  uint64_t size = seen_size != nullptr ? *seen_size : kSizeUnseen;
+  if (size == kSizeUnseen) {
+    struct stat st;
+    size = ::fstat(fd.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
+    if (seen_size != nullptr && size != 0) *seen_size = size;
+  }
+  // A file cut shorter since it was mapped reads as zeros to the end of the page that
+  // holds its new end, and faults past that: only a range still in the file is taken.
+  if (offset + length > size) return nullptr;
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  // The mapping starts on a page, so its page numbers are the file's.
+  const uint64_t first = offset / page, end = (offset + length + page - 1) / page;
+  PresentPages& present = *fd.present();
+  if (present.all(first, end)) return fd.mapped() + offset;
+  // Fails (ENOMEM, EINTR, EFAULT: a read error, or the file cut shorter meanwhile)
+  // without a signal.
+  if (::madvise(const_cast<uint8_t*>(fd.mapped()) + first * page, (end - first) * page,
+                MADV_POPULATE_READ) != 0) {
+    return nullptr;
+  }
+  present.mark(first, end);
+  return fd.mapped() + offset;
+}
+
 const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint64_t offset,
                         uint64_t length, ByteVector& scratch, uint64_t* seen_size) {
-  if (fd.mapped() != nullptr && offset <= fd.mapped_size() && length <= fd.mapped_size() - offset) {
-    if (length == 0) return fd.mapped() + offset;
-    static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
-    uint64_t size = seen_size != nullptr ? *seen_size : kSizeUnseen;
-    if (size == kSizeUnseen) {
-      struct stat st;
-      size = ::fstat(fd.get(), &st) == 0 ? static_cast<uint64_t>(st.st_size) : 0;
-      if (seen_size != nullptr && size != 0) *seen_size = size;
-    }
-    // A file cut shorter since it was mapped reads as zeros to the end of the page that
-    // holds its new end, and faults past that: only a range still in the file is taken.
-    if (offset + length <= size) {
-      // The mapping starts on a page, so its page numbers are the file's.
-      const uint64_t first = offset / page, end = (offset + length + page - 1) / page;
-      PresentPages& present = *fd.present();
-      if (present.all(first, end)) return fd.mapped() + offset;
-      if (::madvise(const_cast<uint8_t*>(fd.mapped()) + first * page, (end - first) * page,
-                    MADV_POPULATE_READ) == 0) {
-        present.mark(first, end);
-        return fd.mapped() + offset;
-      }
-    }
-    // Else (the file is shorter now; ENOMEM, EINTR, EFAULT): pread says what happened.
-  }
+  if (const uint8_t* mapped = mapped_bytes(fd, offset, length, seen_size)) return mapped;
   scratch.resize(length);
   pread_exact(fd.get(), path, scratch.data(), length, offset);
   return scratch.data();

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -15,24 +16,48 @@
 
 namespace stoker::io {
 
-// Which pages of a file's mapping have been made present (MADV_POPULATE_READ) since it was
-// mapped: a bit a page, in leaves of 4 KiB made when a page of their 128 MiB of the file is
-// first marked. Safe to mark and ask from many threads at once.
+// How many pages this process's mappings may note as present (PresentPages) before every
+// note is dropped: a page made present stays so only while the page cache keeps it, so
+// notes are trusted only for about a quarter of memory's worth of pages made present
+// since they were dropped. A page noted present but taken back since is faulted in again
+// with no populate call, and a read error there would be a SIGBUS, not a ReadError.
+class PageLedger {
+ public:
+  explicit PageLedger(uint64_t budget_pages) : budget_(budget_pages) {}
+  static PageLedger& process();  // a quarter of the machine's memory
+  uint64_t generation() const { return generation_.load(std::memory_order_acquire); }
+  // Counts `pages` newly noted; past the budget, starts a new generation (drops every note).
+  void noted(uint64_t pages);
+
+ private:
+  const uint64_t budget_;
+  std::atomic<uint64_t> noted_{0};
+  std::atomic<uint64_t> generation_{0};
+};
+
+// Which pages of a file's mapping have been made present (MADV_POPULATE_READ) in its
+// ledger's current generation: a bit a page, in leaves of 4 KiB made when a page of their
+// 128 MiB of the file is first marked. Safe to mark and ask from many threads at once.
 class PresentPages {
  public:
-  explicit PresentPages(uint64_t pages);
+  explicit PresentPages(uint64_t pages, PageLedger& ledger = PageLedger::process());
   ~PresentPages();
   PresentPages(const PresentPages&) = delete;
   PresentPages& operator=(const PresentPages&) = delete;
   // Whether every page of [first, end) is marked.
   bool all(uint64_t first, uint64_t end) const;
+  // Best effort: a leaf that cannot be allocated leaves its pages unmarked.
   void mark(uint64_t first, uint64_t end);
 
  private:
   static constexpr uint64_t kLeafWords = 512;
   static constexpr uint64_t kLeafPages = kLeafWords * 64;
+  void catch_up(uint64_t generation);
+  PageLedger& ledger_;
   uint64_t leaf_count_;
   std::unique_ptr<std::atomic<std::atomic<uint64_t>*>[]> leaves_;
+  std::atomic<uint64_t> generation_;  // of the ledger, when the bits were last cleared
+  std::mutex clearing_;
 };
 
 class FileDescriptor {
@@ -96,22 +121,28 @@ FileDescriptor open_for_read(const std::string& path);
 // than whatever told us to read there); an OS failure is a ReadError.
 void pread_exact(int fd, const std::string& path, void* dest, uint64_t length, uint64_t offset);
 
-// A file's size as a caller's last bytes_at saw it, so that its many calls on one file in
-// one task stat it once (kSizeUnseen: not yet). A batch of patches of a volume is hundreds
-// of spans, and a stat for each was a tenth of their reading.
+// A file's size as a caller's last call saw it, so that its many calls on one file in one
+// task stat it once (kSizeUnseen: not yet). A batch of patches of a volume is hundreds of
+// spans, and a stat for each was a tenth of their reading. The size is then as old as the
+// task (a chunk of a batch's runs on one thread, milliseconds): a file cut shorter
+// meanwhile may give zeros or a SIGBUS, as one cut between a stat and a read always could.
 constexpr uint64_t kSizeUnseen = UINT64_MAX;
 
-// The `length` bytes at `offset`, for a decoder that only reads them: a pointer into the
-// file's mapping, once the file is seen to still hold them (one fstat, or the size
-// `*seen_size` holds; an fstat's size is left there) and their pages are present, or else
+// The `length` bytes at `offset` in the file's mapping, once the file is seen to still hold
+// them (one fstat, or the size `*seen_size` holds; an fstat's size is left there) and their
+// pages are present; null when the file is not mapped, is shorter now, or its pages could
+// not be made present (the caller then reads with pread, which says why). Pages are made
+// present by one MADV_POPULATE_READ, whose failure on a disk's read error becomes pread's
+// ReadError, and only if the mapping has not noted them present (see PageLedger): walking
+// present pages again, a call per span, was 40% of a volume's patch reading and a fifth of
+// a shuffled Parquet epoch's CPU.
+const uint8_t* mapped_bytes(const FileDescriptor& fd, uint64_t offset, uint64_t length,
+                            uint64_t* seen_size = nullptr);
+
+// The `length` bytes at `offset`, for a decoder that only reads them: mapped_bytes, or else
 // read into `scratch` as pread_exact reads (same errors: a file cut shorter since it was
-// opened is a short read, never a SIGBUS in the decoder). Pages are made present by one
-// MADV_POPULATE_READ (a disk's read error is then that call's failure, and pread's
-// ReadError), once per mapping: pages this mapping made present before are handed out
-// with no system call. Walking present pages again, a call per span, was 40% of a
-// volume's patch reading and a fifth of a shuffled Parquet epoch's CPU. A page the kernel
-// has let go of since is faulted back in as any mapping's is; only then could a read
-// error be a SIGBUS. Valid while `fd` and `scratch` are.
+// opened is a short read, never a SIGBUS in the decoder). Valid while `fd` and `scratch`
+// are.
 const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint64_t offset,
                         uint64_t length, ByteVector& scratch, uint64_t* seen_size = nullptr);
 
