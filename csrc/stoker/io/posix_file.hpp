@@ -86,7 +86,7 @@ class FileDescriptor {
   void map();
   const uint8_t* mapped() const { return map_; }
   uint64_t mapped_size() const { return map_size_; }
-  // The mapping's pages that bytes_at has made present (null: not mapped).
+  // The mapping's pages that mapped_bytes has made present (null: not mapped).
   PresentPages* present() const { return present_.get(); }
 
  private:
