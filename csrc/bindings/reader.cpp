@@ -419,6 +419,32 @@ void register_reader(py::module_& m) {
           "its element (j0, j1, ...) at byte dest_offsets[i] + sum(j_d * dest_strides[i, d]). "
           "Each chunk the boxes touch is read and decoded once.")
       .def(
+          "foresee_boxes",
+          [](io::ShardReader& reader, const io::FileTable& files, const Column<uint32_t>& arrays,
+             const Table& starts, const Table& extents, const Column<int64_t>& batches,
+             bool fresh) {
+            if (batches.size() != arrays.size()) {
+              throw py::value_error("batches has " + std::to_string(batches.size()) +
+                                    " entries but arrays has " + std::to_string(arrays.size()));
+            }
+            // (where the boxes would land does not matter here)
+            Column<int64_t> nowhere(arrays.size());
+            std::fill_n(nowhere.mutable_data(), nowhere.size(), 0);
+            Table unstrided(std::vector<py::ssize_t>{starts.ndim() == 2 ? starts.shape(0) : 0,
+                                                     starts.ndim() == 2 ? starts.shape(1) : 0});
+            std::fill_n(unstrided.mutable_data(), unstrided.size(), 0);
+            auto boxes = make_box_requests(arrays, starts, extents, nowhere, unstrided);
+            std::vector<int64_t> numbers(batches.data(), batches.data() + batches.size());
+            py::gil_scoped_release release;
+            reader.foresee(files, boxes, numbers, fresh);
+          },
+          py::arg("files"), py::arg("arrays"), py::arg("starts"), py::arg("extents"),
+          py::arg("batches"), py::arg("fresh"),
+          "Say which boxes the batches ahead will read (box i by batch batches[i], in "
+          "read_boxes_into's form): JPEG tiles wanted again are then decoded once, only the "
+          "part the boxes take, and kept until the last of them. fresh: forget what was "
+          "foreseen for those arrays before (a new epoch).")
+      .def(
           "read_spans_into",
           [](io::ShardReader& reader, py::buffer dest, std::shared_ptr<io::FileTable> files,
              const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,

@@ -651,6 +651,39 @@ class ShardReader:
                 outside `dest` (the message names the array).
         """
 
+    def foresee_boxes(
+        self,
+        files: FileTable,
+        arrays: npt.ArrayLike,
+        starts: npt.ArrayLike,
+        extents: npt.ArrayLike,
+        batches: npt.ArrayLike,
+        fresh: bool,
+    ) -> None:
+        """Say which boxes the batches ahead will read, so that the JPEG tiles of tiled
+        arrays they touch are decoded once each, only in the part they take.
+
+        A tile that more than one batch ahead reads is decoded once, in the part all of
+        them copy out, and kept (``chunk_cache_bytes``) until the last of them has read
+        it; a tile one batch reads is decoded for it alone, in part, and not kept. What
+        is foreseen only guides decoding: boxes read that were not foreseen are read as
+        they would be anyway. Boxes of arrays not tiled with JPEG are passed over.
+
+        Args:
+            files: The table whose ``arrays`` the boxes name.
+            arrays: ``(n,)`` uint32: each box's array, as for ``read_boxes_into``.
+            starts: ``(n, rank)`` int64: each box's first element.
+            extents: ``(n, rank)`` int64: each box's extent.
+            batches: ``(n,)`` int64: the batch that will read each box (a batch reads
+                each tile it touches once, however many of its boxes share it).
+            fresh: Forget what was foreseen for these arrays before (a new epoch).
+
+        Raises:
+            ValueError: The arguments' shapes differ, or a value is negative.
+            StokerError: A box is not inside its array, or the boxes touch more than
+                2**24 tiles.
+        """
+
 def index_shards(
     paths: Sequence[str], formats: Sequence[str], num_threads: int = 0
 ) -> list[dict[str, Any]]: ...

@@ -72,6 +72,7 @@
 #include "stoker/errors.hpp"
 #include "stoker/format/shard_index.hpp"
 #include "stoker/io/array_layout.hpp"
+#include "stoker/io/array_rows.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/pinned_ring.hpp"
 #include "stoker/io/posix_file.hpp"
@@ -1549,6 +1550,89 @@ void check_present_pages() {
   }
 }
 
+void check_chunk_cache() {
+  using io::ChunkCache;
+  using io::ChunkRegion;
+  const uint64_t layout = 7, part = 5 | ChunkCache::kPartOfChunk;
+
+  // Foresight counts tasks down, merges windows, and a fresh one forgets the layout's.
+  ChunkCache cache(uint64_t(64) << 20);
+  ChunkCache::Foresight two;
+  two.tasks_left = 2;
+  two.region = {10, 20, 30, 40};
+  two.keep = true;
+  cache.foresee(layout, {{5, two}}, true);
+  ChunkCache::Foresight seen;
+  if (!cache.take_foresight(layout, 5, seen) || seen.tasks_left != 1 || !seen.keep ||
+      !seen.region.holds({10, 20, 30, 40})) {
+    failure("chunk cache: the first of two tasks foreseen");
+  }
+  two.region = {0, 5, 0, 5};
+  two.keep = false;
+  cache.foresee(layout, {{5, two}}, false);  // the next window: 1 + 2 left, regions merged
+  if (!cache.take_foresight(layout, 5, seen) || seen.tasks_left != 2 || !seen.keep ||
+      !seen.region.holds({0, 20, 0, 40})) {
+    failure("chunk cache: a window's foresight merged into the last's");
+  }
+  cache.foresee(layout, {{6, two}}, true);  // a new epoch: chunk 5's are forgotten
+  if (cache.take_foresight(layout, 5, seen) || cache.take_foresight(layout + 1, 6, seen)) {
+    failure("chunk cache: foresight left behind by a fresh one, or of another layout");
+  }
+  if (!cache.take_foresight(layout, 6, seen) || !cache.take_foresight(layout, 6, seen) ||
+      cache.take_foresight(layout, 6, seen)) {
+    failure("chunk cache: foresight outlives its last task");
+  }
+
+  // A part is kept under its own key, with its region, and never found as the whole.
+  auto bytes = cache.buffer(1000);
+  const uint8_t* where = bytes->data();
+  cache.put(layout, part, bytes, {1, 2, 3, 4});
+  ChunkRegion held;
+  if (cache.find(layout, 5) || !cache.find(layout, part, &held) || !held.holds({1, 2, 3, 4}) ||
+      held.holds({0, 2, 3, 4})) {
+    failure("chunk cache: a part found as the whole, or with another region");
+  }
+  auto wider = cache.buffer(1000);
+  cache.put(layout, part, wider, {0, 9, 0, 9}, true);
+  if (!cache.find(layout, part, &held) || !held.holds({0, 9, 0, 9})) {
+    failure("chunk cache: a part put in place of another");
+  }
+  cache.erase(layout, part);
+  if (cache.find(layout, part)) failure("chunk cache: a part let go of is still found");
+  bytes.reset();  // its last holder: the buffer goes back for the next of its size
+  if (cache.buffer(1000)->data() != where) failure("chunk cache: a buffer given back not reused");
+
+  // Threads taking buffers, keeping and letting go of them, in a cache small enough to drop
+  // chunks all the time: a buffer is handed out again only once nobody holds its bytes.
+  auto small = std::make_unique<ChunkCache>(64 * 4096);
+  std::vector<ChunkCache::Bytes> outlive;  // held past the cache's end
+  std::mutex outlive_mutex;
+  std::vector<std::thread> threads;
+  for (uint8_t t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      for (uint64_t i = 0; i < 2000; ++i) {
+        const uint64_t chunk = (t * 1000003 + i) % 97 | ((i & 1) ? ChunkCache::kPartOfChunk : 0);
+        auto mine = small->buffer(4096);
+        std::memset(mine->data(), t + 1, mine->size());
+        small->put(layout, chunk, mine, {0, 1, 0, 1});
+        if (i % 3 == 0) small->erase(layout, chunk);
+        ChunkCache::Bytes found = small->find(layout, chunk);
+        if (found && ((*found)[0] == 0 || (*found)[0] > 4)) failure("chunk cache: torn bytes");
+        if (mine->front() != t + 1 || mine->back() != t + 1) {
+          failure("chunk cache: a buffer handed out again while its bytes were held");
+        }
+        if (i % 500 == 0) {
+          std::lock_guard<std::mutex> lock(outlive_mutex);
+          outlive.push_back(std::move(mine));
+        }
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  small.reset();
+  outlive.clear();  // given back after the cache is gone: freed, not pooled
+}
+
 void check_backlog() {
   io::Backlog<BacklogBatch> backlog;
   std::vector<std::shared_ptr<BacklogBatch>> batches;
@@ -1610,6 +1694,7 @@ int main(int argc, char** argv) {
 
   check_backlog();
   check_present_pages();
+  check_chunk_cache();
   auto started = Clock::now();
   World w;
   const size_t kShards = 6;

@@ -249,16 +249,18 @@ std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const 
   const uint32_t width = cinfo.output_width;
   const size_t components = size_t(cinfo.output_components);
   const size_t row_bytes = size_t(width) * components;
-  // A margin of one MCU left and right of the region, so that the pixels kept have the
-  // same neighbours (chroma upsampling reads them) as in a whole decode: a crop's edge
-  // columns are upsampled without their neighbours. Rows need no margin: skipping to a row
-  // decodes the rows above it that its upsampling reads (checked against whole decodes
-  // for 4:2:0, 4:2:2 and 4:4:4 tiles in tests/volumes/test_slides.py).
-  const uint32_t mcu_width = uint32_t(cinfo.max_h_samp_factor) * DCTSIZE;
+  // A margin of one chroma sample (max_h_samp_factor pixels) left and right of the
+  // region, so that the pixels kept have the same neighbours as in a whole decode: chroma
+  // upsampling reads a sample's neighbours, and a crop's edge samples have none (the crop
+  // then widens the columns to whole iMCUs, which often holds the margin already). Rows
+  // need no margin: skipping to a row decodes the rows above it that its upsampling reads
+  // (checked against whole decodes for 4:2:0, 4:2:2 and 4:4:4 tiles at many offsets in
+  // tests/volumes/test_slides.py).
+  const uint32_t margin = uint32_t(cinfo.max_h_samp_factor);
   JDIMENSION x = 0, columns = width;
   if (region.col0 > 0 || region.col1 < width) {
-    uint32_t lo = region.col0 > mcu_width ? region.col0 - mcu_width : 0;
-    uint32_t hi = uint32_t(std::min<uint64_t>(width, uint64_t(region.col1) + mcu_width));
+    uint32_t lo = region.col0 > margin ? region.col0 - margin : 0;
+    uint32_t hi = uint32_t(std::min<uint64_t>(width, uint64_t(region.col1) + margin));
     if (lo < hi && hi - lo < width) {
       x = lo;
       columns = hi - lo;

@@ -60,15 +60,6 @@ StridedBox box_part(const ArrayLayout& a, const ArrayBox& b, const std::vector<u
   return box;
 }
 
-// A copy of a decoded chunk for the cache to keep. While the cache fills, its memory is
-// fresh from the kernel: the pages are made present in one call before the copy.
-std::shared_ptr<const ByteVector> kept_copy(const uint8_t* data, size_t size) {
-  auto copy = std::make_shared<ByteVector>(size);
-  populate_for_write(copy->data(), size);
-  if (size) std::memcpy(copy->data(), data, size);
-  return copy;
-}
-
 }  // namespace
 
 uint64_t next_layout_id() {
@@ -76,17 +67,18 @@ uint64_t next_layout_id() {
   return next.fetch_add(1, std::memory_order_relaxed);
 }
 
-ChunkCache::Bytes ChunkCache::find(uint64_t layout, uint64_t chunk) {
+ChunkCache::Bytes ChunkCache::find(uint64_t layout, uint64_t chunk, ChunkRegion* region) {
   std::lock_guard<std::mutex> lock(mutex_);
-  return find_locked(Key{layout, chunk});
+  return find_locked(Key{layout, chunk}, region);
 }
 
-ChunkCache::Bytes ChunkCache::find_or_claim(uint64_t layout, uint64_t chunk, Claim& claim) {
+ChunkCache::Bytes ChunkCache::find_or_claim(uint64_t layout, uint64_t chunk, Claim& claim,
+                                            ChunkRegion* region) {
   std::unique_lock<std::mutex> lock(mutex_);
   const Key key{layout, chunk};
   // (each task claims one chunk and holds no other while it waits: no cycle to wait on)
   released_.wait(lock, [&] { return !claimed_.count(key); });
-  if (Bytes found = find_locked(key)) return found;
+  if (Bytes found = find_locked(key, region)) return found;
   claimed_.insert(key);
   claim.cache_ = this;
   claim.layout_ = layout;
@@ -103,7 +95,7 @@ ChunkCache::Claim::~Claim() {
   cache_->released_.notify_all();
 }
 
-ChunkCache::Bytes ChunkCache::find_locked(const Key& key) {
+ChunkCache::Bytes ChunkCache::find_locked(const Key& key, ChunkRegion* region) {
   auto it = entries_.find(key);
   if (it == entries_.end()) {
     // Too small for what is read again, and what it would have had to keep to serve that
@@ -115,17 +107,22 @@ ChunkCache::Bytes ChunkCache::find_locked(const Key& key) {
     return nullptr;
   }
   lru_.splice(lru_.begin(), lru_, it->second.position);
+  if (region) *region = it->second.region;
   return it->second.bytes;
 }
 
-void ChunkCache::put(uint64_t layout, uint64_t chunk, Bytes bytes) {
+void ChunkCache::put(uint64_t layout, uint64_t chunk, Bytes bytes, const ChunkRegion& region,
+                     bool replace) {
   if (bytes->size() > limit_ / 4) return;  // one chunk never pushes out most of the rest
   std::lock_guard<std::mutex> lock(mutex_);
   Key key{layout, chunk};
-  if (entries_.count(key)) return;  // decoded meanwhile by another batch: the same bytes
+  if (entries_.count(key)) {
+    if (!replace) return;  // decoded meanwhile by another batch: the same bytes
+    erase_locked(key);
+  }
   bytes_ += bytes->size();
   lru_.push_front(key);
-  entries_.emplace(key, Entry{std::move(bytes), lru_.begin()});
+  entries_.emplace(key, Entry{std::move(bytes), lru_.begin(), region});
   while (bytes_ > capacity_ && lru_.size() > 1) {
     const Key gone = lru_.back();
     auto it = entries_.find(gone);
@@ -143,6 +140,84 @@ void ChunkCache::put(uint64_t layout, uint64_t chunk, Bytes bytes) {
       if (dropped_bytes_ > 2 * limit_) forget_dropped();
     }
   }
+}
+
+std::shared_ptr<ByteVector> ChunkCache::buffer(size_t size) {
+  std::unique_ptr<ByteVector> spare;
+  {
+    std::lock_guard<std::mutex> lock(spares_->mutex);
+    auto& list = spares_->buffers;
+    for (size_t i = list.size(); i-- > 0;) {
+      if (list[i]->size() == size) {
+        spare = std::move(list[i]);
+        list[i] = std::move(list.back());
+        list.pop_back();
+        spares_->bytes -= size;
+        break;
+      }
+    }
+  }
+  if (!spare) {
+    // While the cache fills, its memory is fresh from the kernel: the pages are made
+    // present in one call rather than faulted in one by one.
+    spare = std::make_unique<ByteVector>(size);
+    populate_for_write(spare->data(), size);
+  }
+  std::weak_ptr<Spares> home = spares_;
+  return std::shared_ptr<ByteVector>(spare.release(), [home](ByteVector* given_back) {
+    if (auto spares = home.lock()) {
+      std::lock_guard<std::mutex> lock(spares->mutex);
+      if (spares->bytes + given_back->size() <= kSpareBytes) {
+        spares->bytes += given_back->size();
+        spares->buffers.emplace_back(given_back);
+        return;
+      }
+    }
+    delete given_back;
+  });
+}
+
+void ChunkCache::erase(uint64_t layout, uint64_t chunk) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  erase_locked(Key{layout, chunk});
+}
+
+void ChunkCache::erase_locked(const Key& key) {
+  auto it = entries_.find(key);
+  if (it == entries_.end()) return;
+  bytes_ -= it->second.bytes->size();
+  lru_.erase(it->second.position);
+  entries_.erase(it);
+}
+
+void ChunkCache::foresee(uint64_t layout, const std::vector<std::pair<uint64_t, Foresight>>& chunks,
+                         bool fresh) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (fresh) {
+    for (auto it = foresight_.begin(); it != foresight_.end();) {
+      it = it->first.layout == layout ? foresight_.erase(it) : std::next(it);
+    }
+  }
+  for (const auto& [chunk, ahead] : chunks) {
+    Foresight& f = foresight_[Key{layout, chunk}];
+    f.tasks_left += ahead.tasks_left;
+    f.region = covering(f.region, ahead.region);
+    f.keep = f.keep || ahead.keep;
+  }
+}
+
+bool ChunkCache::take_foresight(uint64_t layout, uint64_t chunk, Foresight& seen) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  auto it = foresight_.find(Key{layout, chunk});
+  if (it == foresight_.end()) return false;
+  seen = it->second;
+  if (seen.tasks_left > 0) --seen.tasks_left;
+  if (seen.tasks_left == 0) {
+    foresight_.erase(it);
+  } else {
+    it->second.tasks_left = seen.tasks_left;
+  }
+  return true;
 }
 
 void ChunkCache::forget_dropped() {
@@ -295,6 +370,115 @@ uint64_t validate_array_box(const FileTable& files, const ReadRequest& r, uint64
   return chunks;
 }
 
+namespace {
+
+// Calls `f(chunk)` for every chunk box `b` touches, in C order, with `at` its place in
+// the grid (none for an empty box).
+template <class F>
+void each_chunk_of(const ArrayLayout& a, const ArrayBox& b, std::vector<uint64_t>& at, F&& f) {
+  const size_t rank = a.shape.size();
+  if (std::find(b.extent.begin(), b.extent.end(), 0) != b.extent.end()) return;
+  std::vector<uint64_t> lo(rank), hi(rank);
+  for (size_t d = 0; d < rank; ++d) {
+    lo[d] = b.start[d] / a.chunk_shape[d];
+    hi[d] = (b.start[d] + b.extent[d] - 1) / a.chunk_shape[d];
+  }
+  at = lo;
+  for (;;) {
+    uint64_t chunk = 0;
+    for (size_t d = 0; d < rank; ++d) chunk = chunk * a.grid(d) + at[d];
+    f(chunk);
+    size_t d = rank;
+    for (; d > 0; --d) {
+      if (at[d - 1] < hi[d - 1]) {
+        ++at[d - 1];
+        break;
+      }
+      at[d - 1] = lo[d - 1];
+    }
+    if (d == 0) break;
+  }
+}
+
+// Tiles of JPEG (a layout of one JPEG step, chunks of [rows, columns, samples] in their
+// last three axes), which can be decoded in part.
+bool jpeg_tiles(const ArrayLayout& a) {
+  return a.steps.size() == 1 && a.steps[0].filter == ChunkFilter::kJpeg && a.shape.size() >= 3;
+}
+
+// The rows and columns of the JPEG tile at `grid_at` that box `b` covers, in the tile's
+// own coordinates.
+ChunkRegion part_in_tile(const ArrayLayout& a, const ArrayBox& b,
+                         const std::vector<uint64_t>& grid_at) {
+  const size_t rank = a.shape.size();
+  uint32_t lo[2], hi[2];
+  const size_t axes[2] = {rank - 3, rank - 2};
+  for (int i = 0; i < 2; ++i) {
+    const size_t d = axes[i];
+    const uint64_t origin = grid_at[d] * a.chunk_shape[d];
+    lo[i] = uint32_t(std::max(b.start[d], origin) - origin);
+    hi[i] = uint32_t(std::min(b.start[d] + b.extent[d], origin + a.chunk_shape[d]) - origin);
+  }
+  return {lo[0], hi[0], lo[1], hi[1]};
+}
+
+// What decoding `part` of a JPEG tile costs, in whole-tile decodes: the entropy decoding
+// runs from the tile's top to the part's last row whatever the columns, the rest
+// (inverse DCT, upsampling, colour) only over the part. Measured on 256^2 4:2:0 tiles of
+// a slide (benchmarks/volumes.py), entropy decoding is about 37% of a whole decode.
+double decode_cost(const ArrayLayout& a, const ChunkRegion& part) {
+  constexpr double kEntropyShare = 0.37;
+  const size_t rank = a.shape.size();
+  const double rows = double(a.chunk_shape[rank - 3]), columns = double(a.chunk_shape[rank - 2]);
+  const double area = double(part.row1 - part.row0) * double(part.col1 - part.col0);
+  return kEntropyShare * part.row1 / rows + (1 - kEntropyShare) * area / (rows * columns);
+}
+
+// Keeping a tile's decoded part for later tasks, in whole-tile decodes: its copy into the
+// cache's memory, and that memory's share of a cache that holds fewer other tiles.
+constexpr double kKeepCost = 0.05;
+
+}  // namespace
+
+void foresee_array_boxes(const FileTable& files, const std::vector<ReadRequest>& boxes,
+                         const std::vector<int64_t>& batches, ChunkCache& cache, bool fresh) {
+  struct Ahead {
+    ChunkCache::Foresight foresight;
+    int64_t last_batch = -1;
+    double apart = 0;  // the cost of decoding each task's part on its own
+  };
+  std::unordered_map<uint32_t, std::unordered_map<uint64_t, Ahead>> by_array;
+  std::vector<uint64_t> at;
+  for (size_t i = 0; i < boxes.size(); ++i) {
+    const ReadRequest& r = boxes[i];
+    const ArrayLayout& a = *files.arrays[r.array];
+    if (r.codec != Codec::kArrayBox || !jpeg_tiles(a)) continue;
+    auto& chunks = by_array[r.array];
+    each_chunk_of(a, *r.box, at, [&](uint64_t chunk) {
+      Ahead& ahead = chunks[chunk];
+      const ChunkRegion part = part_in_tile(a, *r.box, at);
+      if (ahead.last_batch != batches[i]) {  // a batch reads a tile in one task
+        ahead.last_batch = batches[i];
+        ++ahead.foresight.tasks_left;
+      }
+      // (boxes of one batch share a task: counted apart here, a bound on that cost)
+      ahead.apart += decode_cost(a, part);
+      ahead.foresight.region = covering(ahead.foresight.region, part);
+    });
+  }
+  std::vector<std::pair<uint64_t, ChunkCache::Foresight>> listed;
+  for (auto& [array, chunks] : by_array) {
+    const ArrayLayout& a = *files.arrays[array];
+    listed.clear();
+    for (auto& [chunk, ahead] : chunks) {
+      ChunkCache::Foresight& f = ahead.foresight;
+      f.keep = f.tasks_left > 1 && decode_cost(a, f.region) + kKeepCost < ahead.apart;
+      listed.emplace_back(chunk, f);
+    }
+    cache.foresee(a.id, listed, fresh);
+  }
+}
+
 ArrayPlan plan_arrays(const FileTable& files, const std::vector<ReadRequest>& requests) {
   struct Piece {
     uint32_t array;
@@ -302,7 +486,7 @@ ArrayPlan plan_arrays(const FileTable& files, const std::vector<ReadRequest>& re
     uint32_t request;
   };
   std::vector<Piece> pieces;
-  std::vector<uint64_t> lo, hi, at;
+  std::vector<uint64_t> at;
   for (uint32_t i = 0; i < requests.size(); ++i) {
     const ReadRequest& r = requests[i];
     if (r.codec == Codec::kArrayRow) {
@@ -311,31 +495,9 @@ ArrayPlan plan_arrays(const FileTable& files, const std::vector<ReadRequest>& re
       uint64_t first = (r.offset / a.chunk_shape[0]) * per_row;
       for (uint64_t t = 0; t < per_row; ++t) pieces.push_back({r.array, first + t, i});
     } else if (r.codec == Codec::kArrayBox) {
-      const ArrayLayout& a = *files.arrays[r.array];
-      const ArrayBox& b = *r.box;
-      const size_t rank = a.shape.size();
-      if (std::find(b.extent.begin(), b.extent.end(), 0) != b.extent.end()) continue;
-      lo.resize(rank);
-      hi.resize(rank);
-      for (size_t d = 0; d < rank; ++d) {
-        lo[d] = b.start[d] / a.chunk_shape[d];
-        hi[d] = (b.start[d] + b.extent[d] - 1) / a.chunk_shape[d];
-      }
-      at = lo;
-      for (;;) {  // every chunk from lo to hi, in C order
-        uint64_t chunk = 0;
-        for (size_t d = 0; d < rank; ++d) chunk = chunk * a.grid(d) + at[d];
+      each_chunk_of(*files.arrays[r.array], *r.box, at, [&](uint64_t chunk) {
         pieces.push_back({r.array, chunk, i});
-        size_t d = rank;
-        for (; d > 0; --d) {
-          if (at[d - 1] < hi[d - 1]) {
-            ++at[d - 1];
-            break;
-          }
-          at[d - 1] = lo[d - 1];
-        }
-        if (d == 0) break;
-      }
+      });
     }
   }
   std::sort(pieces.begin(), pieces.end(), [](const Piece& x, const Piece& y) {
@@ -358,32 +520,15 @@ ArrayPlan plan_arrays(const FileTable& files, const std::vector<ReadRequest>& re
 
 namespace {
 
-// Whether the task's boxes need less than about half of its JPEG tile (a layout of one JPEG
-// step, chunks of [rows, columns, samples] in their last three axes); if so, `region` is
-// the rows and columns that they do need, in the tile's own coordinates.
-bool jpeg_region(const ArrayLayout& a, const std::vector<ReadRequest>& requests,
-                 const ArrayPlan& plan, const ArrayTask& task, const std::vector<uint64_t>& grid_at,
-                 ChunkRegion& region) {
-  const size_t rank = a.shape.size();
-  if (a.steps.size() != 1 || a.steps[0].filter != ChunkFilter::kJpeg || rank < 3) return false;
-  const size_t row_axis = rank - 3, col_axis = rank - 2;
-  uint64_t lo[2] = {UINT64_MAX, UINT64_MAX}, hi[2] = {0, 0};
-  const size_t axes[2] = {row_axis, col_axis};
+// The part of the JPEG tile of `task` that its boxes copy out.
+ChunkRegion task_part(const ArrayLayout& a, const std::vector<ReadRequest>& requests,
+                      const ArrayPlan& plan, const ArrayTask& task,
+                      const std::vector<uint64_t>& grid_at) {
+  ChunkRegion part{UINT32_MAX, 0, UINT32_MAX, 0};
   for (uint32_t k = task.first; k < task.first + task.count; ++k) {
-    const ArrayBox& b = *requests[plan.requests[k]].box;
-    for (int i = 0; i < 2; ++i) {
-      const size_t d = axes[i];
-      const uint64_t origin = grid_at[d] * a.chunk_shape[d];
-      const uint64_t first = std::max(b.start[d], origin) - origin;
-      const uint64_t end = std::min(b.start[d] + b.extent[d], origin + a.chunk_shape[d]) - origin;
-      lo[i] = std::min(lo[i], first);
-      hi[i] = std::max(hi[i], end);
-    }
+    part = covering(part, part_in_tile(a, *requests[plan.requests[k]].box, grid_at));
   }
-  const uint64_t area = (hi[0] - lo[0]) * (hi[1] - lo[1]);
-  if (2 * area > a.chunk_shape[row_axis] * a.chunk_shape[col_axis]) return false;
-  region = {uint32_t(lo[0]), uint32_t(hi[0]), uint32_t(lo[1]), uint32_t(hi[1])};
-  return true;
+  return part;
 }
 
 }  // namespace
@@ -472,23 +617,62 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     return slab * task.count;
   }
   uint64_t read = 0;
-  // A JPEG tile not kept from before, of which the boxes need a small part: only that part
-  // is decoded, and the tile is not kept (a random patch of a slide covers a quarter of each
-  // of its four tiles, on average; most tiles are never drawn again).
-  ChunkRegion region;
-  const bool small_part = !rows && jpeg_region(a, requests, plan, task, grid_at, region);
+  // What the boxes of a task on a JPEG tile copy out of it: only that part need be decoded.
+  const bool tile = !rows && filtered && jpeg_tiles(a);
+  const ChunkRegion wanted = tile ? task_part(a, requests, plan, task, grid_at) : ChunkRegion{};
+  const uint64_t tile_area = a.chunk_shape[rank - 3] * a.chunk_shape[rank - 2];
+  const bool small_part =
+      tile && 2 * uint64_t(wanted.row1 - wanted.row0) * (wanted.col1 - wanted.col0) <= tile_area;
+  ChunkRegion region;             // what a decode here decodes (default: all of it)
+  uint64_t keep_as = task.chunk;  // and the key it is kept under
+  bool keep = filtered;
+  bool replace = false;
   // A chunk stored as it is used is not kept: the page cache holds its bytes already, and
   // reading them again costs one copy, as keeping them would. A chunk that will be kept is
-  // claimed: a task on another thread (the rows of one box spread over several) that
-  // wants it meanwhile waits for its bytes instead of reading it too. A partly decoded
-  // tile is not kept, so nobody waits for it.
+  // claimed: a task on another thread (the rows of one box spread over several, or the
+  // next batch's boxes) that wants it meanwhile waits for its bytes instead of reading it
+  // too. A tile decoded in part for one task alone is not kept, so nobody waits for it.
   ChunkCache::Claim claim;
   ChunkCache::Bytes cached;
-  if (filtered) {
-    cached = small_part ? decoded.find(a.id, task.chunk)
-                        : decoded.find_or_claim(a.id, task.chunk, claim);
+  ChunkCache::Foresight seen;
+  if (tile && decoded.take_foresight(a.id, task.chunk, seen)) {
+    // Foreseen (see ChunkCache): decoded once for the tasks ahead, only the part they
+    // take, and kept until the last of them; or, where that would cost more, each task's
+    // part alone.
+    cached = decoded.find(a.id, task.chunk);  // kept whole from before
+    ChunkRegion held;
+    const uint64_t part_key = task.chunk | ChunkCache::kPartOfChunk;
+    if (!cached && seen.keep && seen.tasks_left > 0) {
+      cached = decoded.find_or_claim(a.id, part_key, claim, &held);
+      region = covering(seen.region, wanted);
+      if (cached && !held.holds(wanted)) {  // kept for other boxes (an earlier window's)
+        cached = nullptr;
+        region = covering(region, held);
+        replace = true;
+      }
+      keep_as = part_key;
+    } else if (!cached) {
+      cached = decoded.find(a.id, part_key, &held);
+      if (cached && !held.holds(wanted)) cached = nullptr;
+      // The last task on it lets it go (its bytes live on in `cached`).
+      if (cached && seen.tasks_left == 0) decoded.erase(a.id, part_key);
+      if (!cached && !small_part) {
+        cached = decoded.find_or_claim(a.id, task.chunk, claim);
+      } else {
+        region = wanted;
+        keep = false;
+      }
+    }
+  } else if (small_part) {
+    // A JPEG tile not kept from before, of which the boxes need a small part: only that
+    // part is decoded, and the tile is not kept (a random patch of a slide covers a
+    // quarter of each of its four tiles, on average; most tiles are never drawn again).
+    cached = decoded.find(a.id, task.chunk);
+    region = wanted;
+    keep = false;
+  } else if (filtered) {
+    cached = decoded.find_or_claim(a.id, task.chunk, claim);
   }
-  const bool partial = !cached && small_part;
   const uint8_t* chunk = cached ? cached->data() : nullptr;
   if (chunk == nullptr) {
     std::string where = coordinates(grid_at);
@@ -504,10 +688,14 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     // A clipped edge's chunk is only the part inside the array, and only that is
     // ever copied out: C order puts it first.
     const uint64_t bytes = a.decoded_bytes(task.chunk);
+    keep = keep && bytes <= decoded.limit() / 4;
+    std::shared_ptr<ByteVector> kept = keep ? decoded.buffer(bytes) : nullptr;
     chunk = decode_chunk(a, mask, raw.data(), size, bytes, scratch_a, scratch_b, path, offset,
-                         where, region);
-    if (filtered && !partial && bytes <= decoded.limit() / 4) {
-      decoded.put(a.id, task.chunk, kept_copy(chunk, bytes));
+                         where, region, kept ? kept->data() : nullptr);
+    if (kept) {
+      if (chunk != kept->data() && bytes) std::memcpy(kept->data(), chunk, bytes);
+      decoded.put(a.id, keep_as, kept, region, replace);
+      cached = std::move(kept);  // held while it is served: the cache may let go of it
     }
   }
   serve(chunk);

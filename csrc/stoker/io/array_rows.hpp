@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "stoker/io/byte_vector.hpp"
+#include "stoker/io/chunk_codec.hpp"
 #include "stoker/io/file_cache.hpp"
 #include "stoker/io/shard_reader.hpp"
 
@@ -52,12 +53,28 @@ struct ArrayPlan {
 // f^2/2 of the next pass's chunks. What it dropped is forgotten once it passes
 // twice the limit, so that a long pass that read nothing again (an evaluation
 // over a large source) does not keep a later loader's cache small for good.
+//
+// Foresight: a loader that knows the boxes of the batches ahead (a patch sampler's
+// positions are drawn from the seed) says which JPEG tiles they touch, how many tasks
+// will want each, and the part of it they copy out. A tile wanted again is then decoded
+// once, only that part, and kept under its part key until its last task takes it; a tile
+// wanted once is decoded only for that task and never kept. Without foresight a tile
+// is kept whole or, where a task needs a small part of it, decoded in part each time.
 class ChunkCache {
  public:
   using Bytes = std::shared_ptr<const ByteVector>;
   static constexpr size_t kStartBytes = 32 * 1024 * 1024;
+  // Ored into a chunk's number: the key of a tile kept in part (its entry's region says
+  // which part), never found by a lookup of the whole tile.
+  static constexpr uint64_t kPartOfChunk = uint64_t(1) << 63;
+  struct Foresight {
+    uint32_t tasks_left = 0;
+    ChunkRegion region{UINT32_MAX, 0, UINT32_MAX, 0};  // empty: what tasks ahead copy out
+    bool keep = false;  // decode `region` once and keep it (else each task its own part)
+  };
   explicit ChunkCache(size_t limit) : limit_(limit), capacity_(std::min(limit / 8, kStartBytes)) {}
-  Bytes find(uint64_t layout, uint64_t chunk);
+  // `region`, when given, is set to the part of the chunk the bytes found hold.
+  Bytes find(uint64_t layout, uint64_t chunk, ChunkRegion* region = nullptr);
 
   // A chunk one thread is decoding: the others that want it meanwhile wait for its
   // bytes instead of reading it too (batches in flight at once share row groups and
@@ -76,8 +93,24 @@ class ChunkCache {
   };
   // find(), except that on a miss it waits while another thread holds the chunk's
   // claim, and where the chunk is still missing, claims it in `claim` for the caller.
-  Bytes find_or_claim(uint64_t layout, uint64_t chunk, Claim& claim);
-  void put(uint64_t layout, uint64_t chunk, Bytes bytes);
+  Bytes find_or_claim(uint64_t layout, uint64_t chunk, Claim& claim, ChunkRegion* region = nullptr);
+  // Keeps `bytes` (of which `region` holds the decoded values) unless the chunk is kept
+  // already; `replace`: in its place.
+  void put(uint64_t layout, uint64_t chunk, Bytes bytes, const ChunkRegion& region = {},
+           bool replace = false);
+  // Lets go of a chunk now (readers holding its bytes keep them).
+  void erase(uint64_t layout, uint64_t chunk);
+  // A buffer of `size` bytes to decode a chunk into before it is put: one that a chunk let
+  // go of gave back, where there is one of that size (its pages present: no faults, no
+  // zeroing), else a new one with its pages made present.
+  std::shared_ptr<ByteVector> buffer(size_t size);
+  // Adds the tasks ahead on chunks of `layout` (a new epoch: `fresh` forgets those
+  // foreseen before).
+  void foresee(uint64_t layout, const std::vector<std::pair<uint64_t, Foresight>>& chunks,
+               bool fresh);
+  // Counts one task on `chunk` down: false when none was foreseen; else `seen` says how
+  // many tasks are left after this one and what they all copy out.
+  bool take_foresight(uint64_t layout, uint64_t chunk, Foresight& seen);
   // The most it may hold: a chunk of more than a quarter of it is not kept.
   size_t limit() const { return limit_; }
   // What it holds at most now (see the class's words).
@@ -97,7 +130,19 @@ class ChunkCache {
   struct Entry {
     Bytes bytes;
     std::list<Key>::iterator position;
+    ChunkRegion region;
   };
+  std::unordered_map<Key, Foresight, Hash> foresight_;
+  // Buffers of chunks let go of, for buffer() to hand out again (a chunk's tasks may
+  // still hold its bytes when the cache lets go of it: each buffer comes back once its
+  // last holder drops it, even after the cache is gone).
+  struct Spares {
+    std::mutex mutex;
+    std::vector<std::unique_ptr<ByteVector>> buffers;
+    size_t bytes = 0;
+  };
+  static constexpr size_t kSpareBytes = 32 * 1024 * 1024;
+  std::shared_ptr<Spares> spares_ = std::make_shared<Spares>();
   // Chunks dropped since the cache last grew (or forgot them), the latest kDroppedKept.
   static constexpr size_t kDroppedKept = 1 << 16;
   const size_t limit_;
@@ -112,7 +157,8 @@ class ChunkCache {
   void forget_dropped();
   std::unordered_set<Key, Hash> claimed_;
   std::condition_variable released_;
-  Bytes find_locked(const Key& key);
+  Bytes find_locked(const Key& key, ChunkRegion* region);
+  void erase_locked(const Key& key);
 };
 
 // Throws Error unless `r` (a kArrayRow request) names a row of an array of `files`.
@@ -122,6 +168,13 @@ void validate_array_row(const FileTable& files, const ReadRequest& r);
 // `files` whose every element lands inside a buffer of `dest_size` bytes. Returns
 // how many chunks the box touches.
 uint64_t validate_array_box(const FileTable& files, const ReadRequest& r, uint64_t dest_size);
+
+// Tells `cache` which tiles of JPEG-tiled arrays the boxes `boxes` (kArrayBox requests,
+// validated) touch, box i in the batch numbered batches[i] (one task per batch and
+// tile), and which part of each they copy out; the boxes of other arrays are passed
+// over. `fresh`: the foresight kept for those arrays so far is forgotten first.
+void foresee_array_boxes(const FileTable& files, const std::vector<ReadRequest>& boxes,
+                         const std::vector<int64_t>& batches, ChunkCache& cache, bool fresh);
 
 // The batch's array requests (rows and boxes), one task per chunk they touch.
 ArrayPlan plan_arrays(const FileTable& files, const std::vector<ReadRequest>& requests);

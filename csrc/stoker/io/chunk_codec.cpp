@@ -463,7 +463,7 @@ void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_
 uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, uint64_t size,
                       uint64_t want, std::vector<uint8_t>& scratch_a,
                       std::vector<uint8_t>& scratch_b, const std::string& path, uint64_t offset,
-                      const std::string& where, const ChunkRegion& region) {
+                      const std::string& where, const ChunkRegion& region, uint8_t* into) {
   auto fail = [&](const std::string& what) -> FormatError {
     return FormatError(path, offset, layout.name + ", chunk " + where + ": " + what);
   };
@@ -472,13 +472,24 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
   // The predictor needs values, so a big-endian chunk is swapped before it (it is the
   // writer's first step: check()) rather than last.
   bool swapped = layout.itemsize == 1;
-  // The scratch buffer `data` is not in, with room for `bytes`.
+  // Steps run last to first: the last to run is the first not skipped.
+  size_t final_step = layout.steps.size();
+  for (size_t k = 0; k < layout.steps.size(); ++k) {
+    if (!(k < 32 && (mask >> k) & 1)) {
+      final_step = k;
+      break;
+    }
+  }
+  size_t k = layout.steps.size();
+  // Where step k writes `bytes`: the caller's `into` for the final step's whole chunk,
+  // else the scratch buffer `data` is not in.
   auto output = [&](uint64_t bytes) -> uint8_t* {
-    std::vector<uint8_t>& into = data == scratch_a.data() ? scratch_b : scratch_a;
-    if (into.size() < bytes) into.resize(bytes);
-    return into.data();
+    if (into != nullptr && k == final_step && bytes == want) return into;
+    std::vector<uint8_t>& scratch = data == scratch_a.data() ? scratch_b : scratch_a;
+    if (scratch.size() < bytes) scratch.resize(bytes);
+    return scratch.data();
   };
-  for (size_t k = layout.steps.size(); k-- > 0;) {
+  while (k-- > 0) {
     if (k < 32 && (mask >> k) & 1) continue;
     const ChunkStep& step = layout.steps[k];
     switch (step.filter) {

@@ -37,6 +37,8 @@ constexpr size_t kScratchKeep = 8 * 1024 * 1024;
 constexpr uint64_t kMaxBoxChunks = uint64_t(1) << 24;
 // Decoded array chunks kept across batches, per process.
 constexpr size_t kChunkCacheBytes = 256 * 1024 * 1024;
+// Tiles a call to foresee may count (its map takes about 64 bytes a tile).
+constexpr uint64_t kMaxForeseenChunks = uint64_t(1) << 24;
 
 // A run: pieces that are read from one span of one file with one pread.
 struct Run {
@@ -521,6 +523,21 @@ void ShardReader::forget(const std::string& path) { state().files->forget(path);
 void ShardReader::set_chunk_cache_bytes(size_t bytes) {
   chunk_cache_bytes_ = bytes;
   state().chunks = std::make_shared<ChunkCache>(bytes);  // batches in flight keep the old one
+}
+
+void ShardReader::foresee(const FileTable& files, const std::vector<ReadRequest>& boxes,
+                          const std::vector<int64_t>& batches, bool fresh) {
+  if (batches.size() != boxes.size()) throw Error("foresee needs one batch number per box");
+  uint64_t chunks = 0;
+  for (const ReadRequest& r : boxes) {
+    if (r.codec != Codec::kArrayBox) throw Error("foresee takes ARRAY_BOX requests");
+    chunks += std::min<uint64_t>(validate_array_box(files, r, UINT64_MAX), kMaxForeseenChunks);
+    if (chunks > kMaxForeseenChunks) {
+      throw Error("foresee: the boxes touch more than " + std::to_string(kMaxForeseenChunks) +
+                  " chunks; foresee fewer batches at a time");
+    }
+  }
+  foresee_array_boxes(files, boxes, batches, *state().chunks, fresh);
 }
 
 std::shared_ptr<PendingRead> ShardReader::submit(std::shared_ptr<const FileTable> files,

@@ -247,6 +247,11 @@ class ShardReader {
   // thread-safe against submit() (Python calls both holding the GIL).
   size_t chunk_cache_bytes() const { return chunk_cache_bytes_; }
   void set_chunk_cache_bytes(size_t bytes);
+  // Tells the decoded-chunk cache which JPEG tiles the boxes of the batches ahead will
+  // touch (see foresee_array_boxes): `boxes` are kArrayBox requests, box i read by batch
+  // batches[i]. Throws Error for a box outside its array.
+  void foresee(const FileTable& files, const std::vector<ReadRequest>& boxes,
+               const std::vector<int64_t>& batches, bool fresh);
 
  private:
   std::shared_ptr<PendingRead> submit_into(std::shared_ptr<const FileTable> files,

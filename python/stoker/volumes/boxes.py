@@ -187,3 +187,18 @@ def stored_box(
         dest_first[axis] = first[axis] - lo
     padded = any(extent[a] != p for a, p in zip(array.spatial_axes, patch_size))
     return first, extent, dest_first, padded
+
+
+def stored_boxes(
+    array: VolumeArray, starts: np.ndarray, patch_size: tuple[int, ...]
+) -> tuple[np.ndarray, np.ndarray]:
+    """stored_box's (first, extent) for many patches at once: `starts` is ``(n, spatial
+    rank)``, the results ``(n, stored rank)`` int64."""
+    stored = np.array(array.stored_shape, np.int64)
+    first = np.zeros((len(starts), len(stored)), np.int64)
+    extent = np.tile(stored, (len(starts), 1))
+    for k, axis in enumerate(array.spatial_axes):
+        first[:, axis] = np.maximum(starts[:, k], 0)
+        end = np.minimum(starts[:, k] + patch_size[k], stored[axis])
+        extent[:, axis] = np.maximum(end - first[:, axis], 0)
+    return first, extent

@@ -15,12 +15,11 @@ import numpy as np
 
 import stoker._core as _core
 import stoker.cuda as cuda
+from stoker._process import shared_reader
 from stoker.errors import UsageError
 from stoker.loader import resolve_rank
 from stoker.volumes.arrays import VolumeArray
-from stoker.volumes.boxes import (
-    stored_box_shape,
-)
+from stoker.volumes.boxes import stored_box_shape, stored_boxes
 from stoker.volumes.device_reads import DevicePatchReader, read_patches_to_device
 from stoker.volumes.reads import PatchReads
 from stoker.volumes.samplers import (
@@ -37,6 +36,11 @@ from stoker.volumes.samplers import (
 from stoker.volumes.subjects import Volumes
 
 _ALIGN = 64  # each array's part of a batch buffer starts on a cache line
+# Patches whose JPEG tiles are foreseen at a time (see PatchLoader._foresee): a tile they
+# touch again is kept from the first to the last of them. About what the decoded cache's
+# default 256 MiB holds of 256^2 RGB tiles, at four tiles a patch and a tile touched
+# about twice: foreseeing further keeps tiles the cache drops before they are used again.
+FORESIGHT_PATCHES = 2048
 
 EDGES = ("pad", "refuse")
 
@@ -196,6 +200,12 @@ class PatchLoader:
             )
         }
         self._files = _core.FileTable(volumes.files(), _identities(volumes.files()), arrays=layouts)
+        # Tiled with JPEG: the reader is told ahead which of their tiles batches will touch.
+        self._jpeg_arrays = {
+            (s, k): i
+            for (s, k), i in self._array_ids.items()
+            if any(f == _core.ChunkFilter.JPEG for f, _ in volumes.arrays[s][k].layout.steps)
+        }
         self._affines = all(volumes.affine(i) is not None for i in range(len(volumes)))
         index = cuda.device_index(device)
         self.device = "cpu" if index is None else f"cuda:{index}"
@@ -379,6 +389,34 @@ class PatchLoader:
 
     # -- reading -------------------------------------------------------------------------
 
+    def _foresee(
+        self, epoch: int, batches: list[list[tuple[int, int]]], numbers: list[int], fresh: bool
+    ) -> None:
+        """Tell the reader which JPEG tiles batches `numbers` will touch, and which part of
+        each: a tile several of them touch is then decoded once, in the part they take, and
+        kept until the last of them (see ``_core.ShardReader.foresee_boxes``). Label-drawn
+        positions are known only once labels are read: those batches are not foreseen."""
+        if not self._jpeg_arrays or isinstance(self.sampler, LabelSampler):
+            return
+        entries = [entry for n in numbers for entry in batches[n]]
+        if not entries:
+            return
+        starts = np.array(self._starts(epoch, entries), np.int64).reshape(len(entries), -1)
+        subjects = np.array([s for s, _ in entries], np.int64)
+        owners = np.repeat(np.array(numbers, np.int64), [len(batches[n]) for n in numbers])
+        by_rank: dict[int, list[tuple[np.ndarray, ...]]] = {}
+        for (s, key), array_id in self._jpeg_arrays.items():
+            mine = subjects == s
+            if not mine.any():
+                continue
+            first, extent = stored_boxes(self.volumes.arrays[s][key], starts[mine], self.patch_size)
+            ids = np.full(len(first), array_id, np.uint32)
+            by_rank.setdefault(first.shape[1], []).append((ids, first, extent, owners[mine]))
+        reader = shared_reader()
+        for parts in by_rank.values():
+            ids, first, extent, owner = (np.concatenate(p) for p in zip(*parts))
+            reader.foresee_boxes(self._files, ids, first, extent, owner, fresh)
+
     def _submit(self, epoch: int, batch: list[tuple[int, int]]) -> _PendingBatch:
         starts = self._starts(epoch, batch)
         keys = self.volumes.keys
@@ -537,8 +575,11 @@ class PatchLoader:
         self._handed = skip
         queue: deque[tuple[int, _PendingBatch]] = deque()
         last = len(batches) - 1
+        window = max(1, FORESIGHT_PATCHES // self.batch_size)
         try:
-            for number in numbers:
+            for i, number in enumerate(numbers):
+                if i % window == 0:
+                    self._foresee(epoch, batches, numbers[i : i + window], fresh=i == 0)
                 queue.append((number, self._submit(epoch, batches[number])))
                 if len(queue) > self.prefetch:
                     yield self._deliver(*queue.popleft(), last if worker is None else -1)
