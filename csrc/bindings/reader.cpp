@@ -435,15 +435,17 @@ void register_reader(py::module_& m) {
             std::fill_n(unstrided.mutable_data(), unstrided.size(), 0);
             auto boxes = make_box_requests(arrays, starts, extents, nowhere, unstrided);
             std::vector<int64_t> numbers(batches.data(), batches.data() + batches.size());
-            py::gil_scoped_release release;
+            // Under the GIL, as set_chunk_cache_bytes is, which replaces the cache this
+            // fills (a window's counting takes about a millisecond, and never waits).
             reader.foresee(files, boxes, numbers, fresh);
           },
           py::arg("files"), py::arg("arrays"), py::arg("starts"), py::arg("extents"),
           py::arg("batches"), py::arg("fresh"),
-          "Say which boxes the batches ahead will read (box i by batch batches[i], in "
-          "read_boxes_into's form): JPEG tiles wanted again are then decoded once, only the "
-          "part the boxes take, and kept until the last of them. fresh: forget what was "
-          "foreseen for those arrays before (a new epoch).")
+          "Say which boxes the batches ahead will read (box i by batch batches[i], a "
+          "batch's boxes one after another, in read_boxes_into's form): a JPEG tile several "
+          "batches want is then decoded once, only the part they take, and kept until the "
+          "last of them, where that costs less. fresh: forget what was foreseen for those "
+          "arrays before (a new epoch).")
       .def(
           "read_spans_into",
           [](io::ShardReader& reader, py::buffer dest, std::shared_ptr<io::FileTable> files,

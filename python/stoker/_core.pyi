@@ -665,17 +665,20 @@ class ShardReader:
 
         A tile that more than one batch ahead reads is decoded once, in the part all of
         them copy out, and kept (``chunk_cache_bytes``) until the last of them has read
-        it; a tile one batch reads is decoded for it alone, in part, and not kept. What
-        is foreseen only guides decoding: boxes read that were not foreseen are read as
-        they would be anyway. Boxes of arrays not tiled with JPEG are passed over.
+        it, where that costs less than decoding each batch's part; any other tile is
+        decoded as it would be without foresight (whole and kept, or, for a box that
+        needs no more than half of it, that part alone). What is foreseen only guides
+        decoding: boxes read that were not foreseen are read as they would be anyway.
+        Boxes of arrays not tiled with JPEG are passed over.
 
         Args:
             files: The table whose ``arrays`` the boxes name.
             arrays: ``(n,)`` uint32: each box's array, as for ``read_boxes_into``.
             starts: ``(n, rank)`` int64: each box's first element.
             extents: ``(n, rank)`` int64: each box's extent.
-            batches: ``(n,)`` int64: the batch that will read each box (a batch reads
-                each tile it touches once, however many of its boxes share it).
+            batches: ``(n,)`` int64: the batch that will read each box, a batch's
+                boxes one after another (a batch reads each tile it touches once, however
+                many of its boxes share it).
             fresh: Forget what was foreseen for these arrays before (a new epoch).
 
         Raises:

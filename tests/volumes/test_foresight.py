@@ -106,3 +106,13 @@ def test_foresee_boxes_refuses_what_a_read_would(jpeg_slide):
         reader.foresee_boxes(loader._files, ids, inside, [[64, 64, 3]], [0, 1], True)
     with pytest.raises(ValueError, match="may not be negative"):
         reader.foresee_boxes(loader._files, ids, -inside - 1, [[64, 64, 3]], [0], True)
+
+
+def test_with_no_decoded_cache_nothing_is_kept_and_patches_are_whole(jpeg_slide, monkeypatch):
+    path, decoded = jpeg_slide
+    monkeypatch.setenv(DECODED_CACHE_VARIABLE, "")  # (restored after the test)
+    stoker.set_decoded_cache_bytes(0)
+    try:
+        assert check(slide_loader(path, patch=120, batch=4, n=100, seed=2), decoded) == 100
+    finally:
+        stoker.set_decoded_cache_bytes(256 << 20)

@@ -255,8 +255,11 @@ std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const 
   // then widens the columns to whole iMCUs, which often holds the margin already). Rows
   // need no margin: skipping to a row decodes the rows above it that its upsampling reads
   // (checked against whole decodes for 4:2:0, 4:2:2 and 4:4:4 tiles at many offsets in
-  // tests/volumes/test_slides.py).
-  const uint32_t margin = uint32_t(cinfo.max_h_samp_factor);
+  // tests/volumes/test_slides.py). A progressive tile keeps a margin of a whole MCU:
+  // libjpeg-turbo's block smoothing, where a scan leaves coefficients out, reads the
+  // neighbouring blocks, and a crop's first block column has none.
+  const uint32_t margin =
+      uint32_t(cinfo.max_h_samp_factor) * (cinfo.progressive_mode ? uint32_t(DCTSIZE) : 1u);
   JDIMENSION x = 0, columns = width;
   if (region.col0 > 0 || region.col1 < width) {
     uint32_t lo = region.col0 > margin ? region.col0 - margin : 0;

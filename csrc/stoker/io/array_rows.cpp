@@ -86,6 +86,13 @@ ChunkCache::Bytes ChunkCache::find_or_claim(uint64_t layout, uint64_t chunk, Cla
   return nullptr;
 }
 
+ChunkCache::Bytes ChunkCache::find_unclaimed(uint64_t layout, uint64_t chunk, ChunkRegion* region) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const Key key{layout, chunk};
+  released_.wait(lock, [&] { return !claimed_.count(key); });
+  return find_locked(key, region);
+}
+
 ChunkCache::Claim::~Claim() {
   if (cache_ == nullptr) return;
   {
@@ -168,9 +175,12 @@ std::shared_ptr<ByteVector> ChunkCache::buffer(size_t size) {
     if (auto spares = home.lock()) {
       std::lock_guard<std::mutex> lock(spares->mutex);
       if (spares->bytes + given_back->size() <= kSpareBytes) {
-        spares->bytes += given_back->size();
-        spares->buffers.emplace_back(given_back);
-        return;
+        try {
+          spares->buffers.emplace_back(given_back);
+          spares->bytes += given_back->size();
+          return;
+        } catch (const std::bad_alloc&) {  // (no room to list it: freed instead)
+        }
       }
     }
     delete given_back;
@@ -455,6 +465,7 @@ void foresee_array_boxes(const FileTable& files, const std::vector<ReadRequest>&
     if (r.codec != Codec::kArrayBox || !jpeg_tiles(a)) continue;
     auto& chunks = by_array[r.array];
     each_chunk_of(a, *r.box, at, [&](uint64_t chunk) {
+      if (a.chunk_offset[chunk] == kMissingChunk) return;  // the fill value: nothing decoded
       Ahead& ahead = chunks[chunk];
       const ChunkRegion part = part_in_tile(a, *r.box, at);
       if (ahead.last_batch != batches[i]) {  // a batch reads a tile in one task
@@ -472,7 +483,8 @@ void foresee_array_boxes(const FileTable& files, const std::vector<ReadRequest>&
     listed.clear();
     for (auto& [chunk, ahead] : chunks) {
       ChunkCache::Foresight& f = ahead.foresight;
-      f.keep = f.tasks_left > 1 && decode_cost(a, f.region) + kKeepCost < ahead.apart;
+      f.keep = f.tasks_left > 1 && a.chunk_bytes() <= cache.limit() / 4 &&
+               decode_cost(a, f.region) + kKeepCost < ahead.apart;
       listed.emplace_back(chunk, f);
     }
     cache.foresee(a.id, listed, fresh);
@@ -620,9 +632,9 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
   // What the boxes of a task on a JPEG tile copy out of it: only that part need be decoded.
   const bool tile = !rows && filtered && jpeg_tiles(a);
   const ChunkRegion wanted = tile ? task_part(a, requests, plan, task, grid_at) : ChunkRegion{};
-  const uint64_t tile_area = a.chunk_shape[rank - 3] * a.chunk_shape[rank - 2];
   const bool small_part =
-      tile && 2 * uint64_t(wanted.row1 - wanted.row0) * (wanted.col1 - wanted.col0) <= tile_area;
+      tile && 2 * uint64_t(wanted.row1 - wanted.row0) * (wanted.col1 - wanted.col0) <=
+                  a.chunk_shape[rank - 3] * a.chunk_shape[rank - 2];
   ChunkRegion region;             // what a decode here decodes (default: all of it)
   uint64_t keep_as = task.chunk;  // and the key it is kept under
   bool keep = filtered;
@@ -652,7 +664,8 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
       }
       keep_as = part_key;
     } else if (!cached) {
-      cached = decoded.find(a.id, part_key, &held);
+      // (a task keeping its part for this one, on another thread, is waited for)
+      cached = decoded.find_unclaimed(a.id, part_key, &held);
       if (cached && !held.holds(wanted)) cached = nullptr;
       // The last task on it lets it go (its bytes live on in `cached`).
       if (cached && seen.tasks_left == 0) decoded.erase(a.id, part_key);

@@ -56,10 +56,11 @@ struct ArrayPlan {
 //
 // Foresight: a loader that knows the boxes of the batches ahead (a patch sampler's
 // positions are drawn from the seed) says which JPEG tiles they touch, how many tasks
-// will want each, and the part of it they copy out. A tile wanted again is then decoded
-// once, only that part, and kept under its part key until its last task takes it; a tile
-// wanted once is decoded only for that task and never kept. Without foresight a tile
-// is kept whole or, where a task needs a small part of it, decoded in part each time.
+// will want each, and the part of it they copy out. A tile several tasks want is then
+// decoded once, only that part, and kept under its part key until its last task takes
+// it, where that costs less than decoding each task's part (foresee_array_boxes says
+// how it weighs them). Any other tile is decoded as without foresight: whole and kept,
+// or, where a task needs no more than half of it, only that part, for that task alone.
 class ChunkCache {
  public:
   using Bytes = std::shared_ptr<const ByteVector>;
@@ -93,6 +94,8 @@ class ChunkCache {
   };
   // find(), except that on a miss it waits while another thread holds the chunk's
   // claim, and where the chunk is still missing, claims it in `claim` for the caller.
+  // find(), once no other thread holds the chunk's claim.
+  Bytes find_unclaimed(uint64_t layout, uint64_t chunk, ChunkRegion* region = nullptr);
   Bytes find_or_claim(uint64_t layout, uint64_t chunk, Claim& claim, ChunkRegion* region = nullptr);
   // Keeps `bytes` (of which `region` holds the decoded values) unless the chunk is kept
   // already; `replace`: in its place.
@@ -171,8 +174,9 @@ uint64_t validate_array_box(const FileTable& files, const ReadRequest& r, uint64
 
 // Tells `cache` which tiles of JPEG-tiled arrays the boxes `boxes` (kArrayBox requests,
 // validated) touch, box i in the batch numbered batches[i] (one task per batch and
-// tile), and which part of each they copy out; the boxes of other arrays are passed
-// over. `fresh`: the foresight kept for those arrays so far is forgotten first.
+// tile: the boxes of a batch come one after another), and which part of each they copy
+// out; the boxes of other arrays are passed over. `fresh`: the foresight kept for those
+// arrays so far is forgotten first.
 void foresee_array_boxes(const FileTable& files, const std::vector<ReadRequest>& boxes,
                          const std::vector<int64_t>& batches, ChunkCache& cache, bool fresh);
 

@@ -37,9 +37,9 @@ from stoker.volumes.subjects import Volumes
 
 _ALIGN = 64  # each array's part of a batch buffer starts on a cache line
 # Patches whose JPEG tiles are foreseen at a time (see PatchLoader._foresee): a tile they
-# touch again is kept from the first to the last of them. About what the decoded cache's
-# default 256 MiB holds of 256^2 RGB tiles, at four tiles a patch and a tile touched
-# about twice: foreseeing further keeps tiles the cache drops before they are used again.
+# touch again may be kept from the first to the last of them. Measured on a 20,000^2
+# slide of 256^2 tiles: 512 lost most of the gain (tiles touched again in the next window
+# are decoded again), and 8,192 gained nothing over 2,048.
 FORESIGHT_PATCHES = 2048
 
 EDGES = ("pad", "refuse")
