@@ -444,8 +444,8 @@ void register_reader(py::module_& m) {
           "Say which boxes the batches ahead will read (box i by batch batches[i], a "
           "batch's boxes one after another, in read_boxes_into's form): a JPEG tile several "
           "batches want is then decoded once, only the part they take, and kept until the "
-          "last of them, where that costs less. fresh: forget what was foreseen for those "
-          "arrays before (a new epoch).")
+          "last of them, where that costs less. fresh: forget what was foreseen for the "
+          "table's arrays before (a new epoch).")
       .def(
           "read_spans_into",
           [](io::ShardReader& reader, py::buffer dest, std::shared_ptr<io::FileTable> files,

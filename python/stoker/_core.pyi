@@ -679,7 +679,8 @@ class ShardReader:
             batches: ``(n,)`` int64: the batch that will read each box, a batch's
                 boxes one after another (a batch reads each tile it touches once, however
                 many of its boxes share it).
-            fresh: Forget what was foreseen for these arrays before (a new epoch).
+            fresh: Forget what was foreseen for the table's arrays before (a new
+                epoch).
 
         Raises:
             ValueError: The arguments' shapes differ, or a value is negative.

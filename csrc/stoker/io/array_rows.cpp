@@ -489,6 +489,13 @@ void foresee_array_boxes(const FileTable& files, const std::vector<ReadRequest>&
     }
     cache.foresee(a.id, listed, fresh);
   }
+  if (fresh) {  // the table's other tiled arrays too: none of their boxes is ahead
+    for (uint32_t array = 0; array < files.arrays.size(); ++array) {
+      if (!by_array.count(array) && jpeg_tiles(*files.arrays[array])) {
+        cache.foresee(files.arrays[array]->id, {}, true);
+      }
+    }
+  }
 }
 
 ArrayPlan plan_arrays(const FileTable& files, const std::vector<ReadRequest>& requests) {

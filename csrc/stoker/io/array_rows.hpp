@@ -175,8 +175,8 @@ uint64_t validate_array_box(const FileTable& files, const ReadRequest& r, uint64
 // Tells `cache` which tiles of JPEG-tiled arrays the boxes `boxes` (kArrayBox requests,
 // validated) touch, box i in the batch numbered batches[i] (one task per batch and
 // tile: the boxes of a batch come one after another), and which part of each they copy
-// out; the boxes of other arrays are passed over. `fresh`: the foresight kept for those
-// arrays so far is forgotten first.
+// out; the boxes of other arrays are passed over. `fresh`: the foresight kept so far for
+// the table's tiled arrays is forgotten first.
 void foresee_array_boxes(const FileTable& files, const std::vector<ReadRequest>& boxes,
                          const std::vector<int64_t>& batches, ChunkCache& cache, bool fresh);
 
