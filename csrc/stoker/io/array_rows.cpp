@@ -444,8 +444,9 @@ double decode_cost(const ArrayLayout& a, const ChunkRegion& part) {
   return kEntropyShare * part.row1 / rows + (1 - kEntropyShare) * area / (rows * columns);
 }
 
-// Keeping a tile's decoded part for later tasks, in whole-tile decodes: its copy into the
-// cache's memory, and that memory's share of a cache that holds fewer other tiles.
+// Keeping a tile's decoded part for later tasks, in whole-tile decodes: its buffer (a new
+// one's pages made present), and that memory's share of a cache that holds fewer other
+// tiles.
 constexpr double kKeepCost = 0.05;
 
 }  // namespace

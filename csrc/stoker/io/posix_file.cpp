@@ -17,6 +17,15 @@
 
 namespace stoker::io {
 
+namespace {
+
+uint64_t page_bytes() {
+  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+}  // namespace
+
 FileDescriptor& FileDescriptor::operator=(FileDescriptor&& other) noexcept {
   if (this != &other) {
     unmap();
@@ -71,7 +80,7 @@ void FileDescriptor::map() {
     ::munmap(at, static_cast<size_t>(st.st_size));
     return;
   }
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t page = page_bytes();
   try {
     present_ =
         std::make_unique<PresentPages>((static_cast<uint64_t>(st.st_size) + page - 1) / page);
@@ -260,7 +269,7 @@ const uint8_t* mapped_bytes(const FileDescriptor& fd, uint64_t offset, uint64_t 
   // A file cut shorter since it was mapped reads as zeros to the end of the page that
   // holds its new end, and faults past that: only a range still in the file is taken.
   if (offset + length > size) return nullptr;
-  static const uint64_t page = static_cast<uint64_t>(::sysconf(_SC_PAGESIZE));
+  const uint64_t page = page_bytes();
   // The mapping starts on a page, so its page numbers are the file's.
   const uint64_t first = offset / page, end = (offset + length + page - 1) / page;
   PresentPages& present = *fd.present();
@@ -284,7 +293,7 @@ const uint8_t* bytes_at(const FileDescriptor& fd, const std::string& path, uint6
 }
 
 void populate_for_write(void* data, size_t size) {
-  static const uintptr_t page = static_cast<uintptr_t>(::sysconf(_SC_PAGESIZE));
+  const uintptr_t page = static_cast<uintptr_t>(page_bytes());
   static std::atomic<bool> works{true};
   const auto first = (reinterpret_cast<uintptr_t>(data) + page - 1) & ~(page - 1);
   const auto end = (reinterpret_cast<uintptr_t>(data) + size) & ~(page - 1);
