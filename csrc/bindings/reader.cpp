@@ -323,6 +323,16 @@ void register_reader(py::module_& m) {
       .def("forget", &io::ShardReader::forget, py::arg("path"),
            "Close the cached descriptor of `path`, if any (reads in flight keep theirs).")
       .def(
+          "batch_buffer",
+          [](io::ShardReader& reader, uint64_t size) {
+            return slot_to_numpy(reader.batch_buffer(size));
+          },
+          py::arg("size"),
+          "A page-aligned uint8 array of `size` bytes (contents undefined) from the ring "
+          "the reader's batches come from: a recycled buffer, its pages present, when one "
+          "of about that size was let go of. It returns to the ring once the array and "
+          "every view of it (tensors included) are gone.")
+      .def(
           "read",
           [](io::ShardReader& reader, std::shared_ptr<io::FileTable> files,
              const Column<uint32_t>& file_ids, const Column<uint64_t>& offsets,

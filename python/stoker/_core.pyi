@@ -479,6 +479,17 @@ class ShardReader:
         Args:
             path: A file this reader may have open.
         """
+    def batch_buffer(self, size: int) -> npt.NDArray[np.uint8]:
+        """A page-aligned uint8 array of `size` bytes, its contents undefined, from the
+        ring the reader's own batches come from.
+
+        A recycled buffer, its pages already present, where one of about that size was let
+        go of; it returns to the ring once the array and every view of it (tensors
+        included) are gone. For a batch filled by several ``*_into`` reads.
+
+        Args:
+            size: Bytes.
+        """
     def read(
         self,
         files: FileTable,

@@ -62,6 +62,22 @@ def test_patches_are_exact(tmp_path, kind, dtype):
     assert check_batches(grid, truth, pad=5) > 10
 
 
+def test_batches_kept_stay_whole_and_batches_let_go_are_reused(tmp_path):
+    """CPU batches come from the reader's ring: a batch the caller holds is never handed
+    out again, and one let go of is."""
+    data = volume((40, 36, 30))
+    np.save(tmp_path / "v.npy", data)
+    vols = stoker.Volumes([{"image": str(tmp_path / "v.npy")}])
+    loader = stoker.PatchLoader(vols, (8, 8, 8), 4, patches_per_subject=64, seed=3)
+    kept = all_batches(loader)  # every batch of the epoch held at once
+    assert check_batches(kept, [data], patch_size=loader.patch_size) == 64
+    assert len({b["image"].data_ptr() for b in kept}) == len(kept)
+    del kept
+    loader.set_epoch(1)
+    places = [b["image"].data_ptr() for b in loader]  # each let go of at once
+    assert len(set(places)) < len(places)
+
+
 def test_one_batch_of_subjects_stored_in_other_axis_orders(tmp_path):
     # A .nii (Fortran order), a .npy and a Fortran .npy of one cubic shape: their stored
     # boxes look alike, but each is turned into the patch's order by its own axes.

@@ -238,6 +238,9 @@ class ShardReader {
   // when a batch buffer of about that size was freed recently.
   std::shared_ptr<PendingRead> submit(std::shared_ptr<const FileTable> files,
                                       std::vector<ReadRequest> requests, uint64_t dest_size);
+  // A page-aligned buffer of `size` bytes from the ring the reader's own batches come
+  // from, for a caller that fills one batch with several reads (the patch loader).
+  std::shared_ptr<AlignedBuffer> batch_buffer(uint64_t size) { return state().ring->acquire(size); }
 
   size_t num_threads() const { return num_threads_; }
   size_t max_open_files() const { return max_open_files_; }
