@@ -258,6 +258,27 @@ def test_grid_edges_are_flush_and_cover_every_voxel(tmp_path):
     )
 
 
+def test_grid_positions_are_worked_out_once_per_subject(tmp_path, monkeypatch):
+    """Every batch looks its patches up in the subjects' grids: a slide's is thousands of
+    positions, and working one out again for each patch made the grid sampler slower than
+    reading the patches."""
+    vols, truth = many_subjects(tmp_path, n=3)
+    sampler = stoker.GridSampler(overlap=1)
+    calls = []
+    grid_positions = stoker.GridSampler.grid_positions
+    monkeypatch.setattr(
+        stoker.GridSampler,
+        "grid_positions",
+        lambda self, *a: calls.append(a) or grid_positions(self, *a),
+    )
+    loader = stoker.PatchLoader(vols, 5, 3, sampler=sampler)
+    want = sum(len(grid_positions(sampler, t.shape, (5, 5, 5))) for t in truth)
+    for epoch in range(2):
+        loader.set_epoch(epoch)
+        assert check_batches(loader, truth) == want
+    assert len(calls) == len(truth)
+
+
 # -- samplers ----------------------------------------------------------------------------
 
 
@@ -445,7 +466,7 @@ def test_uniform_positions_are_numpys_keyed_draws(seed, monkeypatch):
         for batch, by_core in ((in_words, True), ([(1, 2**33), (2, 0)], False)):
             calls.clear()
             got = samplers.uniform_starts(seed, epoch, batch, [shapes[s] for s, _ in batch], patch)
-            assert got == numpys(epoch, batch)
+            assert got.tolist() == [list(start) for start in numpys(epoch, batch)]
             assert bool(calls) == by_core
     with pytest.raises(ValueError):
         samplers.uniform_starts(-1, 0, in_words, [shapes[s] for s, _ in in_words], patch)

@@ -14,6 +14,8 @@ as whole-volume loaders do) 64x. Gaps under 8 KiB are cheaper read than skipped.
 
 from __future__ import annotations
 
+import functools
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -65,7 +67,7 @@ def patch_runs(
     item = array.dtype.itemsize
     src_strides = byte_strides(stored, item)
     dest_strides = byte_strides(dest_shape, item)
-    k = _run_axis(array, extent, dest_shape)
+    k = _run_axis(stored, array.row_offsets is None, extent, dest_shape)
     run = extent[k] * src_strides[k]
     offsets = _file_offsets(array, first, extent, src_strides, k)
     dests = np.array([dest_first[k] * dest_strides[k]], np.int64)
@@ -77,12 +79,16 @@ def patch_runs(
     return PatchRuns(offsets, lengths, dests, dest_shape, padded)
 
 
-def _run_axis(array: VolumeArray, extent: list[int], dest_shape: tuple[int, ...]) -> int:
+def _run_axis(
+    stored: tuple[int, ...],
+    evenly_spaced: bool,
+    extent: list[int] | tuple[int, ...],
+    dest_shape: tuple[int, ...],
+) -> int:
     """The axis k of a box's contiguous runs: they go over k and every axis after it, which
     lie whole in both the file and the patch. Where axis 0's positions are not evenly spaced
     (row_offsets), runs stop short of it."""
-    stored = array.stored_shape
-    lowest = 0 if array.row_offsets is None else 1
+    lowest = 0 if evenly_spaced else 1
     k = len(stored) - 1
     while k > lowest and extent[k] == stored[k] == dest_shape[k]:
         k -= 1
@@ -129,6 +135,9 @@ class PatchSpans:
     dest_offset: int
     dest_strides: tuple[int, ...]
     padded: bool
+    # int64, one per span: where its box starts in the patch's buffer, from dest_offset
+    # (shared by every patch of the same box shape: read-only)
+    dest_steps: np.ndarray
 
 
 def patch_spans(
@@ -139,16 +148,54 @@ def patch_spans(
     are merged here rather than by the reader: one request per span instead of one per run
     (a 64^3 patch of a 256^3 int16 volume: 64 requests of 32 KiB, not 4,096 of 128 bytes),
     the gaps dropped by the reader's threads (read_spans_into)."""
-    stored = array.stored_shape
-    dest_shape = stored_box_shape(array, patch_size)
     first, extent, dest_first, padded = stored_box(array, start, patch_size)
     if min(extent) <= 0:
         return None
-    item = array.dtype.itemsize
+    dest_shape = stored_box_shape(array, patch_size)
+    plan = _span_plan(
+        array.stored_shape,
+        array.dtype.itemsize,
+        array.row_offsets is None,
+        tuple(extent),
+        dest_shape,
+    )
+    if plan is None:
+        return None
+    j, span, src, dst, steps, dest_steps = plan
+    if array.row_offsets is None:
+        # Every span's offset is the box's first byte plus a step the box's shape fixes.
+        offsets = steps + (array.offset + sum(f * st for f, st in zip(first, src)))
+    else:
+        offsets = _file_offsets(array, first, extent, list(src), j)
+    return PatchSpans(
+        offsets=offsets,
+        span=span,
+        outer_shape=tuple(extent[:j]),
+        inner_shape=tuple(extent[j:]),
+        inner_strides=src[j:],
+        dest_offset=sum(f * d for f, d in zip(dest_first, dst)),
+        dest_strides=dst,
+        padded=padded,
+        dest_steps=dest_steps,
+    )
+
+
+@functools.lru_cache(maxsize=256)
+def _span_plan(
+    stored: tuple[int, ...],
+    item: int,
+    evenly_spaced: bool,
+    extent: tuple[int, ...],
+    dest_shape: tuple[int, ...],
+) -> tuple[int, int, tuple[int, ...], tuple[int, ...], np.ndarray, np.ndarray] | None:
+    """What patch_spans works out from a box's shape alone, once per shape (a batch's
+    patches are mostly of one): the axis j the spans start at, their bytes, the file's and
+    the patch's byte strides, and per span its step in the file and in the patch, from the
+    box's first byte (read-only arrays). None where no runs merge."""
     src = byte_strides(stored, item)
     dst = byte_strides(dest_shape, item)
-    lowest = 0 if array.row_offsets is None else 1
-    k = _run_axis(array, extent, dest_shape)
+    lowest = 0 if evenly_spaced else 1
+    k = _run_axis(stored, evenly_spaced, extent, dest_shape)
     span = extent[k] * src[k]
     useful = span
     j = k
@@ -160,16 +207,11 @@ def patch_spans(
         j -= 1
     if j == k:
         return None
-    return PatchSpans(
-        offsets=_file_offsets(array, first, extent, src, j),
-        span=span,
-        outer_shape=tuple(extent[:j]),
-        inner_shape=tuple(extent[j:]),
-        inner_strides=tuple(src[j:]),
-        dest_offset=sum(f * d for f, d in zip(dest_first, dst)),
-        dest_strides=tuple(dst),
-        padded=padded,
-    )
+    grid = np.indices(extent[:j], np.int64).reshape(j, math.prod(extent[:j]))
+    steps = np.asarray(src[:j], np.int64) @ grid
+    dest_steps = np.asarray(dst[:j], np.int64) @ grid
+    steps.flags.writeable = dest_steps.flags.writeable = False
+    return j, span, tuple(src), tuple(dst), steps, dest_steps
 
 
 def stored_box(

@@ -167,6 +167,7 @@ class PatchLoader:
         self._handed = 0  # batches of the epoch handed out, by the iteration running
         self._stats = PatchStats()
         self._occupancy: dict[int, Occupancy] = {}
+        self._grids: dict[int, np.ndarray] = {}  # a GridSampler's starts, subject by subject
         if isinstance(self.sampler, LabelSampler) and self.sampler.label not in volumes.keys:
             raise UsageError(
                 f"LabelSampler(label={self.sampler.label!r}): the subjects' arrays are "
@@ -305,20 +306,43 @@ class PatchLoader:
 
     # -- positions -----------------------------------------------------------------------
 
-    def _grid(self, subject: int) -> list[tuple[int, ...]]:
-        assert isinstance(self.sampler, GridSampler)
-        return self.sampler.grid_positions(self.volumes.spatial_shape(subject), self.patch_size)
+    def _grid(self, subject: int) -> np.ndarray:
+        """A GridSampler's starts in `subject`, ``(positions, rank)``, worked out once (a
+        slide's grid is thousands of positions, and every batch looks its patches up)."""
+        grid = self._grids.get(subject)
+        if grid is None:
+            assert isinstance(self.sampler, GridSampler)
+            shape = self.volumes.spatial_shape(subject)
+            positions = self.sampler.grid_positions(shape, self.patch_size)
+            grid = np.array(positions, np.int64).reshape(len(positions), len(shape))
+            self._grids[subject] = grid
+        return grid
+
+    def _drawn_starts(self, epoch: int, entries: list[tuple[int, int]]) -> np.ndarray | None:
+        """The starts of `entries` ((subject, patch number) each), ``(len(entries), rank)``,
+        all at once: a uniform or grid position depends on its entry alone, and one call
+        for a window of batches costs less than one a batch. None for a LabelSampler,
+        whose centres are drawn batch by batch from label reads (_label_starts)."""
+        if isinstance(self.sampler, LabelSampler):
+            return None
+        if isinstance(self.sampler, GridSampler):
+            keys = np.array(entries, np.int64).reshape(len(entries), 2)
+            starts = np.empty((len(entries), len(self.patch_size)), np.int64)
+            for s in np.unique(keys[:, 0]).tolist():
+                mine = keys[:, 0] == s
+                starts[mine] = self._grid(s)[keys[mine, 1]]
+            return starts
+        shape_of = self.volumes.spatial_shape
+        shapes = [shape_of(s) for s, _ in entries]
+        return uniform_starts(self.seed, epoch, entries, shapes, self.patch_size)
 
     def _starts(self, epoch: int, batch: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-        shape_of = self.volumes.spatial_shape
-        if isinstance(self.sampler, GridSampler):
-            grids: dict[int, list[tuple[int, ...]]] = {}
-            return [grids.setdefault(s, self._grid(s))[k] for s, k in batch]
-        if isinstance(self.sampler, LabelSampler):
-            rngs = [np.random.default_rng([self.seed, epoch, s, k]) for s, k in batch]
-            return self._label_starts(batch, rngs)
-        shapes = [shape_of(s) for s, _ in batch]
-        return uniform_starts(self.seed, epoch, batch, shapes, self.patch_size)
+        """The starts of one batch's patches."""
+        drawn = self._drawn_starts(epoch, batch)
+        if drawn is not None:
+            return [tuple(row) for row in drawn.tolist()]
+        rngs = [np.random.default_rng([self.seed, epoch, s, k]) for s, k in batch]
+        return self._label_starts(batch, rngs)
 
     def _label_starts(
         self, batch: list[tuple[int, int]], rngs: list[np.random.Generator]
@@ -389,19 +413,37 @@ class PatchLoader:
 
     # -- reading -------------------------------------------------------------------------
 
-    def _foresee(
+    def _window(
         self, epoch: int, batches: list[list[tuple[int, int]]], numbers: list[int], fresh: bool
-    ) -> None:
-        """Tell the reader which JPEG tiles batches `numbers` will touch, and which part of
-        each: a tile several of them touch is then decoded once, in the part they take, and
-        kept until the last of them (see ``_core.ShardReader.foresee_boxes``). Label-drawn
-        positions are known only once labels are read: those batches are not foreseen."""
-        if not self._jpeg_arrays or isinstance(self.sampler, LabelSampler):
-            return
+    ) -> dict[int, list[tuple[int, ...]]]:
+        """The starts of batches `numbers`, batch by batch, drawn together; the reader is
+        told which JPEG tiles they touch (_foresee). Empty for a LabelSampler, whose
+        positions are known only once labels are read: its batches are drawn one by one,
+        and not foreseen."""
         entries = [entry for n in numbers for entry in batches[n]]
-        if not entries:
-            return
-        starts = np.array(self._starts(epoch, entries), np.int64).reshape(len(entries), -1)
+        starts = self._drawn_starts(epoch, entries) if entries else None
+        if starts is None:
+            return {}
+        if self._jpeg_arrays:
+            self._foresee(entries, starts, batches, numbers, fresh)
+        rows = [tuple(row) for row in starts.tolist()]
+        ahead, at = {}, 0
+        for n in numbers:
+            ahead[n], at = rows[at : at + len(batches[n])], at + len(batches[n])
+        return ahead
+
+    def _foresee(
+        self,
+        entries: list[tuple[int, int]],
+        starts: np.ndarray,
+        batches: list[list[tuple[int, int]]],
+        numbers: list[int],
+        fresh: bool,
+    ) -> None:
+        """Tell the reader which JPEG tiles the patches `entries` (at `starts`, of batches
+        `numbers`) will touch, and which part of each: a tile several of them touch is then
+        decoded once, in the part they take, and kept until the last of them (see
+        ``_core.ShardReader.foresee_boxes``)."""
         subjects = np.array([s for s, _ in entries], np.int64)
         owners = np.repeat(np.array(numbers, np.int64), [len(batches[n]) for n in numbers])
         by_rank: dict[int, list[tuple[np.ndarray, ...]]] = {}
@@ -417,8 +459,7 @@ class PatchLoader:
             ids, first, extent, owner = (np.concatenate(p) for p in zip(*parts))
             reader.foresee_boxes(self._files, ids, first, extent, owner, fresh)
 
-    def _submit(self, epoch: int, batch: list[tuple[int, int]]) -> _PendingBatch:
-        starts = self._starts(epoch, batch)
+    def _submit(self, batch: list[tuple[int, int]], starts: list[tuple[int, ...]]) -> _PendingBatch:
         keys = self.volumes.keys
         layouts = []  # per key: (offset in buffer, bytes per patch, stored box shape, dtype)
         total = 0
@@ -578,11 +619,15 @@ class PatchLoader:
         queue: deque[tuple[int, _PendingBatch]] = deque()
         last = len(batches) - 1
         window = max(1, FORESIGHT_PATCHES // self.batch_size)
+        ahead: dict[int, list[tuple[int, ...]]] = {}  # the starts of the window's batches
         try:
             for i, number in enumerate(numbers):
                 if i % window == 0:
-                    self._foresee(epoch, batches, numbers[i : i + window], fresh=i == 0)
-                queue.append((number, self._submit(epoch, batches[number])))
+                    ahead = self._window(epoch, batches, numbers[i : i + window], fresh=i == 0)
+                starts = ahead.pop(number, None)
+                if starts is None:  # a LabelSampler's, drawn batch by batch
+                    starts = self._starts(epoch, batches[number])
+                queue.append((number, self._submit(batches[number], starts)))
                 if len(queue) > self.prefetch:
                     yield self._deliver(*queue.popleft(), last if worker is None else -1)
             while queue:

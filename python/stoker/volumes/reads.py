@@ -102,29 +102,26 @@ def _span_columns(spans: list[tuple[int, PatchSpans, int, np.dtype]]) -> tuple[n
     src_strides = np.zeros((count, rank), np.int64)
     dest_strides = np.zeros((count, rank), np.int64)
     itemsizes = np.empty(count, np.uint64)
-    ids, offsets, lengths, places, box_ids = [], [], [], [], []
+    ids, lengths, counts = [], [], []
+    offsets, places = [], []
     for b, (file_id, sp, at, dtype) in enumerate(spans):
         inner = len(sp.inner_shape)
-        outer = len(sp.outer_shape)
         extents[b, rank - inner :] = sp.inner_shape
         src_strides[b, rank - inner :] = sp.inner_strides
-        dest_strides[b, rank - inner :] = sp.dest_strides[outer:]
+        dest_strides[b, rank - inner :] = sp.dest_strides[len(sp.outer_shape) :]
         itemsizes[b] = dtype.itemsize
-        n = sp.offsets.size
-        # Span k, in C order over the outer axes, lands that far along them in the patch.
-        grid = np.indices(sp.outer_shape, np.int64).reshape(outer, n)
-        outer_steps = np.asarray(sp.dest_strides[:outer], np.int64)
-        places.append(at + sp.dest_offset + outer_steps @ grid)
-        ids.append(np.full(n, file_id, np.uint32))
+        ids.append(file_id)
+        lengths.append(sp.span)
+        counts.append(sp.offsets.size)
         offsets.append(sp.offsets)
-        lengths.append(np.full(n, sp.span, np.uint64))
-        box_ids.append(np.full(n, b, np.uint32))
+        # Span k, in C order over the outer axes, lands that far along them in the patch.
+        places.append(sp.dest_steps + (at + sp.dest_offset))
     return (
-        np.concatenate(ids),
+        np.repeat(np.array(ids, np.uint32), counts),
         np.concatenate(offsets).astype(np.uint64),
-        np.concatenate(lengths),
+        np.repeat(np.array(lengths, np.uint64), counts),
         np.concatenate(places).astype(np.uint64),
-        np.concatenate(box_ids),
+        np.repeat(np.arange(count, dtype=np.uint32), counts),
         extents,
         src_strides,
         dest_strides,

@@ -143,12 +143,12 @@ def uniform_starts(
     batch: Sequence[tuple[int, int]],
     shapes: Sequence[tuple[int, ...]],
     patch_size: tuple[int, ...],
-) -> list[tuple[int, ...]]:
-    """Each (subject, patch number)'s start, drawn uniformly among those where the patch
-    fits (centred where it cannot) by the first draws of numpy's ``default_rng([seed,
-    epoch, subject, patch number])``. The draws are worked out in C++ for the whole batch:
-    a numpy generator a patch cost ten times the draw and a third of the loader's Python
-    time."""
+) -> np.ndarray:
+    """Each (subject, patch number)'s start, ``(len(batch), rank)`` int64, drawn uniformly
+    among those where the patch fits (centred where it cannot) by the first draws of
+    numpy's ``default_rng([seed, epoch, subject, patch number])``. The draws are worked out
+    in C++ for the whole batch: a numpy generator a patch cost ten times the draw and a
+    third of the loader's Python time."""
     rank = len(patch_size)
     seed, epoch = operator.index(seed), operator.index(epoch)
     if min(seed, epoch) < 0 or any(not 0 <= v <= WORD_MAX for key in batch for v in key):
@@ -161,8 +161,7 @@ def uniform_starts(
         prefix = np.array(seed_words(seed, epoch), np.uint32)
         draws = _core.keyed_uniforms(prefix, keys, rank)
     span = np.array(shapes, np.int64).reshape(-1, rank) - np.array(patch_size, np.int64)
-    starts = np.where(span >= 0, np.minimum((draws * (span + 1)).astype(np.int64), span), span // 2)
-    return [tuple(row) for row in starts.tolist()]
+    return np.where(span >= 0, np.minimum((draws * (span + 1)).astype(np.int64), span), span // 2)
 
 
 def start_around(
