@@ -336,21 +336,13 @@ class PatchLoader:
         shapes = [shape_of(s) for s, _ in entries]
         return uniform_starts(self.seed, epoch, entries, shapes, self.patch_size)
 
-    def _starts(self, epoch: int, batch: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-        """The starts of one batch's patches."""
-        drawn = self._drawn_starts(epoch, batch)
-        if drawn is not None:
-            return [tuple(row) for row in drawn.tolist()]
-        rngs = [np.random.default_rng([self.seed, epoch, s, k]) for s, k in batch]
-        return self._label_starts(batch, rngs)
-
-    def _label_starts(
-        self, batch: list[tuple[int, int]], rngs: list[np.random.Generator]
-    ) -> list[tuple[int, ...]]:
+    def _label_starts(self, epoch: int, batch: list[tuple[int, int]]) -> list[tuple[int, ...]]:
         """Centres at voxels of drawn classes: a group by weight, a block by its count of
-        the group's voxels, then one of those voxels, read from the block's labels."""
+        the group's voxels, then one of those voxels, read from the block's labels; each
+        patch draws from its own ``default_rng([seed, epoch, subject, patch number])``."""
         sampler = self.sampler
         assert isinstance(sampler, LabelSampler)
+        rngs = [np.random.default_rng([self.seed, epoch, s, k]) for s, k in batch]
         blocks = []
         for (s, _), rng in zip(batch, rngs):
             grid = self._occupancy_of(s)
@@ -632,7 +624,7 @@ class PatchLoader:
                     ahead = self._window(epoch, batches, numbers[i : i + window], fresh=i == 0)
                 starts = ahead.pop(number, None)
                 if starts is None:  # a LabelSampler's, drawn batch by batch
-                    starts = self._starts(epoch, batches[number])
+                    starts = self._label_starts(epoch, batches[number])
                 queue.append((number, self._submit(batches[number], starts)))
                 if len(queue) > self.prefetch:
                     yield self._deliver(*queue.popleft(), last if worker is None else -1)
