@@ -384,8 +384,9 @@ class PatchLoader:
         self, boxes: list[tuple[int, tuple[int, ...], tuple[int, ...]]]
     ) -> list[np.ndarray]:
         """The label array's first channel in each (subject, first voxel, extent) box, in
-        patch axis order, read now: all of them in one read (a batch's label blocks, one a
-        patch, were eight reads waited for one after another)."""
+        patch axis order, read now: all of them in one read, waited for once (a batch has a
+        label block per patch, and reads waited for in turn would each add a round trip
+        to the reader's threads)."""
         assert isinstance(self.sampler, LabelSampler)
         key = self.sampler.label
         places, total = [], 0
