@@ -325,6 +325,15 @@ PyBatchPlan make_plan(const py::list& fields) {
   return out;
 }
 
+// The words of keyed_generators' states, to be advanced in place.
+uint64_t* generator_states(py::array_t<uint64_t, py::array::c_style>& states) {
+  if (states.ndim() != 2 || states.shape(1) != static_cast<py::ssize_t>(plan::kGeneratorWords)) {
+    throw py::value_error("states must be keyed_generators' (n, 5) array");
+  }
+  if (!states.writeable()) throw py::value_error("states must be writable: draws advance them");
+  return states.mutable_data();
+}
+
 }  // namespace
 
 void register_plan(py::module_& m) {
@@ -355,26 +364,66 @@ void register_plan(py::module_& m) {
       "Where each of `positions` (each in [0, n)) goes under the pseudo-random permutation "
       "of [0, n) that `keys` (uint64, one per Feistel round) choose.");
   m.def(
-      "keyed_uniforms",
+      "keyed_generators",
       [](const py::array_t<uint32_t, py::array::c_style | py::array::forcecast>& prefix,
-         const py::array_t<uint32_t, py::array::c_style | py::array::forcecast>& tails,
-         size_t count) {
+         const py::array_t<uint32_t, py::array::c_style | py::array::forcecast>& tails) {
         if (tails.ndim() != 2) throw py::value_error("tails must be 2-D: a row of words a key");
         const auto n = static_cast<size_t>(tails.shape(0));
-        const auto tail_words = static_cast<size_t>(tails.shape(1));
+        py::array_t<uint64_t> out({n, plan::kGeneratorWords});
+        uint64_t* into = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          plan::keyed_generators(prefix.data(), static_cast<size_t>(prefix.size()), tails.data(),
+                                 static_cast<size_t>(tails.shape(1)), n, into);
+        }
+        return out;
+      },
+      py::arg("prefix"), py::arg("tails"),
+      "The generator numpy's default_rng(key) makes, for each key: a (n, 5) uint64 array "
+      "that generator_uniforms and generator_integers draw from. A key's 32-bit words (as "
+      "SeedSequence splits its integers) are `prefix` then its row of `tails`.");
+  m.def(
+      "generator_uniforms",
+      [](py::array_t<uint64_t, py::array::c_style>& states, size_t count) {
+        uint64_t* words = generator_states(states);
+        const auto n = static_cast<size_t>(states.shape(0));
         py::array_t<double> out({n, count});
         double* into = out.mutable_data();
         {
           py::gil_scoped_release release;
-          plan::keyed_uniforms(prefix.data(), static_cast<size_t>(prefix.size()), tails.data(),
-                               tail_words, n, count, into);
+          plan::generator_uniforms(words, n, count, into);
         }
         return out;
       },
-      py::arg("prefix"), py::arg("tails"), py::arg("count"),
-      "`count` uniform doubles for each key, as numpy's default_rng(key).random(count) "
-      "draws them; a key's 32-bit words (as SeedSequence splits its integers) are `prefix` "
-      "then its row of `tails`.");
+      py::arg("states").noconvert(), py::arg("count"),
+      "`count` doubles in [0, 1) from each generator of `states` (keyed_generators'), as "
+      "numpy's Generator.random(count) draws them: an (n, count) array. The states advance.");
+  m.def(
+      "generator_integers",
+      [](py::array_t<uint64_t, py::array::c_style>& states,
+         const py::array_t<int64_t, py::array::c_style | py::array::forcecast>& highs) {
+        uint64_t* words = generator_states(states);
+        const auto n = static_cast<size_t>(states.shape(0));
+        if (highs.ndim() != 1 || static_cast<size_t>(highs.shape(0)) != n) {
+          throw py::value_error("highs must hold one bound a generator");
+        }
+        const int64_t* bound = highs.data();
+        for (size_t i = 0; i < n; ++i) {
+          if (bound[i] < 1) {
+            throw py::value_error("high " + std::to_string(bound[i]) + " must be at least 1");
+          }
+        }
+        py::array_t<int64_t> out(static_cast<py::ssize_t>(n));
+        int64_t* into = out.mutable_data();
+        {
+          py::gil_scoped_release release;
+          plan::generator_integers(words, n, reinterpret_cast<const uint64_t*>(bound), into);
+        }
+        return out;
+      },
+      py::arg("states").noconvert(), py::arg("highs"),
+      "One integer in [0, highs[i]) from each generator of `states` (keyed_generators'), as "
+      "numpy's Generator.integers(highs[i]) draws an int64. The states advance.");
   m.def(
       "keyed_shuffle",
       [](const py::array_t<uint32_t, py::array::c_style | py::array::forcecast>& words, int64_t n) {

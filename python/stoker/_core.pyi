@@ -771,10 +771,19 @@ def keyed_permutation(n: int, keys: np.ndarray, positions: np.ndarray) -> np.nda
     """Where each of `positions` (each in [0, n)) goes under the pseudo-random permutation of
     [0, n) that `keys` (uint64, one per Feistel round) choose."""
 
-def keyed_uniforms(prefix: np.ndarray, tails: np.ndarray, count: int) -> np.ndarray:
-    """`count` uniform doubles for each key (an (n, count) array), as numpy's
-    default_rng(key).random(count) draws them; a key's 32-bit words (as SeedSequence splits
-    its integers) are `prefix` then its row of `tails` (uint32, n rows)."""
+def keyed_generators(prefix: np.ndarray, tails: np.ndarray) -> np.ndarray:
+    """The generator numpy's default_rng(key) makes, for each key: an (n, 5) uint64 array
+    that generator_uniforms and generator_integers draw from. A key's 32-bit words (as
+    SeedSequence splits its integers) are `prefix` then its row of `tails` (uint32, n
+    rows)."""
+
+def generator_uniforms(states: np.ndarray, count: int) -> np.ndarray:
+    """`count` doubles in [0, 1) from each generator of `states` (keyed_generators'), as
+    numpy's Generator.random(count) draws them: an (n, count) array. The states advance."""
+
+def generator_integers(states: np.ndarray, highs: np.ndarray) -> np.ndarray:
+    """One integer in [0, highs[i]) from each generator of `states` (keyed_generators'), as
+    numpy's Generator.integers(highs[i]) draws an int64. The states advance."""
 
 def keyed_shuffle(words: np.ndarray, n: int) -> np.ndarray:
     """The permutation of [0, n) (int64) that numpy's default_rng(key).permutation(n) makes;

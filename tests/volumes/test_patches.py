@@ -14,6 +14,7 @@ import pytest
 
 import stoker
 from stoker.volumes.boxes import patch_runs
+from stoker.volumes.samplers import block_bounds, start_around
 from tests.support.nifti_volumes import flip_byte, reference, write_nifti
 from tests.support.nifti_volumes import volume as random_volume
 from tests.support.patches import all_batches, check_batches, expected_patch
@@ -326,6 +327,101 @@ def test_label_balanced_class_weights(tmp_path):
         assert within_binomial((centres == value).sum(), n, p), (value, np.bincount(centres))
 
 
+def reference_label_starts(loader, label, epoch, batch):
+    """The label-balanced draws as the docs state them, with a numpy generator a patch:
+    a group by weight (Generator.choice), a block by its count of the group's voxels, then
+    one of those voxels."""
+    sampler, grid = loader.sampler, loader._occupancy_of(0)
+    groups, weights = sampler.classes(grid.values)
+    starts = []
+    for s, k in batch:
+        rng = np.random.default_rng([loader.seed, epoch, s, k])
+        group = groups[int(rng.choice(len(groups), p=weights / weights.sum()))]
+        cumulative = grid.group_counts(group)
+        flat = int(np.searchsorted(cumulative, rng.integers(cumulative[-1]), side="right"))
+        first, extent = block_bounds(grid, flat)
+        values = label[tuple(slice(f, f + e) for f, e in zip(first, extent))]
+        hits = np.flatnonzero(np.isin(values, group))
+        voxel = np.unravel_index(int(hits[rng.integers(hits.size)]), values.shape)
+        centre = tuple(f + int(v) for f, v in zip(first, voxel))
+        starts.append(list(start_around(centre, label.shape, loader.patch_size)))
+    return starts
+
+
+@pytest.mark.parametrize(
+    "sampler",
+    [
+        stoker.LabelSampler("label", ratio=(1, 2)),
+        stoker.LabelSampler("label", class_weights={0: 1, 1: 3, 2: 1}, block=5),
+    ],
+    ids=["ratio", "class_weights"],
+)
+@pytest.mark.parametrize("seed", [3, 2**33 + 1])
+def test_label_positions_are_each_patchs_keyed_draws(tmp_path, sampler, seed):
+    """Each batch's centres, drawn in C++ for the batch and read ahead of its patches,
+    are the ones a numpy generator a patch draws (for seeds of one word or more)."""
+    vols, label = labelled(tmp_path)
+    loader = stoker.PatchLoader(vols, 8, 6, sampler=sampler, patches_per_subject=60, seed=seed)
+    for epoch in (0, 1):
+        loader.set_epoch(epoch)
+        batches = loader._batches(epoch)
+        for number, batch in enumerate(loader):
+            want = reference_label_starts(loader, label, epoch, batches[number])
+            assert batch["location"].tolist() == want
+
+
+def test_label_blocks_are_read_ahead_of_their_patches(tmp_path, monkeypatch):
+    """A batch's label blocks are drawn and their reads started prefetch + 1 batches
+    before its patches are, so that waiting for them does not wait for the patch reads
+    queued first; a loop that stops early leaves no read behind, and the next one is
+    whole."""
+    vols, label = labelled(tmp_path)
+    sampler = stoker.LabelSampler("label", ratio=(1, 1))
+    loader = stoker.PatchLoader(
+        vols, 8, 4, sampler=sampler, patches_per_subject=40, seed=1, prefetch=2
+    )
+    events = []
+    draw, starts = loader._draw_blocks, loader._label_starts
+    monkeypatch.setattr(
+        loader, "_draw_blocks", lambda e, b: events.append(("draw", b[0])) or draw(e, b)
+    )
+    monkeypatch.setattr(
+        loader,
+        "_label_starts",
+        lambda blocks: events.append(("start", blocks.batch[0])) or starts(blocks),
+    )
+    whole = [b["location"].tolist() for b in loader]
+    batches = [b[0] for b in loader._batches(0)]
+    draws = [k for kind, k in events if kind == "draw"]
+    assert draws == batches
+    # when batch i's starts are worked out, batches up to i + 3 have been drawn
+    for i, key in enumerate(batches):
+        seen = events[: events.index(("start", key))]
+        assert sum(kind == "draw" for kind, _ in seen) == min(i + 3, len(batches))
+    loader.set_epoch(0)
+    for n, _ in enumerate(loader):
+        if n == 1:
+            break
+    loader.set_epoch(0)
+    assert [b["location"].tolist() for b in loader] == whole
+
+
+def test_a_label_block_without_the_voxels_its_grid_counted_is_named(tmp_path):
+    """Labels that disagree with the occupancy grid kept for them (a grid counted for
+    other contents) stop the loader with the file and the block, not an index error."""
+    vols, label = labelled(tmp_path)
+    sampler = stoker.LabelSampler("label", class_weights={1: 1}, block=8)
+    loader = stoker.PatchLoader(vols, 8, 4, sampler=sampler, patches_per_subject=8, seed=0)
+    grid = loader._occupancy_of(0)
+    k = grid.values.index(1)
+    moved = np.zeros_like(grid.counts[k])
+    moved.reshape(-1)[0] = 5  # a corner block, all background in the file
+    grid.counts[k] = moved
+    grid.cumulative.clear()
+    with pytest.raises(stoker.UsageError, match=r"lab.*block of \(8, 8, 8\) voxels at \(0, 0, 0\)"):
+        next(iter(loader))
+
+
 @pytest.mark.parametrize(
     "dtype", [np.uint8, np.int8, np.uint16, np.int16, np.int32, np.float32], ids=str
 )
@@ -435,6 +531,49 @@ def test_order_does_not_depend_on_threads_and_resumes_exactly(tmp_path):
     assert keys_of(all_batches(other)) != whole
 
 
+def test_keyed_generators_draw_as_numpys_generators():
+    """Doubles and bounded integers taken in turns from keyed_generators' states equal
+    numpy's default_rng(key).random and .integers: bounds of one, under 2**32 (32-bit
+    draws, the spare half of a 64-bit one first, rejections), 2**32 - 1 and over, up to
+    int64's largest; a state that is not a writable uint64 array is refused."""
+    from stoker import _core
+    from stoker.loader.sample_orders import seed_words
+
+    rng = np.random.default_rng(12)
+    edges = [1, 2, 3, 7, 2**31 + 1, 3 * 2**30, 2**32 - 1, 2**32, 2**32 + 1, 2**40 + 3, 2**63 - 1]
+    for trial in range(300):
+        seed, epoch = int(rng.integers(0, 2**40)), int(rng.integers(0, 50))
+        keys = rng.integers(0, 2**32, size=(5, 2), dtype=np.uint64)
+        states = _core.keyed_generators(
+            np.array(seed_words(seed, epoch), np.uint32), keys.astype(np.uint32)
+        )
+        numpys = [np.random.default_rng([seed, epoch, int(s), int(k)]) for s, k in keys]
+        for step in range(5):
+            if (trial + step) % 3 == 0:
+                got = _core.generator_uniforms(states, 2)
+                assert np.array_equal(got, [g.random(2) for g in numpys])
+                continue
+            highs = np.array(
+                [
+                    edges[int(rng.integers(len(edges)))]
+                    if step % 2
+                    else int(rng.integers(1, 2 ** int(rng.integers(1, 63))))
+                    for _ in numpys
+                ],
+                np.int64,
+            )
+            got = _core.generator_integers(states, highs)
+            assert got.tolist() == [int(g.integers(int(h))) for g, h in zip(numpys, highs)]
+    with pytest.raises(TypeError):
+        _core.generator_uniforms(states.astype(np.int64), 1)
+    frozen = states.copy()
+    frozen.flags.writeable = False
+    with pytest.raises(ValueError, match="writable"):
+        _core.generator_uniforms(frozen, 1)
+    with pytest.raises(ValueError, match="at least 1"):
+        _core.generator_integers(states, np.zeros(len(states), np.int64))
+
+
 @pytest.mark.parametrize("seed", [0, 7, 2**32 + 5, 2**70 + 1])
 def test_uniform_positions_are_numpys_keyed_draws(seed, monkeypatch):
     """Each start comes from default_rng([seed, epoch, subject, k]).random(rank): worked out
@@ -444,8 +583,8 @@ def test_uniform_positions_are_numpys_keyed_draws(seed, monkeypatch):
     from stoker.volumes import samplers
 
     calls = []
-    keyed = _core.keyed_uniforms
-    monkeypatch.setattr(samplers._core, "keyed_uniforms", lambda *a: calls.append(a) or keyed(*a))
+    keyed = _core.keyed_generators
+    monkeypatch.setattr(samplers._core, "keyed_generators", lambda *a: calls.append(a) or keyed(*a))
     patch = (32, 64, 40)
     shapes = ((700, 90, 33), (64, 64, 64), (5, 200, 80))
 

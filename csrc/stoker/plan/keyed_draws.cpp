@@ -91,6 +91,47 @@ class Pcg64 {
 
   double next_double() { return double(next64() >> 11) * 0x1.0p-53; }
 
+  // A value in [0, max], as numpy's bounded int64 draws take it (Lemire's multiply and
+  // reject: on 32-bit draws where max fits them, the spare half of a 64-bit draw first).
+  uint64_t bounded(uint64_t max) {
+    if (max == 0) return 0;
+    if (max == UINT64_MAX) return next64();
+    if (max == 0xffffffffULL) return next32();
+    if (max < 0xffffffffULL) {
+      const uint64_t span = max + 1;
+      uint64_t product = uint64_t(next32()) * span;
+      if (uint32_t(product) < span) {
+        const uint32_t threshold = uint32_t((0xffffffffULL - max) % span);
+        while (uint32_t(product) < threshold) product = uint64_t(next32()) * span;
+      }
+      return product >> 32;
+    }
+    const uint64_t span = max + 1;
+    u128 product = u128(next64()) * span;
+    if (uint64_t(product) < span) {
+      const uint64_t threshold = (UINT64_MAX - max) % span;
+      while (uint64_t(product) < threshold) product = u128(next64()) * span;
+    }
+    return uint64_t(product >> 64);
+  }
+
+  void save(uint64_t* words) const {
+    words[0] = uint64_t(state_ >> 64);
+    words[1] = uint64_t(state_);
+    words[2] = uint64_t(increment_ >> 64);
+    words[3] = uint64_t(increment_);
+    words[4] = has_half_ ? (uint64_t(1) << 32) | half_ : 0;
+  }
+
+  static Pcg64 load(const uint64_t* words) {
+    Pcg64 g;
+    g.state_ = (u128(words[0]) << 64) | words[1];
+    g.increment_ = (u128(words[2]) << 64) | words[3];
+    g.has_half_ = (words[4] >> 32) & 1;
+    g.half_ = uint32_t(words[4]);
+    return g;
+  }
+
   // A value in [0, max], as numpy's random_interval draws it: masked draws until one fits.
   uint64_t interval(uint64_t max) {
     if (max == 0) return 0;
@@ -108,21 +149,37 @@ class Pcg64 {
   }
 
  private:
-  u128 state_, increment_;
+  Pcg64() = default;
+  u128 state_ = 0, increment_ = 0;
   bool has_half_ = false;
   uint32_t half_ = 0;
 };
 
 }  // namespace
 
-void keyed_uniforms(const uint32_t* prefix, size_t prefix_words, const uint32_t* tails,
-                    size_t tail_words, size_t n, size_t count, double* out) {
+void keyed_generators(const uint32_t* prefix, size_t prefix_words, const uint32_t* tails,
+                      size_t tail_words, size_t n, uint64_t* states) {
   std::vector<uint32_t> words(prefix, prefix + prefix_words);
   words.resize(prefix_words + tail_words);
   for (size_t item = 0; item < n; ++item) {
     std::copy_n(tails + item * tail_words, tail_words, words.begin() + prefix_words);
-    Pcg64 draws(words.data(), words.size());
+    Pcg64(words.data(), words.size()).save(states + item * kGeneratorWords);
+  }
+}
+
+void generator_uniforms(uint64_t* states, size_t n, size_t count, double* out) {
+  for (size_t item = 0; item < n; ++item) {
+    Pcg64 draws = Pcg64::load(states + item * kGeneratorWords);
     for (size_t c = 0; c < count; ++c) out[item * count + c] = draws.next_double();
+    draws.save(states + item * kGeneratorWords);
+  }
+}
+
+void generator_integers(uint64_t* states, size_t n, const uint64_t* highs, int64_t* out) {
+  for (size_t item = 0; item < n; ++item) {
+    Pcg64 draws = Pcg64::load(states + item * kGeneratorWords);
+    out[item] = int64_t(draws.bounded(highs[item] - 1));
+    draws.save(states + item * kGeneratorWords);
   }
 }
 

@@ -54,29 +54,62 @@ def stored_box_shape(array: VolumeArray, patch_size: tuple[int, ...]) -> tuple[i
 
 
 def patch_runs(
-    array: VolumeArray, start: tuple[int, ...], patch_size: tuple[int, ...]
+    array: VolumeArray,
+    start: tuple[int, ...],
+    patch_size: tuple[int, ...],
+    box: tuple[list[int], list[int], list[int], bool] | None = None,
 ) -> PatchRuns:
     """The runs of the patch at spatial `start` (which may lie partly outside the array:
-    only the part inside is read) of `patch_size` voxels."""
-    stored = array.stored_shape
+    only the part inside is read) of `patch_size` voxels; `box`: its stored_box, where the
+    caller has it."""
     dest_shape = stored_box_shape(array, patch_size)
-    first, extent, dest_first, padded = stored_box(array, start, patch_size)
+    first, extent, dest_first, padded = box or stored_box(array, start, patch_size)
     if min(extent) <= 0:
         empty = np.empty(0, np.int64)
         return PatchRuns(empty, empty, empty, dest_shape, True)
-    item = array.dtype.itemsize
-    src_strides = byte_strides(stored, item)
-    dest_strides = byte_strides(dest_shape, item)
-    k = _run_axis(stored, array.row_offsets is None, extent, dest_shape)
-    run = extent[k] * src_strides[k]
-    offsets = _file_offsets(array, first, extent, src_strides, k)
-    dests = np.array([dest_first[k] * dest_strides[k]], np.int64)
-    for axis in range(k - 1, -1, -1):  # outer axes: one run per position
-        steps = np.arange(extent[axis], dtype=np.int64)
-        dests = ((dest_first[axis] + steps) * dest_strides[axis])[:, None] + dests[None, :]
-        dests = dests.reshape(-1)
+    evenly_spaced = array.row_offsets is None
+    k, run, src, dst, steps, dest_steps = _run_plan(
+        array.stored_shape, array.dtype.itemsize, evenly_spaced, tuple(extent), dest_shape
+    )
+    if evenly_spaced:
+        # Every run's offset is the box's first byte plus a step the box's shape fixes.
+        offsets = steps + (array.offset + sum(f * st for f, st in zip(first, src)))
+    else:
+        offsets = _file_offsets(array, first, extent, list(src), k)
+    dests = dest_steps + sum(f * d for f, d in zip(dest_first, dst))
     lengths = np.full(offsets.shape, run, np.int64)
     return PatchRuns(offsets, lengths, dests, dest_shape, padded)
+
+
+@functools.lru_cache(maxsize=256)
+def _run_plan(
+    stored: tuple[int, ...],
+    item: int,
+    evenly_spaced: bool,
+    extent: tuple[int, ...],
+    dest_shape: tuple[int, ...],
+) -> tuple[int, int, tuple[int, ...], tuple[int, ...], np.ndarray, np.ndarray]:
+    """What patch_runs works out from a box's shape alone, once per shape (a batch's
+    patches, or its label blocks, are mostly of one): the run axis k, the run's bytes,
+    the file's and the patch's byte strides, and per run its step in the file and in the
+    patch from the box's first byte (read-only arrays)."""
+    src = byte_strides(stored, item)
+    dst = byte_strides(dest_shape, item)
+    k = _run_axis(stored, evenly_spaced, extent, dest_shape)
+    steps, dest_steps = _outer_steps(extent[:k], src[:k], dst[:k])
+    return k, extent[k] * src[k], tuple(src), tuple(dst), steps, dest_steps
+
+
+def _outer_steps(
+    extent: tuple[int, ...], src: list[int], dst: list[int]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Each position of the outer axes (of `extent`, in C order)'s step in the file and in
+    the patch, by their byte strides `src` and `dst` (read-only arrays)."""
+    grid = np.indices(extent, np.int64).reshape(len(extent), math.prod(extent))
+    steps = np.asarray(src, np.int64) @ grid
+    dest_steps = np.asarray(dst, np.int64) @ grid
+    steps.flags.writeable = dest_steps.flags.writeable = False
+    return steps, dest_steps
 
 
 def _run_axis(
@@ -141,14 +174,18 @@ class PatchSpans:
 
 
 def patch_spans(
-    array: VolumeArray, start: tuple[int, ...], patch_size: tuple[int, ...]
+    array: VolumeArray,
+    start: tuple[int, ...],
+    patch_size: tuple[int, ...],
+    box: tuple[list[int], list[int], list[int], bool] | None = None,
 ) -> PatchSpans | None:
     """The patch at spatial `start` as spans, or None where no runs merge (each run then
     goes straight to its place, as patch_runs gives them). Runs less than MERGE_GAP apart
     are merged here rather than by the reader: one request per span instead of one per run
     (a 64^3 patch of a 256^3 int16 volume: 64 requests of 32 KiB, not 4,096 of 128 bytes),
-    the gaps dropped by the reader's threads (read_spans_into)."""
-    first, extent, dest_first, padded = stored_box(array, start, patch_size)
+    the gaps dropped by the reader's threads (read_spans_into). `box`: its stored_box,
+    where the caller has it."""
+    first, extent, dest_first, padded = box or stored_box(array, start, patch_size)
     if min(extent) <= 0:
         return None
     dest_shape = stored_box_shape(array, patch_size)
@@ -207,10 +244,7 @@ def _span_plan(
         j -= 1
     if j == k:
         return None
-    grid = np.indices(extent[:j], np.int64).reshape(j, math.prod(extent[:j]))
-    steps = np.asarray(src[:j], np.int64) @ grid
-    dest_steps = np.asarray(dst[:j], np.int64) @ grid
-    steps.flags.writeable = dest_steps.flags.writeable = False
+    steps, dest_steps = _outer_steps(extent[:j], src[:j], dst[:j])
     return j, span, tuple(src), tuple(dst), steps, dest_steps
 
 

@@ -4,6 +4,7 @@ loader, copied to the device in one copy)."""
 
 from __future__ import annotations
 
+import bisect
 import math
 import os
 from collections import deque
@@ -26,6 +27,7 @@ from stoker.volumes.samplers import (
     GridSampler,
     LabelSampler,
     Occupancy,
+    PatchDraws,
     PatchSampler,
     UniformSampler,
     block_bounds,
@@ -167,6 +169,7 @@ class PatchLoader:
         self._handed = 0  # batches of the epoch handed out, by the iteration running
         self._stats = PatchStats()
         self._occupancy: dict[int, Occupancy] = {}
+        self._classes: dict[int, tuple[Occupancy, list[list[int]], list[float]]] = {}
         self._grids: dict[int, np.ndarray] = {}  # a GridSampler's starts, subject by subject
         if isinstance(self.sampler, LabelSampler) and self.sampler.label not in volumes.keys:
             raise UsageError(
@@ -336,35 +339,73 @@ class PatchLoader:
         shapes = [shape_of(s) for s, _ in entries]
         return uniform_starts(self.seed, epoch, entries, shapes, self.patch_size)
 
-    def _label_starts(self, epoch: int, batch: list[tuple[int, int]]) -> list[tuple[int, ...]]:
-        """Centres at voxels of drawn classes: a group by weight, a block by its count of
-        the group's voxels, then one of those voxels, read from the block's labels; each
-        patch draws from its own ``default_rng([seed, epoch, subject, patch number])``."""
-        sampler = self.sampler
-        assert isinstance(sampler, LabelSampler)
-        rngs = [np.random.default_rng([self.seed, epoch, s, k]) for s, k in batch]
-        blocks = []
-        for (s, _), rng in zip(batch, rngs):
-            grid = self._occupancy_of(s)
-            groups, weights = sampler.classes(grid.values)
-            if weights.sum() <= 0:
-                path = self.volumes.arrays[s][sampler.label].path
+    def _draw_blocks(self, epoch: int, batch: list[tuple[int, int]]) -> _LabelBlocks:
+        """A LabelSampler's first draws for `batch`, each patch from its own generator
+        (PatchDraws): a class by weight, then a block by its count of the class's voxels.
+        The reads of those blocks' labels are started, for _label_starts to finish."""
+        draws = PatchDraws(self.seed, epoch, batch)
+        # Generator.choice(p=...) takes one double and finds it among the cumulated weights.
+        picks = draws.random(1)[:, 0].tolist()
+        groups, cumulatives = [], []
+        for (s, _), pick in zip(batch, picks):
+            grid, classes, cdf = self._classes_of(s)
+            group = classes[bisect.bisect_right(cdf, pick)]
+            groups.append(group)
+            cumulatives.append(grid.group_counts(group))
+        voxels = draws.integers(np.array([c[-1] for c in cumulatives], np.int64)).tolist()
+        boxes = []
+        for (s, _), cumulative, voxel in zip(batch, cumulatives, voxels):
+            flat = int(np.searchsorted(cumulative, voxel, side="right"))
+            boxes.append((s, *block_bounds(self._occupancy[s], flat)))
+        return _LabelBlocks(batch, draws, groups, boxes, self._start_box_reads(boxes))
+
+    def _label_starts(self, blocks: _LabelBlocks) -> list[tuple[int, ...]]:
+        """The batch's starts: each patch centred on a voxel of its class in its block
+        (the last draw of its generator), once the blocks' labels are read."""
+        labels = self._box_values(blocks.reads)
+        hits = [
+            np.flatnonzero(values == group[0] if len(group) == 1 else np.isin(values, group))
+            for values, group in zip(labels, blocks.groups)
+        ]
+        for (s, first, extent), found, group in zip(blocks.boxes, hits, blocks.groups):
+            if not found.size:  # counted in the grid, gone from the file
+                path = self.volumes.arrays[s][self._label_key].path
                 raise UsageError(
-                    f"subject {self.volumes.name(s)}: its label ({path}) has none of the "
-                    f"classes the LabelSampler draws (it has {grid.values})"
+                    f"{path}: the block of {extent} voxels at {first} holds none of the "
+                    f"label values {group} its occupancy grid counted there; was the file "
+                    "changed after the grid was counted?"
                 )
-            g = int(rng.choice(len(groups), p=weights / weights.sum()))
-            cumulative = grid.group_counts(groups[g])
-            flat = int(np.searchsorted(cumulative, rng.integers(cumulative[-1]), side="right"))
-            blocks.append((s, groups[g], *block_bounds(grid, flat)))
-        labels = self._read_boxes([(s, first, extent) for s, _, first, extent in blocks])
+        picks = blocks.draws.integers(np.array([found.size for found in hits], np.int64))
         starts = []
-        for (s, group, first, _), values, rng in zip(blocks, labels, rngs):
-            hits = np.flatnonzero(np.isin(values, group))
-            voxel = np.unravel_index(int(hits[rng.integers(hits.size)]), values.shape)
+        for (s, first, _), values, found, pick in zip(blocks.boxes, labels, hits, picks.tolist()):
+            voxel = np.unravel_index(int(found[pick]), values.shape)
             centre = tuple(f + int(v) for f, v in zip(first, voxel))
             starts.append(start_around(centre, self.volumes.spatial_shape(s), self.patch_size))
         return starts
+
+    @property
+    def _label_key(self) -> str:
+        assert isinstance(self.sampler, LabelSampler)
+        return self.sampler.label
+
+    def _classes_of(self, subject: int) -> tuple[Occupancy, list[list[int]], list[float]]:
+        """The subject's occupancy grid, the groups of label values its patches draw among,
+        and their weights cumulated as Generator.choice(p=...) cumulates them."""
+        if subject not in self._classes:
+            sampler = self.sampler
+            assert isinstance(sampler, LabelSampler)
+            grid = self._occupancy_of(subject)
+            groups, weights = sampler.classes(grid.values)
+            if weights.sum() <= 0:
+                path = self.volumes.arrays[subject][sampler.label].path
+                raise UsageError(
+                    f"subject {self.volumes.name(subject)}: its label ({path}) has none of the "
+                    f"classes the LabelSampler draws (it has {grid.values})"
+                )
+            cdf = np.cumsum(weights / weights.sum())
+            cdf /= cdf[-1]
+            self._classes[subject] = (grid, groups, cdf.tolist())
+        return self._classes[subject]
 
     def _occupancy_of(self, subject: int) -> Occupancy:
         if subject not in self._occupancy:
@@ -374,39 +415,44 @@ class PatchLoader:
             shape = label.spatial_shape
             self._occupancy[subject] = occupancy(
                 label,
-                lambda: self._read_boxes([(subject, (0,) * len(shape), shape)])[0],
+                lambda: self._box_values(
+                    self._start_box_reads([(subject, (0,) * len(shape), shape)])
+                )[0],
                 sampler.block,
                 self.volumes.cache_dir,
             )
         return self._occupancy[subject]
 
-    def _read_boxes(
+    def _start_box_reads(
         self, boxes: list[tuple[int, tuple[int, ...], tuple[int, ...]]]
-    ) -> list[np.ndarray]:
-        """The label array's first channel in each (subject, first voxel, extent) box, in
-        patch axis order, read now: all of them in one read, waited for once (a batch has a
-        label block per patch, and reads waited for in turn would each add a round trip
-        to the reader's threads)."""
-        assert isinstance(self.sampler, LabelSampler)
-        key = self.sampler.label
+    ) -> _BoxReads:
+        """Starts reading the label array's (subject, first voxel, extent) boxes, all of
+        them in one read (a batch has a label block per patch, and reads waited for in turn
+        would each add a round trip to the reader's threads)."""
+        key = self._label_key
         places, total = [], 0
         for s, _, extent in boxes:
             array = self.volumes.arrays[s][key]
             shape = stored_box_shape(array, extent)
-            places.append((array, shape, total))
+            places.append((array, shape, total, extent))
             total += -(-math.prod(shape) * array.dtype.itemsize // _ALIGN) * _ALIGN
         buffer = np.empty(total, np.uint8)
         reads = PatchReads()
-        for (s, first, extent), (array, _, at) in zip(boxes, places):
+        for (s, first, extent), (array, _, at, _) in zip(boxes, places):
             reads.add(
                 array, self._file_ids[(s, key)], self._array_ids.get((s, key)), first, extent, at
             )
-        for pending in reads.submit(buffer, self._files):
+        return _BoxReads(reads.submit(buffer, self._files), buffer, places)
+
+    def _box_values(self, boxes: _BoxReads) -> list[np.ndarray]:
+        """The first channel of each box _start_box_reads started, in patch axis order, once
+        read."""
+        for pending in boxes.reads:
             pending.wait()
             self._stats.bytes_read += pending.bytes_read()
         out = []
-        for (_, _, extent), (array, shape, at) in zip(boxes, places):
-            part = buffer[at : at + math.prod(shape) * array.dtype.itemsize]
+        for array, shape, at, extent in boxes.places:
+            part = boxes.buffer[at : at + math.prod(shape) * array.dtype.itemsize]
             out.append(_to_patch_order(part, array, shape).reshape(-1, *extent)[0])
         return out
 
@@ -619,13 +665,23 @@ class PatchLoader:
         last = len(batches) - 1
         window = max(1, FORESIGHT_PATCHES // self.batch_size)
         ahead: dict[int, list[tuple[int, ...]]] = {}  # the starts of the window's batches
+        # A LabelSampler's batches, their label blocks being read: up to prefetch + 1 ahead
+        # of the batch being started, so that waiting for a batch's blocks does not wait for
+        # the patch reads queued before them.
+        drawn: deque[_LabelBlocks] = deque()
+        to_draw = iter(numbers)
         try:
             for i, number in enumerate(numbers):
                 if i % window == 0:
                     ahead = self._window(epoch, batches, numbers[i : i + window], fresh=i == 0)
                 starts = ahead.pop(number, None)
                 if starts is None:  # a LabelSampler's, drawn batch by batch
-                    starts = self._label_starts(epoch, batches[number])
+                    while len(drawn) <= self.prefetch:
+                        later = next(to_draw, None)
+                        if later is None:
+                            break
+                        drawn.append(self._draw_blocks(epoch, batches[later]))
+                    starts = self._label_starts(drawn.popleft())
                 queue.append((number, self._submit(batches[number], starts)))
                 if len(queue) > self.prefetch:
                     yield self._deliver(*queue.popleft(), last if worker is None else -1)
@@ -634,6 +690,9 @@ class PatchLoader:
         finally:
             for _, left in queue:
                 for read in left.reads:
+                    read.cancel()
+            for blocks in drawn:
+                for read in blocks.reads.reads:
                     read.cancel()
 
     def iterable_dataset(self) -> Any:
@@ -651,6 +710,29 @@ class PatchLoader:
         if number == last:
             self.epoch, self._handed = self.epoch + 1, 0
         return batch
+
+
+@dataclass
+class _BoxReads:
+    """Label boxes being read into `buffer`: per box its array, stored shape, place in the
+    buffer and extent."""
+
+    reads: list[Any]  # _core.PendingRead each
+    buffer: np.ndarray
+    places: list[tuple[VolumeArray, tuple[int, ...], int, tuple[int, ...]]]
+
+
+@dataclass
+class _LabelBlocks:
+    """A batch of a LabelSampler's so far: its patches' generators, the class (label
+    values) each drew, the block each drew ((subject, first voxel, extent)), and the reads
+    of those blocks' labels, under way."""
+
+    batch: list[tuple[int, int]]
+    draws: PatchDraws
+    groups: list[list[int]]
+    boxes: list[tuple[int, tuple[int, ...], tuple[int, ...]]]
+    reads: _BoxReads
 
 
 @dataclass

@@ -44,13 +44,14 @@ class PatchReads:
         """Reads the patch of `size` at spatial `start` into the buffer at `at`; True when
         part of it lies outside the array (the caller fills the buffer's part first)."""
         if array.layout is None:
-            spans = patch_spans(array, start, size)
+            box = stored_box(array, start, size)
+            spans = patch_spans(array, start, size, box)
             if spans is not None:
                 self.spans.append((file_id, spans, at, array.dtype))
                 inner = math.prod(spans.outer_shape + spans.inner_shape)
                 self.patch_bytes += inner * array.dtype.itemsize
                 return spans.padded
-            runs = patch_runs(array, start, size)
+            runs = patch_runs(array, start, size, box)
             ids = np.full(runs.offsets.shape, file_id, np.int64)
             self.runs.append((ids, runs.offsets, runs.lengths, runs.dest_offsets + at))
             self.patch_bytes += int(runs.lengths.sum())
