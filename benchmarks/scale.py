@@ -18,6 +18,11 @@ pyarrow writes by default), hard-linked into a folder of as many files as each s
 and opened as that folder, with no manifest: every file's footer is looked at when it
 opens.
 
+With ``--format patches``, a ``PatchLoader`` (16^3 patches, uniform) over 1,000 subjects,
+hard links of one 64^3 uint8 ``.npy`` volume written by numpy, with as many patches per
+subject as the size needs (1B: a million each): what grows is the epoch's plan, not
+the data.
+
 With ``--format npy`` or ``--format hdf5``, one file of as many rows as the size's samples:
 a .npy of (rows, 16) uint8 written by numpy, or an HDF5 file written by h5py with a
 contiguous (rows, 16) uint8 ``bin`` and a (rows,) int64 ``cls``, their data holes (sparse
@@ -75,6 +80,7 @@ BATCH = 256
 LONG_SAMPLES = 10_000_000  # 1,000 shards' worth
 WORLD, TOGETHER_BATCHES = 8, 50  # the long read's and the ranks-at-once world
 GB = 1e9
+PATCH_SUBJECTS, PATCH_SIZE = 1_000, 16  # --format patches
 
 
 def say(*parts: object) -> None:
@@ -244,6 +250,24 @@ def make_array_file(root: str, label: str, fmt: str) -> tuple[str, float | None]
     return path, time.perf_counter() - start
 
 
+def make_patch_subjects(root: str) -> tuple[str, float | None]:
+    """PATCH_SUBJECTS hard links of one 64^3 uint8 .npy volume, for --format patches; the
+    folder holding them."""
+    folder = os.path.join(root, "patches")
+    last = os.path.join(folder, f"v{PATCH_SUBJECTS - 1:05d}.npy")
+    if os.path.exists(last):
+        return folder, None
+    import numpy as np
+
+    start = time.perf_counter()
+    os.makedirs(folder, exist_ok=True)
+    base = os.path.join(folder, "base.npy")
+    np.save(base, np.arange(64**3, dtype=np.uint32).astype(np.uint8).reshape(64, 64, 64))
+    for i in range(PATCH_SUBJECTS):
+        _link(base, os.path.join(folder, f"v{i:05d}.npy"))
+    return folder, time.perf_counter() - start
+
+
 def _link(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -297,6 +321,26 @@ def child(spec: dict) -> None:
     gc.collect()  # else the first step timed pays ~0.1 s for a full pass over torch's objects
     rss_torch = proc_status_bytes("VmRSS:")
     emit(torch_import_s=time.perf_counter() - start, rss_torch=rss_torch)
+    split = {"rank": spec["rank"], "world_size": spec["world"]}
+    if spec["format"] == "patches":
+        folder = spec["manifest"]
+        start = time.perf_counter()
+        subjects = [{"image": os.path.join(folder, f"v{i:05d}.npy")} for i in range(PATCH_SUBJECTS)]
+        volumes = stoker.Volumes(subjects)
+        emit(open_s=time.perf_counter() - start, rss_open=proc_status_bytes("VmRSS:"))
+        start = time.perf_counter()
+        per_subject = spec["samples"] // PATCH_SUBJECTS
+        loader: Any = stoker.PatchLoader(
+            volumes,
+            PATCH_SIZE,
+            BATCH,
+            patches_per_subject=per_subject,
+            seed=0,
+            drop_last=True,
+            **split,
+        )
+        _first_batch(loader, start, rss_torch, spec)
+        return
     start = time.perf_counter()
     ds = stoker.Dataset(spec["manifest"])
     emit(open_s=time.perf_counter() - start, rss_open=proc_status_bytes("VmRSS:"))
@@ -306,8 +350,13 @@ def child(spec: dict) -> None:
         fields = {"npy": stoker.Npy()}
     elif spec["format"] == "hdf5":
         fields = {"bin": stoker.Row(), "cls": stoker.Row()}
-    split = {"rank": spec["rank"], "world_size": spec["world"]}
     loader = stoker.Loader(ds, BATCH, **split, shuffle=True, seed=0, drop_last=True, fields=fields)
+    _first_batch(loader, start, rss_torch, spec)
+
+
+def _first_batch(loader: Any, start: float, rss_torch: int, spec: dict) -> None:
+    """Times the loader's first batch (from `start`, before it was made), then the kind of
+    measurement `spec` asks for."""
     made = time.perf_counter()
     it = iter(loader)
     next(it)
@@ -324,7 +373,9 @@ def child(spec: dict) -> None:
 
 
 def steady_and_boundary(loader: Any, it: Any, steps: int) -> None:
-    steps = min(steps, len(loader) - 1)
+    # Short of the epoch's last batch: a PatchLoader is at the next epoch once it hands
+    # that one out, and the resume below is into epoch 0.
+    steps = min(steps, len(loader) - 2)
     start = time.perf_counter()
     for _ in range(steps):
         next(it)
@@ -332,7 +383,7 @@ def steady_and_boundary(loader: Any, it: Any, steps: int) -> None:
     it.close()  # its reads ahead are cancelled, as when a loop is left early
 
     state = loader.state_dict()
-    state["batches_done"] = len(loader) - 1
+    state["batches" if "batches" in state else "batches_done"] = len(loader) - 1
     start = time.perf_counter()
     loader.load_state_dict(state)
     it = iter(loader)
@@ -443,9 +494,11 @@ def table(title: str, header: list[str], rows: list[list[str]]) -> None:
 
 def report(results: dict, args: argparse.Namespace) -> None:
     names = [f"rank {c.replace('/', ' / ')}" for c in args.configs]
+    patches = args.format == "patches"
+    opened, made = ("Volumes", "PatchLoader") if patches else ("Dataset", "Loader")
     for title, key, show in [
-        ("`Dataset(manifest)` open", "open_s", seconds),
-        ("`Loader(...)` + first batch", "first_s", seconds),
+        (f"`{opened}(...)` open", "open_s", seconds),
+        (f"`{made}(...)` + first batch", "first_s", seconds),
         (f"steady samples/s over {args.steps} batches after the first", "steady_sps", None),
         ("resume: `load_state_dict` at epoch 0's last batch + that batch", "resume_s", seconds),
         ("epoch boundary: last batch of epoch 0 to first batch of epoch 1", "boundary_s", seconds),
@@ -516,7 +569,8 @@ def report(results: dict, args: argparse.Namespace) -> None:
 
 
 def measure(label: str, manifest: str, args: argparse.Namespace, into: dict, raw: list) -> None:
-    data = {"format": args.format}  # which fields the children ask for
+    # which fields the children ask for (and, for patches, how many an epoch)
+    data = {"format": args.format, "samples": SIZES[label] * SHARD_SAMPLES}
 
     def run(what: str, specs: list[dict]) -> list[Outcome]:
         start = time.perf_counter()
@@ -566,7 +620,9 @@ def main() -> None:
     parser.add_argument("--root", default="/tmp/stoker-scale")
     parser.add_argument("--prepare", action="store_true", help="make the datasets, measure nothing")
     parser.add_argument("--json", help="write every raw result here")
-    parser.add_argument("--format", choices=("tar", "parquet", "npy", "hdf5"), default="tar")
+    parser.add_argument(
+        "--format", choices=("tar", "parquet", "npy", "hdf5", "patches"), default="tar"
+    )
     parser.add_argument("--file-rows", type=int, default=1_000_000, help="parquet: rows a file")
     args = parser.parse_args()
     if args.child:
@@ -589,7 +645,13 @@ def main() -> None:
 
     made: dict[str, float | None] = {}
     manifests = {}
-    if args.format in ("npy", "hdf5"):
+    if args.format == "patches":
+        folder, took = make_patch_subjects(args.root)
+        for label in args.sizes:
+            manifests[label], made[label] = folder, took
+            patches = SIZES[label] * SHARD_SAMPLES
+            say(f"{label}: {PATCH_SUBJECTS:,} subjects of {patches // PATCH_SUBJECTS:,} patches")
+    elif args.format in ("npy", "hdf5"):
         for label in args.sizes:
             manifests[label], made[label] = make_array_file(args.root, label, args.format)
             how = "reused" if made[label] is None else f"made in {made[label]:.3f} s"

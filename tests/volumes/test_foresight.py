@@ -80,11 +80,11 @@ def test_wrong_foresight_costs_decoding_never_pixels(jpeg_slide, monkeypatch):
     loader = slide_loader(path, patch=(64, 200), batch=2, n=80, seed=4)
     (array_id,) = loader._jpeg_arrays.values()
 
-    def foresee_wrongly(entries, starts, batches, numbers, fresh):
+    def foresee_wrongly(subjects, starts, owners, fresh):
         tiles = [(ty * 256 + 200, tx * 256 + 200) for ty in range(2) for tx in range(3)]
         starts = np.array([(y, x, 0) for y, x in tiles for _ in (0, 1)], np.int64)
         extents = np.tile(np.array([1, 1, 3], np.int64), (len(starts), 1))
-        owners = np.array([numbers[0], numbers[-1] + 1] * len(tiles), np.int64)
+        owners = np.array([owners[0], owners[-1] + 1] * len(tiles), np.int64)
         ids = np.full(len(starts), array_id, np.uint32)
         shared_reader().foresee_boxes(loader._files, ids, starts, extents, owners, fresh)
 

@@ -265,15 +265,13 @@ def test_grid_positions_are_worked_out_once_per_subject(tmp_path, monkeypatch):
     reading the patches."""
     vols, truth = many_subjects(tmp_path, n=3)
     sampler = stoker.GridSampler(overlap=1)
+    want = sum(len(sampler.grid_positions(t.shape, (5, 5, 5))) for t in truth)
     calls = []
-    grid_positions = stoker.GridSampler.grid_positions
+    axis_starts = stoker.GridSampler.axis_starts
     monkeypatch.setattr(
-        stoker.GridSampler,
-        "grid_positions",
-        lambda self, *a: calls.append(a) or grid_positions(self, *a),
+        stoker.GridSampler, "axis_starts", lambda self, *a: calls.append(a) or axis_starts(self, *a)
     )
     loader = stoker.PatchLoader(vols, 5, 3, sampler=sampler)
-    want = sum(len(grid_positions(sampler, t.shape, (5, 5, 5))) for t in truth)
     for epoch in range(2):
         loader.set_epoch(epoch)
         assert check_batches(loader, truth) == want
@@ -364,9 +362,9 @@ def test_label_positions_are_each_patchs_keyed_draws(tmp_path, sampler, seed):
     loader = stoker.PatchLoader(vols, 8, 6, sampler=sampler, patches_per_subject=60, seed=seed)
     for epoch in (0, 1):
         loader.set_epoch(epoch)
-        batches = loader._batches(epoch)
+        plan = loader._plan(epoch)
         for number, batch in enumerate(loader):
-            want = reference_label_starts(loader, label, epoch, batches[number])
+            want = reference_label_starts(loader, label, epoch, plan.batch(number))
             assert batch["location"].tolist() == want
 
 
@@ -391,7 +389,8 @@ def test_label_blocks_are_read_ahead_of_their_patches(tmp_path, monkeypatch):
         lambda blocks: events.append(("start", blocks.batch[0])) or starts(blocks),
     )
     whole = [b["location"].tolist() for b in loader]
-    batches = [b[0] for b in loader._batches(0)]
+    plan = loader._plan(0)
+    batches = [plan.batch(n)[0] for n in range(len(plan))]
     draws = [k for kind, k in events if kind == "draw"]
     assert draws == batches
     # when batch i's starts are worked out, batches up to i + 3 have been drawn
@@ -650,6 +649,9 @@ def test_dataloader_fork_workers(tmp_path):
 
 
 def test_stats_show_a_patch_not_a_volume(tmp_path):
+    """A patch's spans are at most 4x its bytes (boxes.SPAN_AMPLIFICATION); the reader also
+    reads the gaps under 8 KiB between spans of a batch's patches that lie close (on this
+    small volume, up to 4.7x over 60 seeds), where a whole-volume loader reads 64x."""
     data = np.zeros((128, 128, 128), np.int16)
     np.save(tmp_path / "v.npy", data)
     vols = stoker.Volumes([{"image": str(tmp_path / "v.npy")}])
@@ -657,7 +659,7 @@ def test_stats_show_a_patch_not_a_volume(tmp_path):
     all_batches(loader)
     stats = loader.stats()
     assert stats["patches"] == 8 and stats["patch_bytes"] == 8 * 32**3 * 2
-    assert 1 <= stats["read_amplification"] <= 4
+    assert 1 <= stats["read_amplification"] <= 5
     assert stats["bytes_read_per_patch"] < data.nbytes / 10  # a 64th of it, read 4x
 
 

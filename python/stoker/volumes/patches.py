@@ -22,6 +22,7 @@ from stoker.loader import resolve_rank
 from stoker.volumes.arrays import VolumeArray
 from stoker.volumes.boxes import stored_box_shape, stored_boxes
 from stoker.volumes.device_reads import DevicePatchReader, read_patches_to_device
+from stoker.volumes.patch_order import PatchOrder
 from stoker.volumes.reads import PatchReads
 from stoker.volumes.samplers import (
     GridSampler,
@@ -170,7 +171,9 @@ class PatchLoader:
         self._stats = PatchStats()
         self._occupancy: dict[int, Occupancy] = {}
         self._classes: dict[int, tuple[Occupancy, list[list[int]], list[float]]] = {}
-        self._grids: dict[int, np.ndarray] = {}  # a GridSampler's starts, subject by subject
+        self._grids: dict[int, list[np.ndarray]] = {}  # a GridSampler's axis starts a subject
+        self._counts: np.ndarray | None = None  # the patches of each subject an epoch
+        self._shapes: np.ndarray | None = None  # each subject's spatial shape
         if isinstance(self.sampler, LabelSampler) and self.sampler.label not in volumes.keys:
             raise UsageError(
                 f"LabelSampler(label={self.sampler.label!r}): the subjects' arrays are "
@@ -237,35 +240,27 @@ class PatchLoader:
 
     # -- the epoch's plan ----------------------------------------------------------------
 
-    def _entries(self, epoch: int) -> list[tuple[int, int]]:
-        """(subject, patch number) of every patch of the epoch, in order, before ranks."""
-        entries: list[tuple[int, int]] = []
-        for s in range(len(self.volumes)):
-            count = self.patches_per_subject if self.sampler.random else len(self._grid(s))
-            entries.extend((s, k) for k in range(count))
-        if self.shuffle:
-            order = np.random.default_rng([self.seed, epoch, 0x9A7C]).permutation(len(entries))
-            entries = [entries[i] for i in order]
-        return entries
-
-    def _rank_entries(self, epoch: int) -> list[tuple[int, int]]:
-        entries = self._entries(epoch)
-        n, world = len(entries), self.world_size
-        per_rank = n // world if self.drop_last else math.ceil(n / world)
-        if per_rank == 0:
-            return []
-        wrapped = (entries * math.ceil(per_rank * world / n))[: per_rank * world]
-        return wrapped[self.rank * per_rank : (self.rank + 1) * per_rank]
-
-    def _batches(self, epoch: int) -> list[list[tuple[int, int]]]:
-        mine = self._rank_entries(epoch)
-        batches = [mine[i : i + self.batch_size] for i in range(0, len(mine), self.batch_size)]
-        if self.drop_last and batches and len(batches[-1]) < self.batch_size:
-            batches.pop()
-        return batches
+    def _plan(self, epoch: int) -> PatchOrder:
+        """This rank's batches of epoch `epoch` (see PatchOrder: nothing made per patch)."""
+        if self._counts is None:
+            if self.sampler.random:
+                self._counts = np.full(len(self.volumes), self.patches_per_subject, np.int64)
+            else:
+                axes = [self._grid(s) for s in range(len(self.volumes))]
+                self._counts = np.array([math.prod(map(len, a)) for a in axes], np.int64)
+        return PatchOrder(
+            self._counts,
+            self.seed,
+            epoch,
+            self.shuffle,
+            self.rank,
+            self.world_size,
+            self.batch_size,
+            self.drop_last,
+        )
 
     def __len__(self) -> int:
-        return len(self._batches(self.epoch))
+        return len(self._plan(self.epoch))
 
     def set_epoch(self, epoch: int) -> None:
         """Read epoch `epoch` from the next iteration on (its own order and positions).
@@ -309,35 +304,36 @@ class PatchLoader:
 
     # -- positions -----------------------------------------------------------------------
 
-    def _grid(self, subject: int) -> np.ndarray:
-        """A GridSampler's starts in `subject`, ``(positions, rank)``, worked out once (a
-        slide's grid is thousands of positions, and every batch looks its patches up)."""
-        grid = self._grids.get(subject)
-        if grid is None:
+    def _grid(self, subject: int) -> list[np.ndarray]:
+        """A GridSampler's starts along each axis of `subject`, worked out once."""
+        axes = self._grids.get(subject)
+        if axes is None:
             assert isinstance(self.sampler, GridSampler)
             shape = self.volumes.spatial_shape(subject)
-            positions = self.sampler.grid_positions(shape, self.patch_size)
-            grid = np.array(positions, np.int64).reshape(len(positions), len(shape))
-            self._grids[subject] = grid
-        return grid
+            starts = self.sampler.axis_starts(shape, self.patch_size)
+            axes = self._grids[subject] = [np.array(a, np.int64) for a in starts]
+        return axes
 
-    def _drawn_starts(self, epoch: int, entries: list[tuple[int, int]]) -> np.ndarray | None:
-        """The starts of `entries` ((subject, patch number) each), ``(len(entries), rank)``,
+    def _drawn_starts(self, epoch: int, entries: np.ndarray) -> np.ndarray | None:
+        """The starts of `entries` ((subject, patch number) rows), ``(len(entries), rank)``,
         all at once: a uniform or grid position depends on its entry alone, and one call
         for a window of batches costs less than one a batch. None for a LabelSampler,
         whose centres are drawn batch by batch from label reads (_label_starts)."""
         if isinstance(self.sampler, LabelSampler):
             return None
+        subjects = entries[:, 0]
         if isinstance(self.sampler, GridSampler):
-            keys = np.array(entries, np.int64).reshape(len(entries), 2)
             starts = np.empty((len(entries), len(self.patch_size)), np.int64)
-            for s in np.unique(keys[:, 0]).tolist():
-                mine = keys[:, 0] == s
-                starts[mine] = self._grid(s)[keys[mine, 1]]
+            for s in np.unique(subjects).tolist():
+                mine = subjects == s
+                axes = self._grid(s)
+                index = np.unravel_index(entries[mine, 1], [len(a) for a in axes])
+                starts[mine] = np.stack([a[i] for a, i in zip(axes, index)], axis=1)
             return starts
-        shape_of = self.volumes.spatial_shape
-        shapes = [shape_of(s) for s, _ in entries]
-        return uniform_starts(self.seed, epoch, entries, shapes, self.patch_size)
+        if self._shapes is None:
+            shape_of = self.volumes.spatial_shape
+            self._shapes = np.array([shape_of(s) for s in range(len(self.volumes))], np.int64)
+        return uniform_starts(self.seed, epoch, entries, self._shapes[subjects], self.patch_size)
 
     def _draw_blocks(self, epoch: int, batch: list[tuple[int, int]]) -> _LabelBlocks:
         """A LabelSampler's first draws for `batch`, each patch from its own generator
@@ -459,38 +455,32 @@ class PatchLoader:
     # -- reading -------------------------------------------------------------------------
 
     def _window(
-        self, epoch: int, batches: list[list[tuple[int, int]]], numbers: list[int], fresh: bool
+        self, epoch: int, plan: PatchOrder, numbers: Sequence[int], fresh: bool
     ) -> dict[int, list[tuple[int, ...]]]:
         """The starts of batches `numbers`, batch by batch, drawn together; the reader is
         told which JPEG tiles they touch (_foresee). Empty for a LabelSampler, whose
         positions are known only once labels are read: its batches are drawn one by one,
         and not foreseen."""
-        entries = [entry for n in numbers for entry in batches[n]]
-        starts = self._drawn_starts(epoch, entries) if entries else None
+        entries = plan.entries(numbers)
+        starts = self._drawn_starts(epoch, entries) if len(entries) else None
         if starts is None:
             return {}
+        sizes = plan.sizes(numbers)
         if self._jpeg_arrays:
-            self._foresee(entries, starts, batches, numbers, fresh)
+            self._foresee(entries[:, 0], starts, np.repeat(np.asarray(numbers), sizes), fresh)
         rows = [tuple(row) for row in starts.tolist()]
         ahead, at = {}, 0
-        for n in numbers:
-            ahead[n], at = rows[at : at + len(batches[n])], at + len(batches[n])
+        for n, size in zip(numbers, sizes.tolist()):
+            ahead[n], at = rows[at : at + size], at + size
         return ahead
 
     def _foresee(
-        self,
-        entries: list[tuple[int, int]],
-        starts: np.ndarray,
-        batches: list[list[tuple[int, int]]],
-        numbers: list[int],
-        fresh: bool,
+        self, subjects: np.ndarray, starts: np.ndarray, owners: np.ndarray, fresh: bool
     ) -> None:
-        """Tell the reader which JPEG tiles the patches `entries` (at `starts`, of batches
-        `numbers`) will touch, and which part of each: a tile several of them touch is then
-        decoded once, in the part they take, and kept until the last of them (see
+        """Tell the reader which JPEG tiles the patches of `subjects` at `starts` (read by
+        batches `owners`) will touch, and which part of each: a tile several of them touch
+        is then decoded once, in the part they take, and kept until the last of them (see
         ``_core.ShardReader.foresee_boxes``)."""
-        subjects = np.array([s for s, _ in entries], np.int64)
-        owners = np.repeat(np.array(numbers, np.int64), [len(batches[n]) for n in numbers])
         by_rank: dict[int, list[tuple[np.ndarray, ...]]] = {}
         for (s, key), array_id in self._jpeg_arrays.items():
             mine = subjects == s
@@ -655,14 +645,14 @@ class PatchLoader:
     def __iter__(self) -> Iterator[dict[str, Any]]:
         epoch, skip = self.epoch, self._skip
         self._skip = 0
-        batches = self._batches(epoch)
-        numbers = list(range(skip, len(batches)))
+        plan = self._plan(epoch)
+        numbers = range(skip, len(plan))
         worker = _worker_info()
         if worker is not None:  # each DataLoader worker reads its own share
             numbers = numbers[worker[0] :: worker[1]]
         self._handed = skip
         queue: deque[tuple[int, _PendingBatch]] = deque()
-        last = len(batches) - 1
+        last = len(plan) - 1
         window = max(1, FORESIGHT_PATCHES // self.batch_size)
         ahead: dict[int, list[tuple[int, ...]]] = {}  # the starts of the window's batches
         # A LabelSampler's batches, their label blocks being read: up to prefetch + 1 ahead
@@ -673,16 +663,19 @@ class PatchLoader:
         try:
             for i, number in enumerate(numbers):
                 if i % window == 0:
-                    ahead = self._window(epoch, batches, numbers[i : i + window], fresh=i == 0)
+                    ahead = self._window(epoch, plan, numbers[i : i + window], fresh=i == 0)
                 starts = ahead.pop(number, None)
                 if starts is None:  # a LabelSampler's, drawn batch by batch
                     while len(drawn) <= self.prefetch:
                         later = next(to_draw, None)
                         if later is None:
                             break
-                        drawn.append(self._draw_blocks(epoch, batches[later]))
-                    starts = self._label_starts(drawn.popleft())
-                queue.append((number, self._submit(batches[number], starts)))
+                        drawn.append(self._draw_blocks(epoch, plan.batch(later)))
+                    blocks = drawn.popleft()
+                    batch, starts = blocks.batch, self._label_starts(blocks)
+                else:
+                    batch = plan.batch(number)
+                queue.append((number, self._submit(batch, starts)))
                 if len(queue) > self.prefetch:
                     yield self._deliver(*queue.popleft(), last if worker is None else -1)
             while queue:

@@ -122,9 +122,9 @@ class GridSampler(PatchSampler):
             steps.append(p - voxels)
         return tuple(steps)
 
-    def grid_positions(
-        self, shape: tuple[int, ...], patch_size: tuple[int, ...]
-    ) -> list[tuple[int, ...]]:
+    def axis_starts(self, shape: tuple[int, ...], patch_size: tuple[int, ...]) -> list[list[int]]:
+        """The grid's starts along each axis: its positions are every combination, the
+        last axis varying fastest."""
         axes = []
         for size, p, step in zip(shape, patch_size, self.steps(patch_size)):
             if size <= p:
@@ -134,7 +134,12 @@ class GridSampler(PatchSampler):
             if starts[-1] != size - p:
                 starts.append(size - p)
             axes.append(starts)
-        return [tuple(p) for p in itertools.product(*axes)]
+        return axes
+
+    def grid_positions(
+        self, shape: tuple[int, ...], patch_size: tuple[int, ...]
+    ) -> list[tuple[int, ...]]:
+        return [tuple(p) for p in itertools.product(*self.axis_starts(shape, patch_size))]
 
 
 class PatchDraws:
@@ -143,16 +148,17 @@ class PatchDraws:
     Worked out in C++ for the whole batch: a numpy generator a patch cost ten times its
     draws and a third of the loader's Python time."""
 
-    def __init__(self, seed: int, epoch: int, keys: Sequence[tuple[int, int]]) -> None:
+    def __init__(self, seed: int, epoch: int, keys: Sequence[tuple[int, int]] | np.ndarray) -> None:
         seed, epoch = operator.index(seed), operator.index(epoch)
+        rows = np.asarray(keys, np.int64).reshape(-1, 2)
         self._numpy: list[np.random.Generator] | None = None
-        if min(seed, epoch) < 0 or any(not 0 <= v <= WORD_MAX for key in keys for v in key):
+        if min(seed, epoch) < 0 or (rows.size and not 0 <= rows.min() <= rows.max() <= WORD_MAX):
             # Words SeedSequence would split differently, or refuses: numpy's own generators.
-            self._numpy = [np.random.default_rng([seed, epoch, s, k]) for s, k in keys]
+            self._numpy = [np.random.default_rng([seed, epoch, s, k]) for s, k in rows.tolist()]
             self._states = np.empty((0, 5), np.uint64)
         else:
             prefix = np.array(seed_words(seed, epoch), np.uint32)
-            self._states = _core.keyed_generators(prefix, np.array(keys, np.uint32).reshape(-1, 2))
+            self._states = _core.keyed_generators(prefix, rows.astype(np.uint32))
 
     def random(self, count: int) -> np.ndarray:
         """``(patches, count)`` doubles in [0, 1), as ``Generator.random(count)``."""
@@ -170,8 +176,8 @@ class PatchDraws:
 def uniform_starts(
     seed: int,
     epoch: int,
-    batch: Sequence[tuple[int, int]],
-    shapes: Sequence[tuple[int, ...]],
+    batch: Sequence[tuple[int, int]] | np.ndarray,
+    shapes: Sequence[tuple[int, ...]] | np.ndarray,
     patch_size: tuple[int, ...],
 ) -> np.ndarray:
     """Each (subject, patch number)'s start, ``(len(batch), rank)`` int64, drawn uniformly
