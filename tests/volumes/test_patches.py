@@ -368,15 +368,15 @@ def test_label_positions_are_each_patchs_keyed_draws(tmp_path, sampler, seed):
             assert batch["location"].tolist() == want
 
 
-def test_label_blocks_are_read_ahead_of_their_patches(tmp_path, monkeypatch):
-    """A batch's label blocks are drawn and their reads started prefetch + 1 batches
-    before its patches are, so that waiting for them does not wait for the patch reads
-    queued first; a loop that stops early leaves no read behind, and the next one is
-    whole."""
+@pytest.mark.parametrize("prefetch", [0, 2])
+def test_label_blocks_are_read_ahead_of_their_patches(tmp_path, monkeypatch, prefetch):
+    """A batch's label blocks are drawn and their reads started `prefetch` batches before
+    its patches are, so that waiting for them does not wait for the patch reads queued
+    first; a loop that stops early leaves no read behind, and the next one is whole."""
     vols, label = labelled(tmp_path)
     sampler = stoker.LabelSampler("label", ratio=(1, 1))
     loader = stoker.PatchLoader(
-        vols, 8, 4, sampler=sampler, patches_per_subject=40, seed=1, prefetch=2
+        vols, 8, 4, sampler=sampler, patches_per_subject=40, seed=1, prefetch=prefetch
     )
     events = []
     draw, starts = loader._draw_blocks, loader._label_starts
@@ -393,16 +393,96 @@ def test_label_blocks_are_read_ahead_of_their_patches(tmp_path, monkeypatch):
     batches = [plan.batch(n)[0] for n in range(len(plan))]
     draws = [k for kind, k in events if kind == "draw"]
     assert draws == batches
-    # when batch i's starts are worked out, batches up to i + 3 have been drawn
+    # when batch i's starts are worked out, batches 0 to i + prefetch have been drawn
     for i, key in enumerate(batches):
         seen = events[: events.index(("start", key))]
-        assert sum(kind == "draw" for kind, _ in seen) == min(i + 3, len(batches))
+        assert sum(kind == "draw" for kind, _ in seen) == min(i + 1 + prefetch, len(batches))
     loader.set_epoch(0)
     for n, _ in enumerate(loader):
         if n == 1:
             break
     loader.set_epoch(0)
     assert [b["location"].tolist() for b in loader] == whole
+
+
+def test_a_draw_that_fails_ahead_fails_at_its_own_batch(tmp_path):
+    """A subject whose label has none of the classes drawn is refused when its first batch
+    is reached, not `prefetch` batches earlier while the draws read ahead: the batches
+    before it are handed out."""
+    image = volume((16, 16, 16))
+    subjects = []
+    for i, fill in enumerate((1, 0)):  # the second subject's label has no class 1
+        label = np.zeros((16, 16, 16), np.uint8)
+        label[4:12, 4:12, 4:12] = fill
+        subjects.append(
+            {"image": nifti(tmp_path / f"i{i}", image), "label": nifti(tmp_path / f"l{i}", label)}
+        )
+    vols = stoker.Volumes(subjects, cache_dir=tmp_path / "cache")
+    sampler = stoker.LabelSampler("label", class_weights={1: 1})
+    loader = stoker.PatchLoader(
+        vols, 4, 2, sampler=sampler, patches_per_subject=8, shuffle=False, prefetch=3
+    )
+    handed = []
+    with pytest.raises(stoker.UsageError, match=r"none of the classes the LabelSampler draws"):
+        for batch in loader:
+            handed.append(batch["subject_index"].tolist())
+    assert handed == [[0, 0]] * 4
+
+
+def test_label_balanced_batches_under_fork_workers_and_resumed(tmp_path):
+    vols, label = labelled(tmp_path)
+    sampler = stoker.LabelSampler("label", ratio=(1, 2))
+    make = lambda: stoker.PatchLoader(  # noqa: E731
+        vols, 8, 4, sampler=sampler, patches_per_subject=40, seed=6
+    )
+    whole = keys_of(all_batches(make()))
+    workers = torch.utils.data.DataLoader(
+        make().iterable_dataset(), batch_size=None, num_workers=2, multiprocessing_context="fork"
+    )
+    assert sorted(map(repr, keys_of(workers))) == sorted(map(repr, whole))
+    again = make()
+    it = iter(again)
+    head = [next(it) for _ in range(3)]
+    resumed = make()
+    resumed.load_state_dict(json.loads(json.dumps(again.state_dict())))
+    assert keys_of(head) + keys_of(all_batches(resumed)) == whole
+
+
+def test_a_state_taken_mid_epoch_under_the_old_order_is_refused(tmp_path):
+    vols, _ = many_subjects(tmp_path)
+    loader = stoker.PatchLoader(vols, 5, 4, patches_per_subject=3, seed=9)
+    state = loader.state_dict()
+    del state["order"]  # as stoker wrote it before the keyed order
+    loader.load_state_dict({**state, "batches": 0})  # an epoch's start: nothing to repeat
+    with pytest.raises(stoker.UsageError, match=r"another order.*'batches' to 0"):
+        loader.load_state_dict({**state, "batches": 2})
+    loader.load_state_dict({**state, "batches": 2, "order": "keyed"})
+    assert loader.state_dict()["batches"] == 2
+
+
+def test_a_grid_sampler_that_chooses_its_positions_is_followed(tmp_path):
+    """A GridSampler subclass's own grid_positions (a slide's tissue tiles only, say) are
+    the patches read, not the full grid."""
+
+    class EveryOther(stoker.GridSampler):
+        def grid_positions(self, shape, patch_size):
+            return super().grid_positions(shape, patch_size)[::2]
+
+    vols, truth = many_subjects(tmp_path, n=2)
+    sampler = EveryOther(overlap=1)
+    loader = stoker.PatchLoader(vols, 5, 3, sampler=sampler)
+    want = [
+        (f"{s!r}", list(p))
+        for s, t in enumerate(truth)
+        for p in sampler.grid_positions(t.shape, (5, 5, 5))
+    ]
+    got = [
+        (s, loc)
+        for b in all_batches(loader)
+        for s, loc in zip(b["subject"], b["location"].tolist())
+    ]
+    assert got == want
+    assert check_batches(loader, truth) == len(want)
 
 
 def test_a_label_block_without_the_voxels_its_grid_counted_is_named(tmp_path):
@@ -563,6 +643,15 @@ def test_keyed_generators_draw_as_numpys_generators():
             )
             got = _core.generator_integers(states, highs)
             assert got.tolist() == [int(g.integers(int(h))) for g, h in zip(numpys, highs)]
+    # keys past one 32-bit word each: numpy's own generators, the same draws in turn
+    from stoker.volumes.samplers import PatchDraws
+
+    for keys in ([(1, 2**33), (0, 5)], [(2**64 + 3, 1)]):
+        draws = PatchDraws(7, 2, keys)
+        numpys = [np.random.default_rng([7, 2, s, k]) for s, k in keys]
+        assert np.array_equal(draws.random(1)[:, 0], [g.random() for g in numpys])
+        highs = np.array([2**40 + 1] * len(keys), np.int64)
+        assert draws.integers(highs).tolist() == [int(g.integers(2**40 + 1)) for g in numpys]
     with pytest.raises(TypeError):
         _core.generator_uniforms(states.astype(np.int64), 1)
     frozen = states.copy()

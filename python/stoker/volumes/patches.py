@@ -46,6 +46,9 @@ _ALIGN = 64  # each array's part of a batch buffer starts on a cache line
 FORESIGHT_PATCHES = 2048
 
 EDGES = ("pad", "refuse")
+# The epoch order's name in a state_dict: a state taken mid-epoch under another order
+# cannot resume exactly (before it, the order was a numpy permutation of a list).
+_ORDER = "keyed"
 
 
 @dataclass
@@ -85,7 +88,7 @@ class PatchLoader:
     batches are read while one is used. The order of patches and their positions are pure
     functions of (seed, epoch, rank, world size): the same on any thread count, resumed
     exactly by ``load_state_dict``, and split across ranks into disjoint stretches of
-    equal length (the epoch's list wraps around to fill the last one).
+    equal length (the epoch's line of patches wraps around to fill the last one).
 
     Args:
         volumes: The subjects.
@@ -105,7 +108,7 @@ class PatchLoader:
         shuffle: Shuffle the epoch's patches (default: yes for random samplers, no for a
             grid).
         drop_last: Drop the last batch of a rank when it is short, and the end of the
-            epoch's list instead of wrapping it around.
+            epoch's line of patches instead of wrapping it around.
         rank, world_size: As for ``stoker.Loader`` (default: torch.distributed's).
         prefetch: Batches read ahead.
         pinned_bytes: Page-locked memory a device loader's batches go through.
@@ -171,8 +174,8 @@ class PatchLoader:
         self._stats = PatchStats()
         self._occupancy: dict[int, Occupancy] = {}
         self._classes: dict[int, tuple[Occupancy, list[list[int]], list[float]]] = {}
-        self._grids: dict[int, list[np.ndarray]] = {}  # a GridSampler's axis starts a subject
-        self._counts: np.ndarray | None = None  # the patches of each subject an epoch
+        self._grids: dict[int, list[np.ndarray] | np.ndarray] = {}  # see _grid
+        self._grid_counts: np.ndarray | None = None  # a GridSampler's positions a subject
         self._shapes: np.ndarray | None = None  # each subject's spatial shape
         if isinstance(self.sampler, LabelSampler) and self.sampler.label not in volumes.keys:
             raise UsageError(
@@ -242,14 +245,15 @@ class PatchLoader:
 
     def _plan(self, epoch: int) -> PatchOrder:
         """This rank's batches of epoch `epoch` (see PatchOrder: nothing made per patch)."""
-        if self._counts is None:
-            if self.sampler.random:
-                self._counts = np.full(len(self.volumes), self.patches_per_subject, np.int64)
-            else:
-                axes = [self._grid(s) for s in range(len(self.volumes))]
-                self._counts = np.array([math.prod(map(len, a)) for a in axes], np.int64)
+        if self.sampler.random:
+            counts = np.full(len(self.volumes), self.patches_per_subject, np.int64)
+        else:
+            if self._grid_counts is None:
+                grids = [self._grid(s) for s in range(len(self.volumes))]
+                self._grid_counts = np.array([_grid_size(g) for g in grids], np.int64)
+            counts = self._grid_counts
         return PatchOrder(
-            self._counts,
+            counts,
             self.seed,
             epoch,
             self.shuffle,
@@ -280,6 +284,7 @@ class PatchLoader:
             "world_size": self.world_size,
             "batch_size": self.batch_size,
             "subjects": len(self.volumes),
+            "order": _ORDER,
         }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
@@ -291,6 +296,14 @@ class PatchLoader:
                     f"a PatchLoader state of {what} {state.get(what)} cannot resume one of "
                     f"{what} {mine[what]}: the plan would differ"
                 )
+        if int(state["batches"]) and state.get("order") != _ORDER:
+            raise UsageError(
+                f"a PatchLoader state taken {state['batches']} batches into epoch "
+                f"{state['epoch']} by a stoker whose epochs were in another order (before "
+                "the keyed order): resuming there would repeat some patches and skip others. "
+                "Set its 'batches' to 0 to start that epoch again, or its 'order' to "
+                f"{_ORDER!r} to go on in the new order"
+            )
         self.epoch = int(state["epoch"])
         self._skip = self._handed = int(state["batches"])
 
@@ -304,21 +317,30 @@ class PatchLoader:
 
     # -- positions -----------------------------------------------------------------------
 
-    def _grid(self, subject: int) -> list[np.ndarray]:
-        """A GridSampler's starts along each axis of `subject`, worked out once."""
-        axes = self._grids.get(subject)
-        if axes is None:
-            assert isinstance(self.sampler, GridSampler)
+    def _grid(self, subject: int) -> list[np.ndarray] | np.ndarray:
+        """A GridSampler's positions in `subject`, worked out once: its starts along each
+        axis (every combination a position), or, where a subclass chooses its own
+        positions (grid_positions), those, ``(positions, rank)``."""
+        grid = self._grids.get(subject)
+        if grid is None:
+            sampler = self.sampler
+            assert isinstance(sampler, GridSampler)
             shape = self.volumes.spatial_shape(subject)
-            starts = self.sampler.axis_starts(shape, self.patch_size)
-            axes = self._grids[subject] = [np.array(a, np.int64) for a in starts]
-        return axes
+            if type(sampler).grid_positions is GridSampler.grid_positions:
+                starts = sampler.axis_starts(shape, self.patch_size)
+                grid = [np.array(a, np.int64) for a in starts]
+            else:
+                positions = sampler.grid_positions(shape, self.patch_size)
+                grid = np.array(positions, np.int64).reshape(len(positions), len(shape))
+            self._grids[subject] = grid
+        return grid
 
     def _drawn_starts(self, epoch: int, entries: np.ndarray) -> np.ndarray | None:
         """The starts of `entries` ((subject, patch number) rows), ``(len(entries), rank)``,
         all at once: a uniform or grid position depends on its entry alone, and one call
         for a window of batches costs less than one a batch. None for a LabelSampler,
-        whose centres are drawn batch by batch from label reads (_label_starts)."""
+        whose centres are drawn batch by batch from label reads (_draw_blocks, then
+        _label_starts)."""
         if isinstance(self.sampler, LabelSampler):
             return None
         subjects = entries[:, 0]
@@ -326,9 +348,12 @@ class PatchLoader:
             starts = np.empty((len(entries), len(self.patch_size)), np.int64)
             for s in np.unique(subjects).tolist():
                 mine = subjects == s
-                axes = self._grid(s)
-                index = np.unravel_index(entries[mine, 1], [len(a) for a in axes])
-                starts[mine] = np.stack([a[i] for a, i in zip(axes, index)], axis=1)
+                grid = self._grid(s)
+                if isinstance(grid, np.ndarray):
+                    starts[mine] = grid[entries[mine, 1]]
+                    continue
+                index = np.unravel_index(entries[mine, 1], [len(a) for a in grid])
+                starts[mine] = np.stack([a[i] for a, i in zip(grid, index)], axis=1)
             return starts
         if self._shapes is None:
             shape_of = self.volumes.spatial_shape
@@ -443,9 +468,14 @@ class PatchLoader:
     def _box_values(self, boxes: _BoxReads) -> list[np.ndarray]:
         """The first channel of each box _start_box_reads started, in patch axis order, once
         read."""
-        for pending in boxes.reads:
-            pending.wait()
-            self._stats.bytes_read += pending.bytes_read()
+        try:
+            for pending in boxes.reads:
+                pending.wait()
+                self._stats.bytes_read += pending.bytes_read()
+        except BaseException:
+            for pending in boxes.reads:  # (none is left running into the buffer)
+                pending.cancel()
+            raise
         out = []
         for array, shape, at, extent in boxes.places:
             part = boxes.buffer[at : at + math.prod(shape) * array.dtype.itemsize]
@@ -456,22 +486,24 @@ class PatchLoader:
 
     def _window(
         self, epoch: int, plan: PatchOrder, numbers: Sequence[int], fresh: bool
-    ) -> dict[int, list[tuple[int, ...]]]:
-        """The starts of batches `numbers`, batch by batch, drawn together; the reader is
-        told which JPEG tiles they touch (_foresee). Empty for a LabelSampler, whose
-        positions are known only once labels are read: its batches are drawn one by one,
-        and not foreseen."""
-        entries = plan.entries(numbers)
-        starts = self._drawn_starts(epoch, entries) if len(entries) else None
-        if starts is None:
+    ) -> dict[int, tuple[list[tuple[int, int]], list[tuple[int, ...]]]]:
+        """Batches `numbers`' entries and starts, batch by batch, drawn together; the
+        reader is told which JPEG tiles they touch (_foresee). Empty for a LabelSampler,
+        whose positions are known only once labels are read: its batches are drawn one by
+        one (_draw_blocks), and not foreseen."""
+        if isinstance(self.sampler, LabelSampler) or not numbers:
             return {}
+        entries = plan.entries(numbers)
+        starts = self._drawn_starts(epoch, entries)
+        assert starts is not None
         sizes = plan.sizes(numbers)
         if self._jpeg_arrays:
             self._foresee(entries[:, 0], starts, np.repeat(np.asarray(numbers), sizes), fresh)
+        keys = [(s, k) for s, k in entries.tolist()]
         rows = [tuple(row) for row in starts.tolist()]
         ahead, at = {}, 0
         for n, size in zip(numbers, sizes.tolist()):
-            ahead[n], at = rows[at : at + size], at + size
+            ahead[n], at = (keys[at : at + size], rows[at : at + size]), at + size
         return ahead
 
     def _foresee(
@@ -654,27 +686,36 @@ class PatchLoader:
         queue: deque[tuple[int, _PendingBatch]] = deque()
         last = len(plan) - 1
         window = max(1, FORESIGHT_PATCHES // self.batch_size)
-        ahead: dict[int, list[tuple[int, ...]]] = {}  # the starts of the window's batches
-        # A LabelSampler's batches, their label blocks being read: up to prefetch + 1 ahead
-        # of the batch being started, so that waiting for a batch's blocks does not wait for
-        # the patch reads queued before them.
-        drawn: deque[_LabelBlocks] = deque()
+        # the entries and starts of the window's batches
+        ahead: dict[int, tuple[list[tuple[int, int]], list[tuple[int, ...]]]] = {}
+        # A LabelSampler's batches, their label blocks being read: the batch being started
+        # and the next `prefetch`, so that waiting for a batch's blocks does not wait for
+        # the patch reads queued before them. A batch whose draws failed holds the error,
+        # raised once every batch before it is handed out.
+        drawn: deque[_LabelBlocks | Exception] = deque()
         to_draw = iter(numbers)
         try:
             for i, number in enumerate(numbers):
                 if i % window == 0:
                     ahead = self._window(epoch, plan, numbers[i : i + window], fresh=i == 0)
-                starts = ahead.pop(number, None)
-                if starts is None:  # a LabelSampler's, drawn batch by batch
+                if number in ahead:
+                    batch, starts = ahead.pop(number)
+                else:  # a LabelSampler's, drawn batch by batch
                     while len(drawn) <= self.prefetch:
                         later = next(to_draw, None)
                         if later is None:
                             break
-                        drawn.append(self._draw_blocks(epoch, plan.batch(later)))
-                    blocks = drawn.popleft()
+                        try:
+                            drawn.append(self._draw_blocks(epoch, plan.batch(later)))
+                        except Exception as error:  # raised when its batch is reached
+                            drawn.append(error)
+                    blocks = drawn[0]
+                    if isinstance(blocks, Exception):  # the batches before it first
+                        while queue:
+                            yield self._deliver(*queue.popleft(), last if worker is None else -1)
+                        raise blocks
                     batch, starts = blocks.batch, self._label_starts(blocks)
-                else:
-                    batch = plan.batch(number)
+                    drawn.popleft()  # (after: a failed wait leaves its reads to cancel)
                 queue.append((number, self._submit(batch, starts)))
                 if len(queue) > self.prefetch:
                     yield self._deliver(*queue.popleft(), last if worker is None else -1)
@@ -685,8 +726,9 @@ class PatchLoader:
                 for read in left.reads:
                     read.cancel()
             for blocks in drawn:
-                for read in blocks.reads.reads:
-                    read.cancel()
+                if isinstance(blocks, _LabelBlocks):
+                    for read in blocks.reads.reads:
+                        read.cancel()
 
     def iterable_dataset(self) -> Any:
         """This loader as a ``torch.utils.data.IterableDataset``, for a DataLoader's worker
@@ -737,6 +779,11 @@ class _PendingBatch:
     batch: list[tuple[int, int]]
     starts: list[tuple[int, ...]]
     layouts: list[tuple[int, int, tuple[int, ...], np.dtype]]
+
+
+def _grid_size(grid: list[np.ndarray] | np.ndarray) -> int:
+    """The positions of a subject's grid (PatchLoader._grid)."""
+    return len(grid) if isinstance(grid, np.ndarray) else math.prod(len(a) for a in grid)
 
 
 def _channels_last(array: VolumeArray) -> bool:

@@ -150,9 +150,13 @@ class PatchDraws:
 
     def __init__(self, seed: int, epoch: int, keys: Sequence[tuple[int, int]] | np.ndarray) -> None:
         seed, epoch = operator.index(seed), operator.index(epoch)
-        rows = np.asarray(keys, np.int64).reshape(-1, 2)
+        try:
+            rows = np.asarray(keys, np.int64).reshape(-1, 2)
+            words = not rows.size or 0 <= rows.min() <= rows.max() <= WORD_MAX
+        except OverflowError:  # past int64
+            rows, words = np.asarray(keys, object).reshape(-1, 2), False
         self._numpy: list[np.random.Generator] | None = None
-        if min(seed, epoch) < 0 or (rows.size and not 0 <= rows.min() <= rows.max() <= WORD_MAX):
+        if min(seed, epoch) < 0 or not words:
             # Words SeedSequence would split differently, or refuses: numpy's own generators.
             self._numpy = [np.random.default_rng([seed, epoch, s, k]) for s, k in rows.tolist()]
             self._states = np.empty((0, 5), np.uint64)
