@@ -405,6 +405,36 @@ def test_label_blocks_are_read_ahead_of_their_patches(tmp_path, monkeypatch, pre
     assert [b["location"].tolist() for b in loader] == whole
 
 
+def test_a_loop_left_early_cancels_the_label_reads_ahead(tmp_path, monkeypatch):
+    """Leaving the loop after one batch cancels every label read started for the batches
+    ahead, and the patch reads queued, rather than leaving them to run into buffers
+    nobody will read."""
+    from stoker import _core
+
+    vols, _ = labelled(tmp_path)
+    sampler = stoker.LabelSampler("label", ratio=(1, 1))
+    loader = stoker.PatchLoader(
+        vols, 8, 4, sampler=sampler, patches_per_subject=40, seed=2, prefetch=3
+    )
+    started, waited, cancelled = [], [], []
+    start_reads, values = loader._start_box_reads, loader._box_values
+    monkeypatch.setattr(
+        loader, "_start_box_reads", lambda boxes: started.append(start_reads(boxes)) or started[-1]
+    )
+    monkeypatch.setattr(loader, "_box_values", lambda r: waited.append(r) or values(r))
+    cancel = _core.PendingRead.cancel
+    monkeypatch.setattr(
+        _core.PendingRead, "cancel", lambda read: cancelled.append(read) or cancel(read)
+    )
+    it = iter(loader)
+    next(it)
+    it.close()
+    ahead = [r for reads in started if reads not in waited for r in reads.reads]
+    assert len(ahead) >= 3  # the label blocks of the 3 batches read ahead
+    assert all(any(r is c for c in cancelled) for r in ahead)
+    assert len(cancelled) > len(ahead)  # the queued patch reads too
+
+
 def test_a_draw_that_fails_ahead_fails_at_its_own_batch(tmp_path):
     """A subject whose label has none of the classes drawn is refused when its first batch
     is reached, not `prefetch` batches earlier while the draws read ahead: the batches
