@@ -67,15 +67,14 @@ def patch_runs(
     if min(extent) <= 0:
         empty = np.empty(0, np.int64)
         return PatchRuns(empty, empty, empty, dest_shape, True)
-    evenly_spaced = array.row_offsets is None
     k, run, src, dst, steps, dest_steps = _run_plan(
-        array.stored_shape, array.dtype.itemsize, evenly_spaced, tuple(extent), dest_shape
+        array.stored_shape,
+        array.dtype.itemsize,
+        array.row_offsets is None,
+        tuple(extent),
+        dest_shape,
     )
-    if evenly_spaced:
-        # Every run's offset is the box's first byte plus a step the box's shape fixes.
-        offsets = steps + (array.offset + sum(f * st for f, st in zip(first, src)))
-    else:
-        offsets = _file_offsets(array, first, extent, list(src), k)
+    offsets = _box_offsets(array, first, extent, src, k, steps)
     dests = dest_steps + sum(f * d for f, d in zip(dest_first, dst))
     lengths = np.full(offsets.shape, run, np.int64)
     return PatchRuns(offsets, lengths, dests, dest_shape, padded)
@@ -93,15 +92,31 @@ def _run_plan(
     patches, or its label blocks, are mostly of one): the run axis k, the run's bytes,
     the file's and the patch's byte strides, and per run its step in the file and in the
     patch from the box's first byte (read-only arrays)."""
-    src = byte_strides(stored, item)
-    dst = byte_strides(dest_shape, item)
+    src = tuple(byte_strides(stored, item))
+    dst = tuple(byte_strides(dest_shape, item))
     k = _run_axis(stored, evenly_spaced, extent, dest_shape)
     steps, dest_steps = _outer_steps(extent[:k], src[:k], dst[:k])
-    return k, extent[k] * src[k], tuple(src), tuple(dst), steps, dest_steps
+    return k, extent[k] * src[k], src, dst, steps, dest_steps
+
+
+def _box_offsets(
+    array: VolumeArray,
+    first: list[int],
+    extent: list[int],
+    src: tuple[int, ...],
+    j: int,
+    steps: np.ndarray,
+) -> np.ndarray:
+    """The file offset of each piece of the box (axes j and after), given each piece's
+    step from the box's first byte (`steps`, from its shape's plan): that first byte plus
+    the step, or, where rows are not evenly spaced, worked out from the rows' offsets."""
+    if array.row_offsets is None:
+        return steps + (array.offset + sum(f * st for f, st in zip(first, src)))
+    return _file_offsets(array, first, extent, list(src), j)
 
 
 def _outer_steps(
-    extent: tuple[int, ...], src: list[int], dst: list[int]
+    extent: tuple[int, ...], src: tuple[int, ...], dst: tuple[int, ...]
 ) -> tuple[np.ndarray, np.ndarray]:
     """Each position of the outer axes (of `extent`, in C order)'s step in the file and in
     the patch, by their byte strides `src` and `dst` (read-only arrays)."""
@@ -199,13 +214,8 @@ def patch_spans(
     if plan is None:
         return None
     j, span, src, dst, steps, dest_steps = plan
-    if array.row_offsets is None:
-        # Every span's offset is the box's first byte plus a step the box's shape fixes.
-        offsets = steps + (array.offset + sum(f * st for f, st in zip(first, src)))
-    else:
-        offsets = _file_offsets(array, first, extent, list(src), j)
     return PatchSpans(
-        offsets=offsets,
+        offsets=_box_offsets(array, first, extent, src, j, steps),
         span=span,
         outer_shape=tuple(extent[:j]),
         inner_shape=tuple(extent[j:]),
@@ -229,11 +239,8 @@ def _span_plan(
     patches are mostly of one): the axis j the spans start at, their bytes, the file's and
     the patch's byte strides, and per span its step in the file and in the patch, from the
     box's first byte (read-only arrays). None where no runs merge."""
-    src = byte_strides(stored, item)
-    dst = byte_strides(dest_shape, item)
+    k, span, src, dst, _, _ = _run_plan(stored, item, evenly_spaced, extent, dest_shape)
     lowest = 0 if evenly_spaced else 1
-    k = _run_axis(stored, evenly_spaced, extent, dest_shape)
-    span = extent[k] * src[k]
     useful = span
     j = k
     while j > lowest and src[j - 1] - span < MERGE_GAP:
@@ -245,7 +252,7 @@ def _span_plan(
     if j == k:
         return None
     steps, dest_steps = _outer_steps(extent[:j], src[:j], dst[:j])
-    return j, span, tuple(src), tuple(dst), steps, dest_steps
+    return j, span, src, dst, steps, dest_steps
 
 
 def stored_box(

@@ -47,7 +47,7 @@ FORESIGHT_PATCHES = 2048
 
 EDGES = ("pad", "refuse")
 # The epoch order's name in a state_dict: a state taken mid-epoch under another order
-# cannot resume exactly (before it, the order was a numpy permutation of a list).
+# (stoker's states named none before this one) cannot resume exactly.
 _ORDER = "keyed"
 
 
@@ -299,8 +299,8 @@ class PatchLoader:
         if int(state["batches"]) and state.get("order") != _ORDER:
             raise UsageError(
                 f"a PatchLoader state taken {state['batches']} batches into epoch "
-                f"{state['epoch']} by a stoker whose epochs were in another order (before "
-                "the keyed order): resuming there would repeat some patches and skip others. "
+                f"{state['epoch']} by a stoker whose epochs ran in another order (it names "
+                "none): resuming there would repeat some patches and skip others. "
                 "Set its 'batches' to 0 to start that epoch again, or its 'order' to "
                 f"{_ORDER!r} to go on in the new order"
             )
@@ -335,14 +335,10 @@ class PatchLoader:
             self._grids[subject] = grid
         return grid
 
-    def _drawn_starts(self, epoch: int, entries: np.ndarray) -> np.ndarray | None:
-        """The starts of `entries` ((subject, patch number) rows), ``(len(entries), rank)``,
-        all at once: a uniform or grid position depends on its entry alone, and one call
-        for a window of batches costs less than one a batch. None for a LabelSampler,
-        whose centres are drawn batch by batch from label reads (_draw_blocks, then
-        _label_starts)."""
-        if isinstance(self.sampler, LabelSampler):
-            return None
+    def _drawn_starts(self, epoch: int, entries: np.ndarray) -> np.ndarray:
+        """A uniform or grid sampler's starts of `entries` ((subject, patch number) rows),
+        ``(len(entries), rank)``, all at once: such a position depends on its entry alone,
+        and one call for a window of batches costs less than one a batch."""
         subjects = entries[:, 0]
         if isinstance(self.sampler, GridSampler):
             starts = np.empty((len(entries), len(self.patch_size)), np.int64)
@@ -367,17 +363,18 @@ class PatchLoader:
         draws = PatchDraws(self.seed, epoch, batch)
         # Generator.choice(p=...) takes one double and finds it among the cumulated weights.
         picks = draws.random(1)[:, 0].tolist()
-        groups, cumulatives = [], []
+        grids, groups, cumulatives = [], [], []
         for (s, _), pick in zip(batch, picks):
             grid, classes, cdf = self._classes_of(s)
             group = classes[bisect.bisect_right(cdf, pick)]
+            grids.append(grid)
             groups.append(group)
             cumulatives.append(grid.group_counts(group))
         voxels = draws.integers(np.array([c[-1] for c in cumulatives], np.int64)).tolist()
         boxes = []
-        for (s, _), cumulative, voxel in zip(batch, cumulatives, voxels):
+        for (s, _), grid, cumulative, voxel in zip(batch, grids, cumulatives, voxels):
             flat = int(np.searchsorted(cumulative, voxel, side="right"))
-            boxes.append((s, *block_bounds(self._occupancy[s], flat)))
+            boxes.append((s, *block_bounds(grid, flat)))
         return _LabelBlocks(batch, draws, groups, boxes, self._start_box_reads(boxes))
 
     def _label_starts(self, blocks: _LabelBlocks) -> list[tuple[int, ...]]:
@@ -495,7 +492,6 @@ class PatchLoader:
             return {}
         entries = plan.entries(numbers)
         starts = self._drawn_starts(epoch, entries)
-        assert starts is not None
         sizes = plan.sizes(numbers)
         if self._jpeg_arrays:
             self._foresee(entries[:, 0], starts, np.repeat(np.asarray(numbers), sizes), fresh)
@@ -684,7 +680,8 @@ class PatchLoader:
             numbers = numbers[worker[0] :: worker[1]]
         self._handed = skip
         queue: deque[tuple[int, _PendingBatch]] = deque()
-        last = len(plan) - 1
+        # the epoch's last batch, where this loop hands it out (see _deliver)
+        last = len(plan) - 1 if worker is None else -1
         window = max(1, FORESIGHT_PATCHES // self.batch_size)
         # the entries and starts of the window's batches
         ahead: dict[int, tuple[list[tuple[int, int]], list[tuple[int, ...]]]] = {}
@@ -712,15 +709,15 @@ class PatchLoader:
                     blocks = drawn[0]
                     if isinstance(blocks, Exception):  # the batches before it first
                         while queue:
-                            yield self._deliver(*queue.popleft(), last if worker is None else -1)
+                            yield self._deliver(*queue.popleft(), last)
                         raise blocks
                     batch, starts = blocks.batch, self._label_starts(blocks)
                     drawn.popleft()  # (after: a failed wait leaves its reads to cancel)
                 queue.append((number, self._submit(batch, starts)))
                 if len(queue) > self.prefetch:
-                    yield self._deliver(*queue.popleft(), last if worker is None else -1)
+                    yield self._deliver(*queue.popleft(), last)
             while queue:
-                yield self._deliver(*queue.popleft(), last if worker is None else -1)
+                yield self._deliver(*queue.popleft(), last)
         finally:
             for _, left in queue:
                 for read in left.reads:
