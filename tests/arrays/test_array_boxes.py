@@ -296,7 +296,7 @@ def test_batches_in_flight_together_read_a_chunk_they_share_once(tmp_path):
         assert sum(p.bytes_read() for p in pendings) == layout.stored_bytes
 
 
-def test_box_of_unfiltered_chunks_reads_whole_chunks(tmp_path):
+def test_box_of_unfiltered_chunks_reads_the_rows_it_spans(tmp_path):
     h5py = pytest.importorskip("h5py")
     path = str(tmp_path / "v.h5")
     data = np.arange(30 * 30, dtype=np.uint16).reshape(30, 30)
@@ -306,10 +306,17 @@ def test_box_of_unfiltered_chunks_reads_whole_chunks(tmp_path):
     layout = fields[0].layout
     if layout is None:
         pytest.skip("h5py stored the dataset contiguous")
+    # From each part's first element to its last: rows 3-7 of chunk (0, 0), columns 4-6,
+    # are 4 rows of 10 and 3 elements; the second box is one element in each of four chunks.
     boxes = [(0, [3, 4], [5, 3]), (0, [9, 9], [2, 2])]
     got, pending = read_boxes([layout], [data.dtype], boxes)
     check(boxes, got, [data])
-    assert pending.bytes_read() == 4 * 10 * 10 * 2  # chunks (0, 0) to (1, 1), each once
+    assert pending.bytes_read() == (4 * 10 + 3) * 2 + 4 * 2
+    # Boxes that together reach further than a chunk holds read it whole, once.
+    boxes = [(0, [0, 0], [10, 9]), (0, [1, 1], [9, 9])]
+    got, pending = read_boxes([layout], [data.dtype], boxes)
+    check(boxes, got, [data])
+    assert pending.bytes_read() == 10 * 10 * 2
 
 
 def test_box_errors(tmp_path):

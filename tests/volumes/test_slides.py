@@ -213,6 +213,28 @@ def test_stats_count_the_tiles_read(tmp_path):
     assert stats["bytes_read"] == 128 * 128 * 3  # one tile of the 64
 
 
+def test_uncompressed_tiles_read_only_the_rows_a_patch_spans(tmp_path):
+    # A patch's part of an uncompressed tile is read from its first byte to its last: its
+    # rows, whole, not the tile (the part's own bytes plus the rows' other columns).
+    image = rgb_image((700, 900))
+    path = tmp_path / "raw.tif"
+    tifffile.imwrite(path, image, tile=(128, 128))
+    loader = slide_loader(path, patch=(100, 90), batch=1, n=20)
+    want = 0
+    for batch in loader:
+        y, x = (int(v) for v in batch["location"][0])
+        np.testing.assert_array_equal(
+            batch["image"][0].numpy(), np.moveaxis(image[y : y + 100, x : x + 90], -1, 0)
+        )
+        for ty in range(y // 128, (y + 99) // 128 + 1):
+            for tx in range(x // 128, (x + 89) // 128 + 1):
+                rows = min(y + 100, (ty + 1) * 128) - max(y, ty * 128)
+                cols = min(x + 90, (tx + 1) * 128) - max(x, tx * 128)
+                want += ((rows - 1) * 128 + cols) * 3
+    assert loader.stats()["bytes_read"] == want
+    assert want < 20 * 4 * 128 * 128 * 3 / 2  # about half the tiles' bytes
+
+
 # -- bad files ---------------------------------------------------------------------------
 
 

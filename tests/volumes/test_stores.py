@@ -37,15 +37,18 @@ def write_zarr(path, data, kind):
             chunks=(4, 4, 4),
             shards=(8, 8, 8),
         )
-    elif kind == "zarr3":
+    elif kind in ("zarr3", "zarr3-raw"):
         group = zarr.open_group(str(path), mode="w", zarr_format=3)
-        z = group.create_array("image", shape=data.shape, dtype=data.dtype, chunks=(8, 8, 8))
+        raw = {"compressors": None} if kind == "zarr3-raw" else {}
+        z = group.create_array("image", shape=data.shape, dtype=data.dtype, chunks=(8, 8, 8), **raw)
     else:
         group = zarr.open_group(str(path), mode="w", zarr_format=2)
         kw: dict = {"chunks": (8, 7, 5), "compressors": numcodecs.Zstd(1)}
         dtype = data.dtype
         if kind == "zarr2-F-blosc":
             kw = {"chunks": (8, 7, 5), "order": "F", "compressors": numcodecs.Blosc("lz4")}
+        elif kind == "zarr2-F-raw":  # read in place: only the bytes a patch's part spans
+            kw = {"chunks": (8, 7, 5), "order": "F", "compressors": None}
         elif kind == "zarr2-big-endian-raw":
             kw = {"chunks": (5, 9, 11), "compressors": None}
             dtype = data.dtype.newbyteorder(">")
@@ -74,8 +77,10 @@ def write_h5(path, data, kind):
 KINDS = [
     "zarr2-zstd",
     "zarr2-F-blosc",
+    "zarr2-F-raw",
     "zarr2-big-endian-raw",
     "zarr3",
+    "zarr3-raw",
     "zarr3-sharded",
     "h5-chunked-gzip-shuffle",
     "h5-contiguous",

@@ -607,11 +607,13 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     if (!fd) fd = cache.get(path);
   };
   thread_local std::vector<uint8_t> raw, scratch_a, scratch_b;
+  thread_local ByteVector reach_scratch;
   struct Shrink {  // when decoding throws too
     ~Shrink() {
       for (auto* buffer : {&raw, &scratch_a, &scratch_b}) {
         give_back_if_larger(*buffer, kChunkScratchKeep);
       }
+      give_back_if_larger(reach_scratch, kChunkScratchKeep);
     }
   } shrink;
 
@@ -635,6 +637,34 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
       }
     }
     return slab * task.count;
+  }
+  if (boxes && !rows && !filtered && size == a.chunk_bytes()) {
+    // Stored as it is used (an uncompressed tile or chunk): a box's part of it is a few
+    // strided runs, and only the bytes from its first element to its last are read, from
+    // the file's mapping where it has one. A random patch of a slide spans half the rows
+    // of each of its four tiles, on average: half the bytes of reading the tiles whole.
+    // Boxes that together reach further than the chunk holds read it whole, once, below.
+    thread_local std::vector<StridedBox> parts;
+    parts.clear();
+    uint64_t reaches = 0;
+    for (uint32_t k = task.first; k < task.first + task.count; ++k) {
+      parts.push_back(box_part(a, *requests[plan.requests[k]].box, grid_at, chunk_strides));
+      reaches += source_reach(parts.back());
+    }
+    if (reaches < size) {
+      open();
+      uint64_t seen_size = kSizeUnseen;
+      for (uint32_t k = task.first; k < task.first + task.count; ++k) {
+        const StridedBox& part = parts[k - task.first];
+        const uint64_t reach = source_reach(part);
+        if (reach == 0) continue;
+        const uint8_t* from =
+            bytes_at(*fd, path, offset + part.src_start, reach, reach_scratch, &seen_size);
+        copy_strided(part, from, dest + requests[plan.requests[k]].dest_offset + part.dst_start,
+                     a.fill);
+      }
+      return reaches;
+    }
   }
   uint64_t read = 0;
   // What the boxes of a task on a JPEG tile copy out of it: only that part need be decoded.
