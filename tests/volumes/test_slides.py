@@ -248,6 +248,18 @@ def test_tiles_past_the_end_of_the_file(tmp_path):
     assert "end of the file" in str(e.value)
 
 
+def test_uncompressed_tiles_cut_short_after_opening_name_the_file(tmp_path):
+    # The parts of uncompressed tiles are read from the file's mapping: a file cut shorter
+    # after the Volumes were made is a short read naming it, not a SIGBUS.
+    path = tmp_path / "cut-later.tif"
+    tifffile.imwrite(path, rgb_image((512, 512)), tile=(64, 64))
+    loader = slide_loader(path, patch=64, batch=8, sampler=stoker.GridSampler(overlap=0))
+    with open(path, "r+b") as f:
+        f.truncate(path.stat().st_size // 2)
+    with pytest.raises(stoker.ShardFormatError, match="cut-later.tif"):
+        list(loader)
+
+
 def test_an_unsupported_compression_is_named_with_the_way_out(tmp_path):
     path = tmp_path / "lzw.tif"
     tifffile.imwrite(path, rgb_image((128, 128)), tile=(64, 64), compression="lzw")
