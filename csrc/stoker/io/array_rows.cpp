@@ -4,6 +4,7 @@
 #include <atomic>
 #include <cstring>
 #include <string>
+#include <utility>
 
 #include "stoker/errors.hpp"
 #include "stoker/io/chunk_codec.hpp"
@@ -644,19 +645,20 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     // the file's mapping where it has one. A random patch of a slide spans half the rows
     // of each of its four tiles, on average: half the bytes of reading the tiles whole.
     // Boxes that together reach further than the chunk holds read it whole, once, below.
-    thread_local std::vector<StridedBox> parts;
+    thread_local std::vector<std::pair<StridedBox, uint64_t>> parts;  // and each one's reach
     parts.clear();
     uint64_t reaches = 0;
     for (uint32_t k = task.first; k < task.first + task.count; ++k) {
-      parts.push_back(box_part(a, *requests[plan.requests[k]].box, grid_at, chunk_strides));
-      reaches += source_reach(parts.back());
+      StridedBox part = box_part(a, *requests[plan.requests[k]].box, grid_at, chunk_strides);
+      const uint64_t reach = source_reach(part);
+      parts.emplace_back(std::move(part), reach);
+      reaches += reach;
     }
     if (reaches < size) {
       open();
       uint64_t seen_size = kSizeUnseen;
       for (uint32_t k = task.first; k < task.first + task.count; ++k) {
-        const StridedBox& part = parts[k - task.first];
-        const uint64_t reach = source_reach(part);
+        const auto& [part, reach] = parts[k - task.first];
         if (reach == 0) continue;
         const uint8_t* from =
             bytes_at(*fd, path, offset + part.src_start, reach, reach_scratch, &seen_size);
