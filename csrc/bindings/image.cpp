@@ -12,6 +12,7 @@
 
 #include "bindings.hpp"
 #include "numpy_util.hpp"
+#include "stoker/image/codec.hpp"
 #include "stoker/io/thread_pool.hpp"
 
 namespace py = pybind11;
@@ -93,6 +94,14 @@ void register_image(py::module_& m) {
   m.def("image_support", &image::supported,
         "Whether this build decodes images (it was built with libjpeg and libpng).");
   m.attr("MAX_IMAGE_PIXELS") = image::kMaxPixels;
+  m.def(
+      "jpeg_entropy_marks",
+      [] {
+        return py::make_tuple(image::detail::entropy_marks_work(),
+                              image::detail::entropy_mcus_stepped_over());
+      },
+      "Whether JPEG tiles' entropy marks work with the libjpeg loaded, and how many MCUs "
+      "decodes in this process have stepped over with them.");
 
   m.def(
       "decode_image",

@@ -172,6 +172,28 @@ def test_center_crop_is_the_evaluation_transform():
     assert np.abs(out.astype(int) - pillow_resized(ref, (224, 224), box)).max() <= EXACT
 
 
+@pytest.mark.parametrize(
+    "mode,options",
+    [
+        ("RGB", {"quality": 90}),
+        ("RGB", {"quality": 95, "subsampling": 0}),
+        ("RGB", {"quality": 85, "progressive": True}),
+        ("L", {"quality": 90}),
+        ("CMYK", {"quality": 90}),
+    ],
+    ids=["4:2:0", "4:4:4", "progressive", "grayscale", "cmyk"],
+)
+def test_jpeg_rows_of_every_alignment_decode_as_pillow_does(mode, options):
+    # Rows that would start on a 16-byte boundary are decoded into spare rows and copied
+    # (libjpeg-turbo stores such rows around the cache): widths whose rows start at every
+    # offset, and widths of a multiple of 16 bytes, whose rows all do or none do.
+    for width in [*range(1, 41), 48, 63, 64, 96, 100, 128, 171, 256, 500]:
+        data = encoded(PIL.fromarray(RGB[:37, :width]).convert(mode), "JPEG", **options)
+        out = _core.decode_rgb(data)
+        diff = np.abs(out.astype(int) - reference(data))
+        assert out.shape == (37, width, 3) and diff.max() <= EXACT, (width, diff.max())
+
+
 @pytest.mark.parametrize("color_type,channels", [(2, 3), (0, 1)])
 def test_16_bit_pngs_keep_their_high_byte(color_type, channels):
     rng = np.random.default_rng(3)

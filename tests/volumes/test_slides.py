@@ -11,7 +11,7 @@ import stoker
 
 tifffile = pytest.importorskip("tifffile")
 pytest.importorskip("imagecodecs")
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 
 
 def rgb_image(shape, seed=0):
@@ -148,6 +148,52 @@ def test_parts_of_jpeg_tiles_equal_whole_decodes(tmp_path, subsampling):
     decoded = tifffile.imread(path)
     for k, patch in enumerate([24, (5, 300), (300, 7), 200]):
         assert check(slide_loader(path, patch=patch, n=120, seed=k), decoded) == 120
+
+
+@pytest.mark.parametrize("kind", ["420", "422", "444", "grey"])
+def test_later_decodes_of_a_jpeg_tile_start_at_its_marks(tmp_path, kind):
+    # A decode of a tile marks where each MCU's entropy data starts; a later decode of it
+    # restores the mark before the first MCU it needs, and steps over the MCUs of the
+    # columns it crops away (where the earlier decodes went that far; else it decodes on
+    # from the last mark). Epoch after epoch of thin, small and large patches at every
+    # offset must equal tifffile's whole-tile decodes, and the marks must have been used.
+    works, before = stoker._core.jpeg_entropy_marks()
+    assert works, "the marks did not pass their check against this libjpeg"
+    image = rgb_image((600, 700), seed=7)
+    options = {"subsampling": {"420": (2, 2), "422": (2, 1), "444": (1, 1)}.get(kind, (2, 2))}
+    if kind == "grey":
+        image, options = image[..., 1].copy(), {}
+    path = tmp_path / f"{kind}.tif"
+    tifffile.imwrite(path, image, tile=(128, 256), compression="jpeg", **options)
+    decoded = tifffile.imread(path)
+    for k, patch in enumerate([(3, 250), (250, 5), 40, 150]):
+        loader = slide_loader(path, patch=patch, n=60, seed=k)
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert check(loader, decoded) == 60
+    assert stoker._core.jpeg_entropy_marks()[1] > before
+
+
+def test_a_jpeg_tile_with_corrupt_entropy_data_decodes_alike_with_marks(tmp_path):
+    # libjpeg steps over corrupt entropy data (padding with zeros) as the usual decoders do;
+    # marks are not made past the point it gave up, so later decodes give the same pixels.
+    path = tmp_path / "corrupt.tif"
+    tifffile.imwrite(path, rgb_image((256, 256), seed=2), tile=(256, 256), compression="jpeg")
+    with tifffile.TiffFile(path) as tif:
+        offset, count = tif.pages[0].dataoffsets[0], tif.pages[0].databytecounts[0]
+    data = bytearray(path.read_bytes())
+    middle = offset + count // 2
+    data[middle : middle + 64] = bytes((b * 37 + 11) % 255 for b in range(64))  # no 0xFF
+    path.write_bytes(bytes(data))
+    grid = dict(patch=48, batch=4, sampler=stoker.GridSampler(overlap=0))
+    fresh = [b["image"].clone() for b in slide_loader(path, **grid)]
+    loader = slide_loader(path, **grid)
+    for epoch in range(3):
+        loader.set_epoch(epoch)
+        got = [b["image"] for b in loader]
+        assert len(got) == len(fresh)
+        for a, b in zip(got, fresh):
+            assert torch.equal(a, b)
 
 
 def pyramid(path, image, levels=3, subifds=True, **kw):

@@ -66,12 +66,41 @@ struct TileRegion {
   uint32_t row0 = 0, row1 = UINT32_MAX, col0 = 0, col1 = UINT32_MAX;
 };
 
+// Where libjpeg's Huffman decoder stood at the start of each MCU of one JPEG tile, as
+// decodes of the tile passed them. A tile written without restart markers can only be
+// entropy-decoded from its start: a later decode restores the mark before the first MCU
+// it needs instead, and steps over the MCUs of the columns it crops away, which it
+// decodes otherwise only to get past them (half of a random patch's decode time, on a
+// slide of 256² tiles). A few KiB a tile.
+struct EntropyMarks {
+  static constexpr uint32_t kUnset = UINT32_MAX;
+  struct Mark {
+    uint64_t bits = 0;          // the bit buffer
+    uint32_t offset = kUnset;   // bytes of the tile consumed
+    uint8_t bits_left = 0;      // of the bit buffer's bits, not yet used
+    uint8_t unread_marker = 0;  // a marker the decoder has read up to
+    int16_t dc[3] = {0, 0, 0};  // each component's last DC coefficient
+  };
+  std::vector<Mark> marks;  // one an MCU, in the stream's order; empty: none recorded
+  size_t bytes() const { return marks.capacity() * sizeof(Mark); }
+};
+
+// Whether marks work with the libjpeg this process loaded: checked once, by decoding a
+// small JPEG of stoker's own both ways (the marks read libjpeg-turbo's decoder state,
+// which its API does not expose). Where they do not, they are never used.
+bool entropy_marks_work();
+
+// MCUs that decodes have stepped over by restoring marks, in this process.
+uint64_t entropy_mcus_stepped_over();
+
 // `region`: only that part of dest is written (with the same values as a whole decode):
 // rows past it are never decoded and, with libjpeg-turbo's cropping and skipping, the
-// columns and rows before it are not transformed.
+// columns and rows before it are not transformed. `marks`, when given, are used and
+// added to (the MCUs this decode passed), for a tile that is a baseline JPEG without
+// restart markers of at most three components.
 std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const uint8_t* src,
                              uint64_t size, bool rgb, const TileCheck& check, uint8_t* dest,
-                             const TileRegion& region = {});
+                             const TileRegion& region = {}, EntropyMarks* marks = nullptr);
 
 // A JPEG of RGB rows; empty string on success.
 std::string encode_jpeg(const uint8_t* rgb, uint32_t width, uint32_t height, int quality,

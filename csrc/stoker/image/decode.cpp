@@ -94,9 +94,11 @@ namespace detail {
 std::string decode_jpeg(const uint8_t*, uint64_t, const ChooseRegion&, Window&) { unsupported(); }
 std::string decode_png(const uint8_t*, uint64_t, const ChooseRegion&, Window&) { unsupported(); }
 std::string decode_jpeg_tile(const uint8_t*, uint64_t, const uint8_t*, uint64_t, bool,
-                             const TileCheck&, uint8_t*, const TileRegion&) {
+                             const TileCheck&, uint8_t*, const TileRegion&, EntropyMarks*) {
   unsupported();
 }
+bool entropy_marks_work() { return false; }
+uint64_t entropy_mcus_stepped_over() { return 0; }
 std::string encode_jpeg(const uint8_t*, uint32_t, uint32_t, int, std::vector<uint8_t>&) {
   unsupported();
 }

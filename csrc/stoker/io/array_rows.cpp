@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <utility>
 
@@ -148,6 +149,29 @@ void ChunkCache::put(uint64_t layout, uint64_t chunk, Bytes bytes, const ChunkRe
       if (dropped_bytes_ > 2 * limit_) forget_dropped();
     }
   }
+}
+
+ChunkCache::MarksLoan::MarksLoan(ChunkCache& cache, uint64_t layout, uint64_t chunk)
+    : cache_(cache), layout_(layout), chunk_(chunk) {
+  std::lock_guard<std::mutex> lock(cache_.mutex_);
+  auto it = cache_.marks_.find(Key{layout, chunk});
+  if (it == cache_.marks_.end()) {
+    if (cache_.mark_bytes_ >= kMarkBytes) return;
+    it = cache_.marks_.emplace(Key{layout, chunk}, MarkedTile{}).first;
+  } else if (it->second.lent) {
+    return;
+  }
+  it->second.lent = true;
+  marks_ = &it->second.marks;
+}
+
+ChunkCache::MarksLoan::~MarksLoan() {
+  if (marks_ == nullptr) return;
+  std::lock_guard<std::mutex> lock(cache_.mutex_);
+  MarkedTile& tile = cache_.marks_.at(Key{layout_, chunk_});
+  tile.lent = false;
+  cache_.mark_bytes_ += marks_->bytes() - tile.counted;
+  tile.counted = marks_->bytes();
 }
 
 std::shared_ptr<ByteVector> ChunkCache::buffer(size_t size) {
@@ -743,8 +767,11 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     const uint64_t bytes = a.decoded_bytes(task.chunk);
     keep = keep && bytes <= decoded.limit() / 4;
     std::shared_ptr<ByteVector> kept = keep ? decoded.buffer(bytes) : nullptr;
-    chunk = decode_chunk(a, mask, raw.data(), size, bytes, scratch_a, scratch_b, path, offset,
-                         where, region, kept ? kept->data() : nullptr);
+    std::optional<ChunkCache::MarksLoan> marks;
+    if (jpeg_tiles(a)) marks.emplace(decoded, a.id, task.chunk);
+    chunk =
+        decode_chunk(a, mask, raw.data(), size, bytes, scratch_a, scratch_b, path, offset, where,
+                     region, kept ? kept->data() : nullptr, marks ? marks->get() : nullptr);
     if (kept) {
       if (chunk != kept->data() && bytes) std::memcpy(kept->data(), chunk, bytes);
       decoded.put(a.id, keep_as, kept, region, replace);

@@ -16,6 +16,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "stoker/image/codec.hpp"
 #include "stoker/io/byte_vector.hpp"
 #include "stoker/io/chunk_codec.hpp"
 #include "stoker/io/file_cache.hpp"
@@ -114,6 +115,24 @@ class ChunkCache {
   // Counts one task on `chunk` down: false when none was foreseen; else `seen` says how
   // many tasks are left after this one and what they all copy out.
   bool take_foresight(uint64_t layout, uint64_t chunk, Foresight& seen);
+  // A JPEG tile's entropy marks (image::detail::EntropyMarks), kept apart from the
+  // decoded bytes and across epochs, lent to one decode of the tile at a time (to use and
+  // add to) and given back once it ends, thrown or not. nullptr where another decode of
+  // the tile holds them, or where the tile has none and kMarkBytes are spent on others.
+  class MarksLoan {
+   public:
+    MarksLoan(ChunkCache& cache, uint64_t layout, uint64_t chunk);
+    MarksLoan(const MarksLoan&) = delete;
+    MarksLoan& operator=(const MarksLoan&) = delete;
+    ~MarksLoan();
+    image::detail::EntropyMarks* get() const { return marks_; }
+
+   private:
+    ChunkCache& cache_;
+    uint64_t layout_, chunk_;
+    image::detail::EntropyMarks* marks_ = nullptr;
+  };
+  static constexpr size_t kMarkBytes = 64 * 1024 * 1024;
   // The most it may hold: a chunk of more than a quarter of it is not kept.
   size_t limit() const { return limit_; }
   // What it holds at most now (see the class's words).
@@ -136,6 +155,13 @@ class ChunkCache {
     ChunkRegion region;
   };
   std::unordered_map<Key, Foresight, Hash> foresight_;
+  struct MarkedTile {
+    image::detail::EntropyMarks marks;
+    size_t counted = 0;  // of its bytes, in mark_bytes_
+    bool lent = false;
+  };
+  std::unordered_map<Key, MarkedTile, Hash> marks_;  // (a node's address never changes)
+  size_t mark_bytes_ = 0;
   // Buffers of chunks let go of, for buffer() to hand out again (a chunk's tasks may
   // still hold its bytes when the cache lets go of it: each buffer comes back once its
   // last holder drops it, even after the cache is gone).

@@ -463,7 +463,8 @@ void decompress_exact(ChunkFilter filter, const uint8_t* src, uint64_t n, uint8_
 uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, uint64_t size,
                       uint64_t want, std::vector<uint8_t>& scratch_a,
                       std::vector<uint8_t>& scratch_b, const std::string& path, uint64_t offset,
-                      const std::string& where, const ChunkRegion& region, uint8_t* into) {
+                      const std::string& where, const ChunkRegion& region, uint8_t* into,
+                      image::detail::EntropyMarks* marks) {
   auto fail = [&](const std::string& what) -> FormatError {
     return FormatError(path, offset, layout.name + ", chunk " + where + ": " + what);
   };
@@ -483,11 +484,22 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
   size_t k = layout.steps.size();
   // Where step k writes `bytes`: the caller's `into` for the final step's whole chunk,
   // else the scratch buffer `data` is not in.
-  auto output = [&](uint64_t bytes) -> uint8_t* {
+  // A JPEG step's scratch starts 8 bytes past a cache line, so that rows of a multiple of
+  // 16 bytes never start on the boundaries where libjpeg-turbo stores around the cache
+  // (read_rows in image/jpeg.cpp, which otherwise decodes such rows into spare rows and
+  // copies them).
+  constexpr uint64_t kLine = 64, kSkew = 8;
+  auto output = [&](uint64_t bytes, bool skew = false) -> uint8_t* {
     if (into != nullptr && k == final_step && bytes == want) return into;
-    std::vector<uint8_t>& scratch = data == scratch_a.data() ? scratch_b : scratch_a;
-    if (scratch.size() < bytes) scratch.resize(bytes);
-    return scratch.data();
+    const auto at = reinterpret_cast<uintptr_t>(data),
+               a0 = reinterpret_cast<uintptr_t>(scratch_a.data());
+    const bool in_a = at >= a0 && at < a0 + scratch_a.size();
+    std::vector<uint8_t>& scratch = in_a ? scratch_b : scratch_a;
+    const uint64_t room = bytes + (skew ? kLine + kSkew : 0);
+    if (scratch.size() < room) scratch.resize(room);
+    if (!skew) return scratch.data();
+    const auto base = reinterpret_cast<uintptr_t>(scratch.data());
+    return scratch.data() + (kLine - base % kLine) % kLine + kSkew;
   };
   while (k-- > 0) {
     if (k < 32 && (mask >> k) & 1) continue;
@@ -570,10 +582,10 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
                  " pixels of " + std::to_string(components) + " samples, where the chunk is " +
                  std::to_string(want) + " bytes";
         };
-        uint8_t* out = output(want);
+        uint8_t* out = output(want, true);
         std::string problem = image::detail::decode_jpeg_tile(
             layout.jpeg_tables.data(), layout.jpeg_tables.size(), data, n, step.param == kJpegRgb,
-            check, out, {region.row0, region.row1, region.col0, region.col1});
+            check, out, {region.row0, region.row1, region.col0, region.col1}, marks);
         if (!problem.empty()) throw fail("JPEG: " + problem);
         data = out;
         n = want;

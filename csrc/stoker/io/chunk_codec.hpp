@@ -11,6 +11,10 @@
 
 #include "stoker/io/array_layout.hpp"
 
+namespace stoker::image::detail {
+struct EntropyMarks;
+}  // namespace stoker::image::detail
+
 namespace stoker::io {
 
 // A part of a JPEG tile's rows and columns, all a caller will copy out of it: only
@@ -33,12 +37,13 @@ inline ChunkRegion covering(const ChunkRegion& a, const ChunkRegion& b) {
 // `mask` marks. Returns where they are: `src` itself, one of the two scratch
 // buffers or, when given, `into` (`want` bytes, where the last step to run writes
 // its output: a buffer the caller keeps, saving a copy). `path`, `offset` and `where`
-// (the chunk's coordinates) name the chunk in errors, which are FormatErrors.
+// (the chunk's coordinates) name the chunk in errors, which are FormatErrors. `marks`:
+// a JPEG tile's entropy marks, used and added to (image::detail::decode_jpeg_tile).
 uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, uint64_t size,
                       uint64_t want, std::vector<uint8_t>& scratch_a,
                       std::vector<uint8_t>& scratch_b, const std::string& path, uint64_t offset,
                       const std::string& where, const ChunkRegion& region = {},
-                      uint8_t* into = nullptr);
+                      uint8_t* into = nullptr, image::detail::EntropyMarks* marks = nullptr);
 
 // Decompresses `n` bytes of zlib, gzip, zstd, snappy or raw lz4 data into exactly
 // `size` bytes at `dest`; anything else (corrupt data, another size) is a FormatError at
