@@ -70,8 +70,7 @@ struct TileRegion {
 // decodes of the tile passed them. A tile written without restart markers can only be
 // entropy-decoded from its start: a later decode restores the mark before the first MCU
 // it needs instead, and steps over the MCUs of the columns it crops away, which it
-// decodes otherwise only to get past them (half of a random patch's decode time, on a
-// slide of 256² tiles). A few KiB a tile.
+// decodes otherwise only to get past them. 24 bytes an MCU: 6 KiB a 256² 4:2:0 tile.
 struct EntropyMarks {
   static constexpr uint32_t kUnset = UINT32_MAX;
   struct Mark {
