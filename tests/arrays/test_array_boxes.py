@@ -596,6 +596,39 @@ def test_deflate_predictor_tiles_exact(tmp_path, dtype, samples, byteorder, plan
     check(boxes, got, [data])
 
 
+def test_a_jpeg_tile_cut_short_fails_alike_whatever_was_read_of_it_before(tmp_path):
+    # A decode of a tile steps over the MCUs beside its part and stops after the last one
+    # it uses; a later one starts at the marks earlier decodes left, exactly where a decode
+    # from the start would be. Whether a box of a tile cut short fails hangs on where the
+    # box ends, not on what was read of the tile before (here: the whole tile, failing).
+    tifffile = pytest.importorskip("tifffile")
+    pytest.importorskip("imagecodecs")
+    if _core.codec_unavailable(F.JPEG):
+        pytest.skip(_core.codec_unavailable(F.JPEG))
+    path = str(tmp_path / "cut.tif")
+    tifffile.imwrite(path, _picture(256, 256, seed=3), tile=(256, 256), compression="jpeg")
+    with tifffile.TiffFile(path) as tif:
+        page = tif.pages[0]
+        sizes = np.array(page.databytecounts, np.uint64) * 6 // 10
+        layout = _tiff_layout(path, page, [_jpeg_step(page)], sizes=sizes)
+
+    def fails(box, reader):
+        try:
+            read_boxes([layout], [np.dtype(np.uint8)], [box], reader)
+        except stoker.ShardFormatError as e:
+            assert "truncated JPEG" in str(e) and path in str(e)
+            return True
+        return False
+
+    # each band of 16 rows, its first 16 columns: on its own, with nothing read before
+    bands = [(0, [16 * b, 0, 0], [16, 16, 3]) for b in range(16)]
+    alone = [fails(box, _core.ShardReader(1)) for box in bands]
+    assert not alone[0] and alone[-1]
+    reader = _core.ShardReader(1)
+    assert fails((0, [0, 0, 0], [256, 256, 3]), reader)
+    assert [fails(box, reader) for box in bands] == alone
+
+
 def test_corrupt_tiles_name_the_file(tmp_path):
     tifffile = pytest.importorskip("tifffile")
     pytest.importorskip("imagecodecs")

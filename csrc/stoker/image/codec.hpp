@@ -96,7 +96,10 @@ uint64_t entropy_mcus_stepped_over();
 // rows past it are never decoded and, with libjpeg-turbo's cropping and skipping, the
 // columns and rows before it are not transformed. `marks`, when given, are used and
 // added to (the MCUs this decode passed), for a tile that is a baseline JPEG without
-// restart markers of at most three components.
+// restart markers of at most three components. With them, a decode also stops after the
+// last MCU it uses, not at the end of its MCU row: whether a tile cut short fails depends
+// on where the part ends, never on what was decoded of the tile before (a restored mark
+// puts the decoder exactly where a decode from the start would be).
 std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const uint8_t* src,
                              uint64_t size, bool rgb, const TileCheck& check, uint8_t* dest,
                              const TileRegion& region = {}, EntropyMarks* marks = nullptr);

@@ -19,6 +19,7 @@
 // clang-format on
 
 #include "stoker/image/codec.hpp"
+#include "stoker/io/byte_vector.hpp"
 
 namespace stoker::image::detail {
 
@@ -83,6 +84,8 @@ void cmyk_to_rgb(const uint8_t* in, uint8_t* out, uint32_t count, bool inverted)
 // are decoded into spare rows that start 8 bytes past a boundary, and copied out of the
 // cache; a row of 768 bytes costs about 20 ns to copy.
 constexpr size_t kSpareRowSkew = 8;
+// Spare rows a thread keeps after a wider image needed more.
+constexpr size_t kSpareRowsKeep = size_t(1) << 20;
 
 bool stored_around_the_cache(const uint8_t* row) {
   return reinterpret_cast<uintptr_t>(row) % 16 == 0;
@@ -96,23 +99,11 @@ JDIMENSION read_rows(jpeg_decompress_struct& cinfo, uint8_t* first, size_t strid
                      JDIMENSION count) {
   constexpr JDIMENSION kRowsPerCall = 16;
   // Thread storage, not the frame's: a libjpeg error jumps over this function.
-  thread_local std::vector<uint8_t> spare;
+  thread_local io::ByteVector spare;
   const size_t width = size_t(cinfo.output_width) * size_t(cinfo.output_components);
   const size_t spare_stride = (width + 63) / 64 * 64;
-  bool skew =
-      stored_around_the_cache(first) || (count > 1 && stored_around_the_cache(first + stride));
-  if (skew && spare.size() < kRowsPerCall * spare_stride + 64 + kSpareRowSkew) {
-    try {
-      spare.resize(kRowsPerCall * spare_stride + 64 + kSpareRowSkew);
-    } catch (const std::bad_alloc&) {
-      skew = false;  // slower, not wrong
-    }
-  }
-  uint8_t* spare_rows = nullptr;
-  if (skew) {
-    const auto base = reinterpret_cast<uintptr_t>(spare.data());
-    spare_rows = spare.data() + ((64 - base % 64) % 64) + kSpareRowSkew;
-  }
+  uint8_t* spare_rows = nullptr;  // made when a row first needs one
+  bool no_spare = false;          // (no memory for them: slower, not wrong)
   JSAMPROW rows[kRowsPerCall];
   JDIMENSION done = 0;
   while (done < count) {
@@ -120,10 +111,19 @@ JDIMENSION read_rows(jpeg_decompress_struct& cinfo, uint8_t* first, size_t strid
     uint32_t through_spare = 0;  // a bit a row
     for (JDIMENSION i = 0; i < ask; ++i) {
       rows[i] = first + size_t(done + i) * stride;
-      if (skew && stored_around_the_cache(rows[i])) {
-        rows[i] = spare_rows + i * spare_stride;
-        through_spare |= 1u << i;
+      if (no_spare || !stored_around_the_cache(rows[i])) continue;
+      if (spare_rows == nullptr) {
+        try {
+          spare.resize(kRowsPerCall * spare_stride + 64 + kSpareRowSkew);
+          const auto base = reinterpret_cast<uintptr_t>(spare.data());
+          spare_rows = spare.data() + ((64 - base % 64) % 64) + kSpareRowSkew;
+        } catch (const std::bad_alloc&) {
+          no_spare = true;
+          continue;
+        }
       }
+      rows[i] = spare_rows + i * spare_stride;
+      through_spare |= 1u << i;
     }
     const JDIMENSION got = jpeg_read_scanlines(&cinfo, rows, ask);
     for (JDIMENSION i = 0; i < got; ++i) {
@@ -134,16 +134,22 @@ JDIMENSION read_rows(jpeg_decompress_struct& cinfo, uint8_t* first, size_t strid
     if (got == 0) break;
     done += got;
   }
+  io::give_back_if_larger(spare, kSpareRowsKeep);
   return done;
 }
 
 // The head of libjpeg-turbo's Huffman decoder (huff_entropy_decoder in its jdhuff.c),
-// which its API keeps private: the public part, then the state an MCU's decode starts
-// from and saves back when it ends (the bit buffer and each component's last DC
-// coefficient). entropy_marks_work() checks that the libjpeg loaded lays it out so.
+// which its API keeps private: the public part (jpegint.h's jpeg_entropy_decoder, as of
+// the version built against), then the state an MCU's decode starts from and saves back
+// when it ends (the bit buffer and each component's last DC coefficient).
+// entropy_marks_work() checks that the libjpeg loaded lays it out so.
 struct HuffmanDecoderHead {
   void (*start_pass)(j_decompress_ptr);
   boolean (*decode_mcu)(j_decompress_ptr, JBLOCKROW*);
+#if defined(LIBJPEG_TURBO_VERSION_NUMBER) && LIBJPEG_TURBO_VERSION_NUMBER >= 3000000
+  void* decode_mcus;      // (3.0 added these two: lossless JPEG's decoder, and restarts')
+  void* process_restart;  // NOLINT
+#endif
   boolean insufficient_data;
   struct {
     size_t get_buffer;
@@ -183,7 +189,9 @@ void record(j_decompress_ptr cinfo, MarkedEntropy& m, JDIMENSION at) {
   EntropyMarks::Mark& mark = m.marks[at];
   if (mark.offset != EntropyMarks::kUnset) return;
   const HuffmanDecoderHead& h = huffman(cinfo);
-  const auto consumed = size_t(cinfo->src->next_input_byte - m.stream);
+  // (past the data, libjpeg's source reads from a buffer of its own: compared as numbers)
+  const auto consumed = size_t(reinterpret_cast<uintptr_t>(cinfo->src->next_input_byte) -
+                               reinterpret_cast<uintptr_t>(m.stream));
   // (past corrupt data, the decoder pads with zeros: nothing to come back to)
   if (h.insufficient_data || consumed > m.stream_size || h.bitstate.bits_left < 0 ||
       h.bitstate.bits_left > 64 || cinfo->unread_marker < 0 || cinfo->unread_marker > 0xFF) {

@@ -168,10 +168,18 @@ ChunkCache::MarksLoan::MarksLoan(ChunkCache& cache, uint64_t layout, uint64_t ch
 ChunkCache::MarksLoan::~MarksLoan() {
   if (marks_ == nullptr) return;
   std::lock_guard<std::mutex> lock(cache_.mutex_);
-  MarkedTile& tile = cache_.marks_.at(Key{layout_, chunk_});
+  auto it = cache_.marks_.find(Key{layout_, chunk_});
+  MarkedTile& tile = it->second;
+  if (marks_->marks.empty()) {  // (not a tile marks are made for)
+    cache_.mark_bytes_ -= tile.counted;
+    cache_.marks_.erase(it);
+    return;
+  }
   tile.lent = false;
-  cache_.mark_bytes_ += marks_->bytes() - tile.counted;
-  tile.counted = marks_->bytes();
+  // (with the map's node: small tiles' marks are not much larger)
+  const size_t bytes = marks_->bytes() + sizeof(Key) + sizeof(MarkedTile) + 32;
+  cache_.mark_bytes_ += bytes - tile.counted;
+  tile.counted = bytes;
 }
 
 std::shared_ptr<ByteVector> ChunkCache::buffer(size_t size) {
@@ -767,11 +775,21 @@ uint64_t execute_array_task(const FileTable& files, const std::vector<ReadReques
     const uint64_t bytes = a.decoded_bytes(task.chunk);
     keep = keep && bytes <= decoded.limit() / 4;
     std::shared_ptr<ByteVector> kept = keep ? decoded.buffer(bytes) : nullptr;
-    std::optional<ChunkCache::MarksLoan> marks;
-    if (jpeg_tiles(a)) marks.emplace(decoded, a.id, task.chunk);
-    chunk =
-        decode_chunk(a, mask, raw.data(), size, bytes, scratch_a, scratch_b, path, offset, where,
-                     region, kept ? kept->data() : nullptr, marks ? marks->get() : nullptr);
+    // A JPEG tile's marks: the reader's, or, where it keeps none for the tile (another
+    // decode holds them, or they are over budget), this decode's own, so that every
+    // decode of a tile steps over the same MCUs and fails alike when the tile is cut short.
+    std::optional<ChunkCache::MarksLoan> loan;
+    thread_local image::detail::EntropyMarks unkept;
+    image::detail::EntropyMarks* marks = nullptr;
+    if (jpeg_tiles(a)) {
+      marks = loan.emplace(decoded, a.id, task.chunk).get();
+      if (marks == nullptr) {
+        unkept.marks.clear();
+        marks = &unkept;
+      }
+    }
+    chunk = decode_chunk(a, mask, raw.data(), size, bytes, scratch_a, scratch_b, path, offset,
+                         where, region, kept ? kept->data() : nullptr, marks);
     if (kept) {
       if (chunk != kept->data() && bytes) std::memcpy(kept->data(), chunk, bytes);
       decoded.put(a.id, keep_as, kept, region, replace);

@@ -484,10 +484,10 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
   size_t k = layout.steps.size();
   // Where step k writes `bytes`: the caller's `into` for the final step's whole chunk,
   // else the scratch buffer `data` is not in.
-  // A JPEG step's scratch starts 8 bytes past a cache line, so that rows of a multiple of
-  // 16 bytes never start on the boundaries where libjpeg-turbo stores around the cache
-  // (read_rows in image/jpeg.cpp, which otherwise decodes such rows into spare rows and
-  // copies them).
+  // A JPEG step's scratch starts 8 bytes past a cache line, so that a tile's rows, when
+  // their length is a multiple of 16 bytes, start off the boundaries where libjpeg-turbo
+  // stores around the cache unless a crop's first column puts them there (read_rows in
+  // image/jpeg.cpp decodes such rows into spare rows and copies them).
   constexpr uint64_t kLine = 64, kSkew = 8;
   auto output = [&](uint64_t bytes, bool skew = false) -> uint8_t* {
     if (into != nullptr && k == final_step && bytes == want) return into;
