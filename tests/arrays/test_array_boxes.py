@@ -452,16 +452,22 @@ def _assert_jpeg_equal(got, expected):
         assert np.abs(got.astype(int) - expected).max() <= 2
 
 
+def _tifffile_with_jpeg():
+    """tifffile, where imagecodecs is there to write JPEG tiles and stoker decodes them."""
+    tifffile = pytest.importorskip("tifffile")
+    pytest.importorskip("imagecodecs")
+    if _core.codec_unavailable(F.JPEG):
+        pytest.skip(_core.codec_unavailable(F.JPEG))
+    return tifffile
+
+
 def _jpeg_step(page):
     return (F.JPEG, _core.JPEG_RGB if page.photometric == 2 else _core.JPEG_YCBCR)
 
 
 @pytest.mark.parametrize("kind", ["ycbcr", "rgb", "grey"])
 def test_jpeg_tiles_match_tifffile(tmp_path, kind):
-    tifffile = pytest.importorskip("tifffile")
-    pytest.importorskip("imagecodecs")
-    if _core.codec_unavailable(F.JPEG):
-        pytest.skip(_core.codec_unavailable(F.JPEG))
+    tifffile = _tifffile_with_jpeg()
     picture = _picture(600, 520)  # edge tiles on both axes
     path = str(tmp_path / f"{kind}.tif")
     if kind == "ycbcr":
@@ -514,10 +520,7 @@ def _split_tables(stream):
 
 
 def test_jpeg_tiles_with_shared_tables(tmp_path):
-    tifffile = pytest.importorskip("tifffile")
-    pytest.importorskip("imagecodecs")
-    if _core.codec_unavailable(F.JPEG):
-        pytest.skip(_core.codec_unavailable(F.JPEG))
+    tifffile = _tifffile_with_jpeg()
     source = str(tmp_path / "whole.tif")
     picture = _picture(256, 384, seed=5)
     tifffile.imwrite(source, picture, tile=(128, 128), compression="jpeg")
@@ -601,10 +604,7 @@ def test_a_jpeg_tile_cut_short_fails_alike_whatever_was_read_of_it_before(tmp_pa
     # it uses; a later one starts at the marks earlier decodes left, exactly where a decode
     # from the start would be. Whether a box of a tile cut short fails hangs on where the
     # box ends, not on what was read of the tile before (here: the whole tile, failing).
-    tifffile = pytest.importorskip("tifffile")
-    pytest.importorskip("imagecodecs")
-    if _core.codec_unavailable(F.JPEG):
-        pytest.skip(_core.codec_unavailable(F.JPEG))
+    tifffile = _tifffile_with_jpeg()
     path = str(tmp_path / "cut.tif")
     tifffile.imwrite(path, _picture(256, 256, seed=3), tile=(256, 256), compression="jpeg")
     with tifffile.TiffFile(path) as tif:
@@ -668,10 +668,7 @@ def test_corrupt_tiles_name_the_file(tmp_path):
 
 
 def test_jpeg_tile_of_another_size_is_refused(tmp_path):
-    tifffile = pytest.importorskip("tifffile")
-    pytest.importorskip("imagecodecs")
-    if _core.codec_unavailable(F.JPEG):
-        pytest.skip(_core.codec_unavailable(F.JPEG))
+    tifffile = _tifffile_with_jpeg()
     path = str(tmp_path / "j.tif")
     tifffile.imwrite(path, _picture(128, 128), tile=(128, 128), compression="jpeg")
     with tifffile.TiffFile(path) as tif:
