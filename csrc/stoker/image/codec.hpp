@@ -2,6 +2,7 @@
 // of it is needed, and decodes just that part (a window) into RGB rows.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <string>
@@ -65,6 +66,15 @@ using TileCheck = std::function<std::string(uint32_t width, uint32_t height, uin
 struct TileRegion {
   uint32_t row0 = 0, row1 = UINT32_MAX, col0 = 0, col1 = UINT32_MAX;
 };
+
+// libjpeg-turbo writes a row that starts on a 16-byte boundary around the cache (see
+// read_rows in jpeg.cpp). Rows a caller means to read back soon go into a buffer that
+// starts this far past a cache line: kSkewedRoom bytes more than the rows take.
+constexpr size_t kSkewedRoom = 64 + 8;
+inline uint8_t* skewed_start(uint8_t* buffer) {
+  const auto base = reinterpret_cast<uintptr_t>(buffer);
+  return buffer + (64 - base % 64) % 64 + 8;
+}
 
 // Where libjpeg's Huffman decoder stood at the start of each MCU of one JPEG tile, as
 // decodes of the tile passed them. A tile written without restart markers can only be

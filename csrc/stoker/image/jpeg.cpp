@@ -81,9 +81,8 @@ void cmyk_to_rgb(const uint8_t* in, uint8_t* out, uint32_t count, bool inverted)
 // tile's or window's rows are read back at once (copied into the batch), from memory
 // then: a decode took up to twice as long (libjpeg-turbo 2.1.5, half of a 256² 4:2:0
 // tile: 283 µs where its row starts were aligned, 127 µs where they were not). Such rows
-// are decoded into spare rows that start 8 bytes past a boundary, and copied out of the
-// cache; a row of 768 bytes costs about 20 ns to copy.
-constexpr size_t kSpareRowSkew = 8;
+// are decoded into spare rows that start off such boundaries (skewed_start), and copied
+// out of the cache; a row of 768 bytes costs about 20 ns to copy.
 // Spare rows a thread keeps after a wider image needed more.
 constexpr size_t kSpareRowsKeep = size_t(1) << 20;
 
@@ -114,9 +113,8 @@ JDIMENSION read_rows(jpeg_decompress_struct& cinfo, uint8_t* first, size_t strid
       if (no_spare || !stored_around_the_cache(rows[i])) continue;
       if (spare_rows == nullptr) {
         try {
-          spare.resize(kRowsPerCall * spare_stride + 64 + kSpareRowSkew);
-          const auto base = reinterpret_cast<uintptr_t>(spare.data());
-          spare_rows = spare.data() + ((64 - base % 64) % 64) + kSpareRowSkew;
+          spare.resize(kRowsPerCall * spare_stride + kSkewedRoom);
+          spare_rows = skewed_start(spare.data());
         } catch (const std::bad_alloc&) {
           no_spare = true;
           continue;
@@ -147,8 +145,8 @@ struct HuffmanDecoderHead {
   void (*start_pass)(j_decompress_ptr);
   boolean (*decode_mcu)(j_decompress_ptr, JBLOCKROW*);
 #if defined(LIBJPEG_TURBO_VERSION_NUMBER) && LIBJPEG_TURBO_VERSION_NUMBER >= 3000000
-  void* decode_mcus;      // (3.0 added these two: lossless JPEG's decoder, and restarts')
-  void* process_restart;  // NOLINT
+  void* decode_mcus;  // (3.0 added these two: lossless JPEG's decoder, and restarts')
+  void* process_restart;
 #endif
   boolean insufficient_data;
   struct {

@@ -162,24 +162,22 @@ ChunkCache::MarksLoan::MarksLoan(ChunkCache& cache, uint64_t layout, uint64_t ch
     return;
   }
   it->second.lent = true;
-  marks_ = &it->second.marks;
+  tile_ = &it->second;
 }
 
 ChunkCache::MarksLoan::~MarksLoan() {
-  if (marks_ == nullptr) return;
+  if (tile_ == nullptr) return;
   std::lock_guard<std::mutex> lock(cache_.mutex_);
-  auto it = cache_.marks_.find(Key{layout_, chunk_});
-  MarkedTile& tile = it->second;
-  if (marks_->marks.empty()) {  // (not a tile marks are made for)
-    cache_.mark_bytes_ -= tile.counted;
-    cache_.marks_.erase(it);
+  if (tile_->marks.marks.empty()) {  // (not a tile marks are made for)
+    cache_.mark_bytes_ -= tile_->counted;
+    cache_.marks_.erase(Key{layout_, chunk_});
     return;
   }
-  tile.lent = false;
+  tile_->lent = false;
   // (with the map's node: small tiles' marks are not much larger)
-  const size_t bytes = marks_->bytes() + sizeof(Key) + sizeof(MarkedTile) + 32;
-  cache_.mark_bytes_ += bytes - tile.counted;
-  tile.counted = bytes;
+  const size_t bytes = tile_->marks.bytes() + sizeof(Key) + sizeof(MarkedTile) + 32;
+  cache_.mark_bytes_ += bytes - tile_->counted;
+  tile_->counted = bytes;
 }
 
 std::shared_ptr<ByteVector> ChunkCache::buffer(size_t size) {

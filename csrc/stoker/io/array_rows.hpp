@@ -115,6 +115,11 @@ class ChunkCache {
   // Counts one task on `chunk` down: false when none was foreseen; else `seen` says how
   // many tasks are left after this one and what they all copy out.
   bool take_foresight(uint64_t layout, uint64_t chunk, Foresight& seen);
+
+ private:
+  struct MarkedTile;
+
+ public:
   // A JPEG tile's entropy marks (image::detail::EntropyMarks), kept apart from the
   // decoded bytes and across epochs, lent to one decode of the tile at a time (to use and
   // add to) and given back once it ends, thrown or not. nullptr where another decode of
@@ -125,12 +130,12 @@ class ChunkCache {
     MarksLoan(const MarksLoan&) = delete;
     MarksLoan& operator=(const MarksLoan&) = delete;
     ~MarksLoan();
-    image::detail::EntropyMarks* get() const { return marks_; }
+    image::detail::EntropyMarks* get() const { return tile_ ? &tile_->marks : nullptr; }
 
    private:
     ChunkCache& cache_;
     uint64_t layout_, chunk_;
-    image::detail::EntropyMarks* marks_ = nullptr;
+    MarkedTile* tile_ = nullptr;
   };
   static constexpr size_t kMarkBytes = 64 * 1024 * 1024;
   // The most it may hold: a chunk of more than a quarter of it is not kept.

@@ -484,22 +484,19 @@ uint8_t* decode_chunk(const ArrayLayout& layout, uint32_t mask, uint8_t* src, ui
   size_t k = layout.steps.size();
   // Where step k writes `bytes`: the caller's `into` for the final step's whole chunk,
   // else the scratch buffer `data` is not in.
-  // A JPEG step's scratch starts 8 bytes past a cache line, so that a tile's rows, when
-  // their length is a multiple of 16 bytes, start off the boundaries where libjpeg-turbo
-  // stores around the cache unless a crop's first column puts them there (read_rows in
-  // image/jpeg.cpp decodes such rows into spare rows and copies them).
-  constexpr uint64_t kLine = 64, kSkew = 8;
+  // A JPEG step's scratch is skewed (image::detail::skewed_start), so that a tile's rows,
+  // when their length is a multiple of 16 bytes, start off the boundaries where
+  // libjpeg-turbo stores around the cache unless a crop's first column puts them there
+  // (read_rows in image/jpeg.cpp decodes such rows into spare rows and copies them).
   auto output = [&](uint64_t bytes, bool skew = false) -> uint8_t* {
     if (into != nullptr && k == final_step && bytes == want) return into;
     const auto at = reinterpret_cast<uintptr_t>(data),
                a0 = reinterpret_cast<uintptr_t>(scratch_a.data());
     const bool in_a = at >= a0 && at < a0 + scratch_a.size();
     std::vector<uint8_t>& scratch = in_a ? scratch_b : scratch_a;
-    const uint64_t room = bytes + (skew ? kLine + kSkew : 0);
+    const uint64_t room = bytes + (skew ? image::detail::kSkewedRoom : 0);
     if (scratch.size() < room) scratch.resize(room);
-    if (!skew) return scratch.data();
-    const auto base = reinterpret_cast<uintptr_t>(scratch.data());
-    return scratch.data() + (kLine - base % kLine) % kLine + kSkew;
+    return skew ? image::detail::skewed_start(scratch.data()) : scratch.data();
   };
   while (k-- > 0) {
     if (k < 32 && (mask >> k) & 1) continue;
