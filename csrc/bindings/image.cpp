@@ -98,10 +98,12 @@ void register_image(py::module_& m) {
       "jpeg_entropy_marks",
       [] {
         return py::make_tuple(image::detail::entropy_marks_work(),
-                              image::detail::entropy_mcus_stepped_over());
+                              image::detail::entropy_mcus_stepped_over(),
+                              image::detail::entropy_mcus_skimmed());
       },
-      "Whether JPEG tiles' entropy marks work with the libjpeg loaded, and how many MCUs "
-      "decodes in this process have stepped over with them.");
+      "Whether JPEG tiles' entropy marks work with the libjpeg loaded; how many MCUs "
+      "decodes in this process have stepped over with them; and how many, not marked yet, "
+      "they have stepped over with stoker's own entropy decoder.");
 
   m.def(
       "decode_image",

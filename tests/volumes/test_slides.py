@@ -156,8 +156,9 @@ def test_later_decodes_of_a_jpeg_tile_start_at_its_marks(tmp_path, kind):
     # restores the mark before the first MCU it needs, and steps over the MCUs of the
     # columns it crops away (where the earlier decodes went that far; else it decodes on
     # from the last mark). Epoch after epoch of thin, small and large patches at every
-    # offset must equal tifffile's whole-tile decodes, and the marks must have been used.
-    works, before = stoker._core.jpeg_entropy_marks()
+    # offset must equal tifffile's whole-tile decodes, and the marks must have been used,
+    # as must stoker's own decoder for the MCUs between a mark and the first one needed.
+    works, before, skimmed = stoker._core.jpeg_entropy_marks()
     assert works, "the marks did not pass their check against this libjpeg"
     image = rgb_image((600, 700), seed=7)
     options = {"subsampling": {"420": (2, 2), "422": (2, 1), "444": (1, 1)}.get(kind, (2, 2))}
@@ -171,7 +172,40 @@ def test_later_decodes_of_a_jpeg_tile_start_at_its_marks(tmp_path, kind):
         for epoch in range(3):
             loader.set_epoch(epoch)
             assert check(loader, decoded) == 60
-    assert stoker._core.jpeg_entropy_marks()[1] > before
+    _, stepped_over, skimmed_after = stoker._core.jpeg_entropy_marks()
+    assert stepped_over > before and skimmed_after > skimmed
+
+
+@pytest.mark.parametrize("subsampling", [(2, 2), (1, 1)])
+def test_jpeg_tiles_with_tables_of_their_own_and_long_codes_decode_alike_with_marks(
+    tmp_path, subsampling
+):
+    # Optimized Huffman tables give each tile tables of its own (32 here), more than a
+    # thread keeps built for stoker's entropy decoder (it builds a tile's when it meets them
+    # again soon, as each thread does among eight tiles), and noise at quality 100 gives
+    # codes longer than its look-up window (up to 15 bits) and the widest magnitudes. The
+    # MCUs that decoder skims must leave the decode where libjpeg's would. The patches
+    # take less than half of any tile, so each decodes its part afresh (none is kept whole).
+    rng = np.random.default_rng(sum(subsampling))
+    image = rgb_image((256, 1024), seed=3)
+    image[60:200, 100:900] = rng.integers(0, 256, (140, 800, 3), dtype=np.uint8)
+    path = tmp_path / "optimized.tif"
+    tifffile.imwrite(
+        path,
+        image,
+        tile=(128, 256),
+        compression="jpeg",
+        compressionargs={"level": 100, "optimize": True},
+        subsampling=subsampling,
+    )
+    decoded = tifffile.imread(path)
+    skimmed = stoker._core.jpeg_entropy_marks()[2]
+    for k, patch in enumerate([(3, 100), 40, (60, 100)]):
+        loader = slide_loader(path, patch=patch, n=60, seed=k)
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            assert check(loader, decoded) == 60
+    assert stoker._core.jpeg_entropy_marks()[2] > skimmed
 
 
 def test_a_jpeg_tile_with_corrupt_entropy_data_decodes_alike_with_marks(tmp_path):

@@ -102,6 +102,10 @@ bool entropy_marks_work();
 // MCUs that decodes have stepped over by restoring marks, in this process.
 uint64_t entropy_mcus_stepped_over();
 
+// MCUs that decodes have skimmed with stoker's own entropy decoder (those between a mark
+// and the first MCU a decode uses), in this process.
+uint64_t entropy_mcus_skimmed();
+
 // `region`: only that part of dest is written (with the same values as a whole decode):
 // rows past it are never decoded and, with libjpeg-turbo's cropping and skipping, the
 // columns and rows before it are not transformed. `marks`, when given, are used and
