@@ -102,8 +102,12 @@ void register_image(py::module_& m) {
                               image::detail::entropy_mcus_skimmed());
       },
       "Whether JPEG tiles' entropy marks work with the libjpeg loaded; how many MCUs "
-      "decodes in this process have stepped over with them; and how many, not marked yet, "
-      "they have stepped over with stoker's own entropy decoder.");
+      "decodes in this process have stepped over with them; and how many they have skimmed "
+      "with stoker's own entropy decoder (those between a mark and the first MCU used).");
+  m.def("allow_jpeg_skim", &image::detail::allow_entropy_skim, py::arg("allowed"),
+        "Whether JPEG tile decodes may skim the MCUs they do not use with stoker's own entropy "
+        "decoder (they may, unless told otherwise); returns what it was. For tests that "
+        "compare decodes made without it.");
 
   m.def(
       "decode_image",

@@ -208,26 +208,50 @@ def test_jpeg_tiles_with_tables_of_their_own_and_long_codes_decode_alike_with_ma
     assert stoker._core.jpeg_entropy_marks()[2] > skimmed
 
 
-def test_a_jpeg_tile_with_corrupt_entropy_data_decodes_alike_with_marks(tmp_path):
+@pytest.mark.parametrize("corruption", ["garbage", "a restart marker", "an end of image"])
+def test_a_jpeg_tile_with_corrupt_entropy_data_decodes_alike_with_marks(tmp_path, corruption):
     # libjpeg steps over corrupt entropy data (padding with zeros) as the usual decoders do;
     # marks are not made past the point it gave up, so later decodes give the same pixels.
+    # stoker's own entropy decoder stops where it meets a marker or a code it cannot read,
+    # and leaves the rest to libjpeg: decodes that skim give what decodes without it give.
     path = tmp_path / "corrupt.tif"
-    tifffile.imwrite(path, rgb_image((256, 256), seed=2), tile=(256, 256), compression="jpeg")
+    image = rgb_image((256, 2048), seed=2)
+    tifffile.imwrite(path, image, tile=(128, 256), compression="jpeg")
     with tifffile.TiffFile(path) as tif:
-        offset, count = tif.pages[0].dataoffsets[0], tif.pages[0].databytecounts[0]
+        tiles = list(zip(tif.pages[0].dataoffsets, tif.pages[0].databytecounts))
     data = bytearray(path.read_bytes())
-    middle = offset + count // 2
-    data[middle : middle + 64] = bytes((b * 37 + 11) % 255 for b in range(64))  # no 0xFF
+    for offset, count in tiles:
+        middle = offset + count // 2
+        if corruption == "garbage":  # no 0xFF: codes that lead anywhere
+            data[middle : middle + 64] = bytes((b * 37 + 11) % 255 for b in range(64))
+        else:  # in mid-stream, where libjpeg stops and pads the rest with zeros
+            data[middle : middle + 2] = b"\xff\xd0" if "restart" in corruption else b"\xff\xd9"
     path.write_bytes(bytes(data))
+    # (a copy for the decodes that skim: nothing decoded or marked before is found for it)
+    skimming = tmp_path / "corrupt-too.tif"
+    skimming.write_bytes(bytes(data))
+
+    def epochs(loader):
+        out = []
+        for epoch in range(3):
+            loader.set_epoch(epoch)
+            out += [b["image"].clone() for b in loader]
+        return out
+
     grid = dict(patch=48, batch=4, sampler=stoker.GridSampler(overlap=0))
-    fresh = [b["image"].clone() for b in slide_loader(path, **grid)]
-    loader = slide_loader(path, **grid)
-    for epoch in range(3):
-        loader.set_epoch(epoch)
-        got = [b["image"] for b in loader]
-        assert len(got) == len(fresh)
-        for a, b in zip(got, fresh):
-            assert torch.equal(a, b)
+    # (few small patches: a tile's part is decoded alone, from the marks before it, across
+    # the corrupt bytes)
+    small = dict(patch=40, n=16, seed=3)
+    before = stoker._core.allow_jpeg_skim(False)
+    try:
+        plain = epochs(slide_loader(path, **grid)), epochs(slide_loader(path, **small))
+    finally:
+        stoker._core.allow_jpeg_skim(before)
+    skimmed = stoker._core.jpeg_entropy_marks()[2]
+    got = epochs(slide_loader(skimming, **grid)), epochs(slide_loader(skimming, **small))
+    for want, have in zip(plain, got):
+        assert all(torch.equal(a, b) for a, b in zip(want, have, strict=True))
+    assert stoker._core.jpeg_entropy_marks()[2] > skimmed
 
 
 def pyramid(path, image, levels=3, subifds=True, **kw):

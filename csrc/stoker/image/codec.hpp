@@ -106,6 +106,10 @@ uint64_t entropy_mcus_stepped_over();
 // and the first MCU a decode uses), in this process.
 uint64_t entropy_mcus_skimmed();
 
+// Whether decodes may skim (they do unless told otherwise: a test compares decodes made
+// without it); returns what it was.
+bool allow_entropy_skim(bool allowed);
+
 // `region`: only that part of dest is written (with the same values as a whole decode):
 // rows past it are never decoded and, with libjpeg-turbo's cropping and skipping, the
 // columns and rows before it are not transformed. `marks`, when given, are used and

@@ -100,6 +100,7 @@ std::string decode_jpeg_tile(const uint8_t*, uint64_t, const uint8_t*, uint64_t,
 bool entropy_marks_work() { return false; }
 uint64_t entropy_mcus_stepped_over() { return 0; }
 uint64_t entropy_mcus_skimmed() { return 0; }
+bool allow_entropy_skim(bool) { return false; }
 std::string encode_jpeg(const uint8_t*, uint32_t, uint32_t, int, std::vector<uint8_t>&) {
   unsupported();
 }

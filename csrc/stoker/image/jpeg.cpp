@@ -493,6 +493,7 @@ using DecodeMcu = boolean (*)(j_decompress_ptr, JBLOCKROW*);
 
 std::atomic<uint64_t> mcus_stepped_over{0};
 std::atomic<uint64_t> mcus_skimmed{0};
+std::atomic<bool> skim_allowed{true};
 
 // One decode's use of a tile's marks, reached through cinfo->client_data by
 // decode_marked_mcu, which stands in for the decoder's decode_mcu.
@@ -549,6 +550,7 @@ void record(j_decompress_ptr cinfo, MarkedEntropy& m, JDIMENSION at) {
 // the skim decoder, marking each; returns the MCU it stopped at, where libjpeg's decoder
 // now stands (`from` where the skim decoder cannot start).
 JDIMENSION skim(j_decompress_ptr cinfo, MarkedEntropy& m, JDIMENSION from, JDIMENSION to) {
+  if (!skim_allowed.load(std::memory_order_relaxed)) return from;
   if (m.skim.blocks == 0) {
     bool prepared = false;
     try {  // (libjpeg called this: nothing may be thrown through it)
@@ -925,6 +927,8 @@ bool entropy_marks_work() {
 uint64_t entropy_mcus_stepped_over() { return mcus_stepped_over.load(); }
 
 uint64_t entropy_mcus_skimmed() { return mcus_skimmed.load(); }
+
+bool allow_entropy_skim(bool allowed) { return skim_allowed.exchange(allowed); }
 
 std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const uint8_t* src,
                              uint64_t size, bool rgb, const TileCheck& check, uint8_t* dest,
