@@ -5,7 +5,8 @@
 // shard or LitData chunk: a first line with its record format, "mds|a:8|b:v",
 // then the shard, 8 a TIFF), then the shard's (or the sidecar's, or the image's) bytes. A gzip file
 // (a .nii.gz) is read as a stream in uneven pieces, then finished (every trailer checked). An image
-// is decoded as Image fields decode it, directly and through the reader with blank_on_error. Array
+// is decoded as Image fields decode it, directly and through the reader with blank_on_error; a
+// JPEG also as a TIFF tile, in parts with entropy marks, skimmed and not (which must agree). Array
 // chunks are an array source's layout and its chunks (fuzz_chunks): every row is read through the
 // reader, and rows of chunks stored as they are used must equal a plain recomputation of where each
 // element lies. A TIFF's directories are parsed from memory and from a file, which must agree; each
@@ -46,6 +47,7 @@
 #include "stoker/format/sidecar.hpp"
 #include "stoker/format/tiff.hpp"
 #include "stoker/format/window_reader.hpp"
+#include "stoker/image/codec.hpp"
 #include "stoker/image/image.hpp"
 #include "stoker/io/array_layout.hpp"
 #include "stoker/io/inflate.hpp"
@@ -296,6 +298,65 @@ void read_as_ints(const std::shared_ptr<const stoker::io::FileTable>& files,
 
 }  // namespace
 
+// A JPEG, also as a TIFF tile: parts of it decoded with entropy marks, twice over (the
+// second pass from the marks the first left), with stoker's skim decoder off and then on.
+// Skimming only changes how the MCUs no part uses are stepped over: each part must end
+// with the same error, or the same pixels, either way.
+void fuzz_jpeg_tile(const uint8_t* bytes, uint64_t size) {
+  namespace detail = stoker::image::detail;
+  constexpr uint64_t kMaxPixels = 1u << 18;
+  uint32_t width = 0, height = 0, components = 0;
+  const detail::TileCheck fits = [&](uint32_t w, uint32_t h, uint32_t c) {
+    if (uint64_t(w) * h > kMaxPixels) return std::string("larger than this harness decodes");
+    width = w;
+    height = h;
+    components = c;
+    return std::string();
+  };
+  std::vector<uint8_t> pixels(kMaxPixels * 3);
+  detail::decode_jpeg_tile(nullptr, 0, bytes, size, false, fits, pixels.data(), {}, nullptr);
+  if (width == 0 || height == 0) return;
+  const detail::TileRegion parts[] = {{height / 2, height / 2 + 1, 0, width},
+                                      {height / 3, height, width / 4, width / 2 + 1},
+                                      {0, height / 4 + 1, width / 2, width},
+                                      {height - 1, height, width - 1, width}};
+  struct Outcome {
+    std::string error;
+    std::vector<uint8_t> pixels;  // the part's, row by row
+  };
+  std::vector<Outcome> outcomes[2];
+  for (int skim = 0; skim < 2; ++skim) {
+    detail::allow_entropy_skim(skim == 1);
+    detail::EntropyMarks marks;
+    for (int pass = 0; pass < 2; ++pass) {
+      for (const detail::TileRegion& part : parts) {
+        std::fill(pixels.begin(), pixels.end(), 0);
+        Outcome o;
+        o.error = detail::decode_jpeg_tile(nullptr, 0, bytes, size, false, fits, pixels.data(),
+                                           part, &marks);
+        if (o.error.empty()) {
+          const size_t row_bytes = size_t(width) * components;
+          for (uint32_t row = part.row0; row < part.row1; ++row) {
+            const uint8_t* at = pixels.data() + row * row_bytes + size_t(part.col0) * components;
+            o.pixels.insert(o.pixels.end(), at, at + size_t(part.col1 - part.col0) * components);
+          }
+        }
+        outcomes[skim].push_back(std::move(o));
+      }
+    }
+  }
+  detail::allow_entropy_skim(true);
+  for (size_t i = 0; i < outcomes[0].size(); ++i) {
+    if (outcomes[0][i].error != outcomes[1][i].error) {
+      bug("a JPEG tile's part " + std::to_string(i) + " failed differently when skimmed: \"" +
+          outcomes[0][i].error + "\" against \"" + outcomes[1][i].error + "\"");
+    }
+    if (outcomes[0][i].pixels != outcomes[1][i].pixels) {
+      bug("a JPEG tile's part " + std::to_string(i) + " decoded to other pixels when skimmed");
+    }
+  }
+}
+
 // An image: decoded into a few targets (each crop mode, both layouts) with a
 // pixel limit that keeps one input's memory small; FormatError is the expected
 // rejection. Then through the reader as one piece of a batch that blanks what
@@ -342,6 +403,7 @@ void fuzz_image(const uint8_t* bytes, uint64_t size) {
     bug(std::string("a blanking image read threw: ") + e.what());
   }
   reader().forget(file.path());
+  if (size >= 2 && bytes[0] == 0xFF && bytes[1] == 0xD8) fuzz_jpeg_tile(bytes, size);
 }
 
 // Array chunks. Eight header bytes: [0] rank (1 + %3), itemsize (1 << bits 2-3),

@@ -212,8 +212,10 @@ def test_jpeg_tiles_with_tables_of_their_own_and_long_codes_decode_alike_with_ma
 def test_a_jpeg_tile_with_corrupt_entropy_data_decodes_alike_with_marks(tmp_path, corruption):
     # libjpeg steps over corrupt entropy data (padding with zeros) as the usual decoders do;
     # marks are not made past the point it gave up, so later decodes give the same pixels.
-    # stoker's own entropy decoder stops where it meets a marker or a code it cannot read,
-    # and leaves the rest to libjpeg: decodes that skim give what decodes without it give.
+    # stoker's own entropy decoder stops where it meets a code it cannot read, and leaves
+    # the rest to libjpeg: decodes that skim give what decodes without it give. Tiles with a
+    # marker in mid-stream are not skimmed at all (libjpeg-turbo decodes them in ways that
+    # hang on how far ahead it had read).
     path = tmp_path / "corrupt.tif"
     image = rgb_image((256, 2048), seed=2)
     tifffile.imwrite(path, image, tile=(128, 256), compression="jpeg")
@@ -251,7 +253,8 @@ def test_a_jpeg_tile_with_corrupt_entropy_data_decodes_alike_with_marks(tmp_path
     got = epochs(slide_loader(skimming, **grid)), epochs(slide_loader(skimming, **small))
     for want, have in zip(plain, got):
         assert all(torch.equal(a, b) for a, b in zip(want, have, strict=True))
-    assert stoker._core.jpeg_entropy_marks()[2] > skimmed
+    after = stoker._core.jpeg_entropy_marks()[2]
+    assert after > skimmed if corruption == "garbage" else after == skimmed
 
 
 def pyramid(path, image, levels=3, subifds=True, **kw):

@@ -510,8 +510,27 @@ struct MarkedEntropy {
   // the calls between having been stepped over).
   bool positioned = true;
   uint64_t stepped_over = 0, skimmed = 0;
-  SkimScan skim;  // (skim.blocks == 0: not prepared yet; -1: the tables cannot be skimmed)
+  const uint8_t* entropy = nullptr;  // where the tile's entropy data starts
+  SkimScan skim;  // (skim.blocks == 0: not prepared yet; -1: the tile is not skimmed)
 };
+
+// Whether entropy data, from `data` to `end`, is as a conforming encoder writes it: each
+// 0xFF stuffed (followed by 0x00), and after it only the end-of-image marker (after any
+// fill bytes). libjpeg-turbo decodes other data (a marker or fill bytes mid-stream, data
+// cut short) in ways that hang on how far ahead it had read, which skimming changes
+// (found by fuzzing decodes made with and without it): such tiles are not skimmed, so
+// that every decode of them gives the same pixels and fails alike.
+bool plain_entropy_data(const uint8_t* data, const uint8_t* end) {
+  if (data == nullptr || end - data < 2 || end[-1] != 0xD9 || end[-2] != 0xFF) return false;
+  end -= 2;
+  while (end > data && end[-1] == 0xFF) --end;
+  for (const uint8_t* p = data;
+       (p = static_cast<const uint8_t*>(std::memchr(p, 0xFF, size_t(end - p)))) != nullptr;
+       p += 2) {
+    if (end - p < 2 || p[1] != 0) return false;
+  }
+  return true;
+}
 
 // Marks MCU `at` (unless it is marked) with a decoder state: `consumed` bytes of the tile,
 // the next `bits_left` bits in the low bits of `bits`, as libjpeg keeps them.
@@ -554,7 +573,8 @@ JDIMENSION skim(j_decompress_ptr cinfo, MarkedEntropy& m, JDIMENSION from, JDIME
   if (m.skim.blocks == 0) {
     bool prepared = false;
     try {  // (libjpeg called this: nothing may be thrown through it)
-      prepared = prepare_skim(cinfo, m.skim);
+      prepared =
+          plain_entropy_data(m.entropy, m.stream + m.stream_size) && prepare_skim(cinfo, m.skim);
     } catch (const std::bad_alloc&) {
     }
     if (!prepared) m.skim.blocks = -1;
@@ -847,6 +867,9 @@ std::string decode_tile(const uint8_t* tables, uint64_t tables_size, const uint8
       marked.first_col = x / align;
       marked.last_col = (x + cinfo.output_width + align - 1) / align - 1;
       marked.components = cinfo.num_components;
+      // (libjpeg has read the headers, and no entropy data yet)
+      const uint8_t* at = cinfo.src->next_input_byte;
+      if (at >= src && at <= src + size) marked.entropy = at;
       cinfo.client_data = &marked;
       huffman(&cinfo).decode_mcu = decode_marked_mcu;
     }
