@@ -7,30 +7,21 @@
 
 #include "stoker/format/parquet.hpp"
 #include "stoker/io/posix_file.hpp"
+#include "stoker/util/fnv1a.hpp"
 
 namespace stoker::format::parquet {
 
 namespace {
 
-// FNV-1a, 64 bits: a key for comparing files' layouts, not a defence against anyone.
-class LayoutKey {
+// A key for comparing files' layouts.
+class LayoutKey : public util::Fnv1a {
  public:
-  void add(const void* data, size_t size) {
-    const auto* p = static_cast<const uint8_t*>(data);
-    for (size_t i = 0; i < size; ++i) {
-      hash_ ^= p[i];
-      hash_ *= 0x100000001b3ull;
-    }
-  }
+  using Fnv1a::add;
   void add(int64_t value) { add(&value, sizeof value); }
   void add(const std::string& s) {
     add(static_cast<int64_t>(s.size()));
     add(s.data(), s.size());
   }
-  uint64_t value() const { return hash_; }
-
- private:
-  uint64_t hash_ = 0xcbf29ce484222325ull;
 };
 
 }  // namespace

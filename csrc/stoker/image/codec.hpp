@@ -117,7 +117,8 @@ bool allow_entropy_skim(bool allowed);
 // restart markers of at most three components. With them, a decode also stops after the
 // last MCU it uses, not at the end of its MCU row: whether a tile cut short fails depends
 // on where the part ends, never on what was decoded of the tile before (a restored mark
-// puts the decoder exactly where a decode from the start would be).
+// puts the decoder exactly where a decode from the start would be; stoker's skim decoder,
+// used only on tiles whose entropy data is plain, at the same bit position).
 std::string decode_jpeg_tile(const uint8_t* tables, uint64_t tables_size, const uint8_t* src,
                              uint64_t size, bool rgb, const TileCheck& check, uint8_t* dest,
                              const TileRegion& region = {}, EntropyMarks* marks = nullptr);

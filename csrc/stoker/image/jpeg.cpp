@@ -22,6 +22,7 @@
 
 #include "stoker/image/codec.hpp"
 #include "stoker/io/byte_vector.hpp"
+#include "stoker/util/fnv1a.hpp"
 
 namespace stoker::image::detail {
 
@@ -311,6 +312,8 @@ struct SkimBits {
     return left >= 32;
   }
   uint32_t peek(int bits) const { return uint32_t(buf >> (64 - bits)); }
+  // The next `left` bits in the low bits, as libjpeg keeps them.
+  uint64_t low_bits() const { return left == 0 ? 0 : buf >> (64 - left); }
   void drop(int bits) {
     buf <<= bits;
     left -= bits;
@@ -451,11 +454,11 @@ class SkimTableSet {
            std::memcmp(a.huffval, b.huffval, size_t(symbols)) == 0;
   }
   static uint64_t fingerprint(const JHUFF_TBL& t, int symbols, bool dc) {
-    uint64_t h = dc ? 0x9E3779B97F4A7C15ull : 0xC2B2AE3D27D4EB4Full;  // FNV-1a, two seeds
-    auto add = [&h](uint8_t byte) { h = (h ^ byte) * 0x100000001B3ull; };
-    for (int l = 1; l <= 16; ++l) add(t.bits[l]);
-    for (int k = 0; k < symbols; ++k) add(t.huffval[k]);
-    return h | 1;  // (0: an empty slot)
+    util::Fnv1a h;
+    h.add(&dc, sizeof dc);
+    h.add(t.bits + 1, 16);
+    h.add(t.huffval, size_t(symbols));
+    return h.value() | 1;  // (0: an empty slot)
   }
 };
 
@@ -581,27 +584,28 @@ JDIMENSION skim(j_decompress_ptr cinfo, MarkedEntropy& m, JDIMENSION from, JDIME
   }
   HuffmanDecoderHead& h = huffman(cinfo);
   if (m.skim.blocks < 0 || cinfo->unread_marker != 0) return from;
+  struct State {
+    SkimBits bits;
+    int dc[MAX_COMPS_IN_SCAN];
+  };
   const int left = h.bitstate.bits_left;
-  SkimBits b{cinfo->src->next_input_byte, m.stream + m.stream_size,
-             left == 0 ? 0 : uint64_t(h.bitstate.get_buffer) << (64 - left), left};
-  int dc[MAX_COMPS_IN_SCAN] = {};
-  for (int c = 0; c < m.components; ++c) dc[c] = h.saved.last_dc_val[c];
+  State now{{cinfo->src->next_input_byte, m.stream + m.stream_size,
+             left == 0 ? 0 : uint64_t(h.bitstate.get_buffer) << (64 - left), left},
+            {}};
+  for (int c = 0; c < m.components; ++c) now.dc[c] = h.saved.last_dc_val[c];
   JDIMENSION at = from;
   for (; at < to; ++at) {
-    const uint64_t low_bits = b.left == 0 ? 0 : b.buf >> (64 - b.left);
-    mark(m, at, size_t(b.at - m.stream), low_bits, b.left, 0, dc);
-    SkimBits next = b;
-    int next_dc[MAX_COMPS_IN_SCAN];
-    std::copy(dc, dc + MAX_COMPS_IN_SCAN, next_dc);
-    if (!skim_mcu(m.skim, next, next_dc)) break;
-    b = next;
-    std::copy(next_dc, next_dc + MAX_COMPS_IN_SCAN, dc);
+    const SkimBits& b = now.bits;
+    mark(m, at, size_t(b.at - m.stream), b.low_bits(), b.left, 0, now.dc);
+    State next = now;  // (where an MCU cannot be skimmed, libjpeg starts at its start)
+    if (!skim_mcu(m.skim, next.bits, next.dc)) break;
+    now = next;
   }
-  cinfo->src->next_input_byte = b.at;
-  cinfo->src->bytes_in_buffer = size_t(b.end - b.at);
-  h.bitstate.get_buffer = size_t(b.left == 0 ? 0 : b.buf >> (64 - b.left));
-  h.bitstate.bits_left = b.left;
-  for (int c = 0; c < m.components; ++c) h.saved.last_dc_val[c] = dc[c];
+  cinfo->src->next_input_byte = now.bits.at;
+  cinfo->src->bytes_in_buffer = size_t(now.bits.end - now.bits.at);
+  h.bitstate.get_buffer = size_t(now.bits.low_bits());
+  h.bitstate.bits_left = now.bits.left;
+  for (int c = 0; c < m.components; ++c) h.saved.last_dc_val[c] = now.dc[c];
   m.skimmed += at - from;
   return at;
 }
