@@ -28,7 +28,8 @@ workers keep them between epochs, ``persistent_workers=True``):
 
 1. ``bytes``, on every set of --sets: the image bytes and the label of every row, in
    shuffled batches of --batch-size (bytes as a list, labels as an int64 tensor).
-   stoker: ``Loader(Dataset(path), fields={"image": Bytes(), "label": Int()})``.
+   stoker: ``Loader(Dataset(path), fields={"image": Bytes(), "label": Int()})``, and the
+   same with ``shuffle=False`` (rows in order), which no target is over.
    ``datasets``: ``load_dataset("parquet", data_files=path, split="train")`` (for
    ``arrow``: ``load_from_disk``) with the image cast to ``Image(decode=False)`` and
    ``with_format("torch")``, under a DataLoader (``shuffle=True``, a collate that keeps the
@@ -37,12 +38,15 @@ workers keep them between epochs, ``persistent_workers=True``):
    cache once, when the data is written, so these rows read that cache as datasets users do.
    pyarrow: an ``IterableDataset`` giving each DataLoader worker its share of the row
    groups, in a shuffled order, read by ``ParquetFile.iter_batches(batch_size=...,
-   row_groups=..., columns=["image", "label"])`` (``arrow``: slices of the memory-mapped
-   IPC files), 0 and 2 workers; and pyarrow shuffling each sample as the other rows do: the
-   whole table (``read_table``; ``arrow``: the memory-mapped IPC files), its chunks joined
-   (``combine_chunks``), and ``take`` of each batch's rows of a permutation, 0 and 2 workers,
-   reported beside the others but left out of the target's best peer (they hold the whole
-   table in each process; the other peers read the files as they go). Ray Data:
+   row_groups=..., columns=["image", "label"])`` (``arrow``, which ``ParquetFile`` cannot
+   read: slices of --batch-size consecutive rows of the memory-mapped IPC files, reported
+   beside stoker's ``shuffle=False`` row and left out of the target's best peer, as the
+   issue's shuffled batches are not what they hand out), 0 and 2 workers; and pyarrow
+   shuffling each sample as the other rows do: the whole table (``read_table``; ``arrow``:
+   the memory-mapped IPC files), its chunks joined (``combine_chunks``), and ``take`` of
+   each batch's rows of a permutation, 0 and 2 workers, reported beside the others but left
+   out of the target's best peer (they hold the whole table in each process; the other
+   peers read the files as they go). Ray Data:
    ``read_parquet(path).select_columns([...]).iter_batches(batch_format="pyarrow",
    local_shuffle_buffer_size=1000)``, Ray started before the clock with one CPU a core
    (skipped, saying why, where it does not start).
@@ -124,14 +128,22 @@ class Entry:
     #: Holds the whole table in each process: reported beside the peers that read the
     #: files as they go, not counted among them for the target.
     in_memory: bool = False
+    #: Sets where it hands out consecutive rows unshuffled, not the shuffled batches the
+    #: target asks of stoker: reported beside stoker's unshuffled row, not counted.
+    unshuffled_on: tuple[str, ...] = ()
 
     @property
     def peer(self) -> bool:
         return not self.key.startswith(("stoker", "ceiling"))
 
+    def target_peer(self, name: str) -> bool:
+        """Counted among the best peer's candidates on set `name`."""
+        return self.peer and not self.in_memory and name not in self.unshuffled_on
+
     @property
-    def target_peer(self) -> bool:
-        return self.peer and not self.in_memory
+    def target_row(self) -> bool:
+        """stoker's row the target is over the best peer for."""
+        return self.key in ("stoker", "stoker-image")
 
 
 _DS = "datasets with_format('torch')"
@@ -140,12 +152,26 @@ _PA = "pyarrow iter_batches"
 _TAKE = "pyarrow whole table in memory + take(shuffled rows)"
 ENTRIES = (
     Entry("stoker", "stoker Loader, Bytes() + Int()", "bytes", SETS),
+    Entry("stoker-unshuffled", "stoker Loader, Bytes() + Int(), shuffle=False", "bytes", SETS),
     Entry("datasets-0", f"{_DS}, DataLoader 0 workers", "bytes", SETS),
     Entry("datasets-2", f"{_DS}, DataLoader 2 workers", "bytes", SETS, 2),
     Entry("datasets-iter-0", f"{_ITER}, DataLoader 0 workers", "bytes", SETS),
     Entry("datasets-iter-2", f"{_ITER}, DataLoader 2 workers", "bytes", SETS, 2),
-    Entry("pyarrow-0", f"{_PA} (arrow: IPC slices), DataLoader 0 workers", "bytes", SETS),
-    Entry("pyarrow-2", f"{_PA} (arrow: IPC slices), DataLoader 2 workers", "bytes", SETS, 2),
+    Entry(
+        "pyarrow-0",
+        f"{_PA} (arrow: IPC slices), DataLoader 0 workers",
+        "bytes",
+        SETS,
+        unshuffled_on=("arrow",),
+    ),
+    Entry(
+        "pyarrow-2",
+        f"{_PA} (arrow: IPC slices), DataLoader 2 workers",
+        "bytes",
+        SETS,
+        2,
+        unshuffled_on=("arrow",),
+    ),
     Entry("pyarrow-take-0", f"{_TAKE}, DataLoader 0 workers", "bytes", SETS, in_memory=True),
     Entry("pyarrow-take-2", f"{_TAKE}, DataLoader 2 workers", "bytes", SETS, 2, True),
     Entry("ray", "Ray Data read_parquet + iter_batches", "bytes", PARQUET_SETS),
@@ -452,7 +478,8 @@ def build(entry: Entry, source: str, args: argparse.Namespace):
 
         image = stoker.Image(SIZE, crop="none") if entry.kind == "image" else stoker.Bytes()
         fields = {"image": image, "label": stoker.Int()}
-        return stoker.Loader(stoker.Dataset(source), batch, fields=fields, shuffle=True, seed=0)
+        shuffle = entry.key != "stoker-unshuffled"
+        return stoker.Loader(stoker.Dataset(source), batch, fields=fields, shuffle=shuffle, seed=0)
     if base.startswith("datasets"):
         ds = _datasets(source, args.hf_cache).with_format("torch")
         collate = functools.partial(collate_rows, decode=decode)
@@ -989,7 +1016,7 @@ def report(results: dict) -> None:
                 "target",
             )
             say("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
-            peers = [r for k, r in rows.items() if ENTRY[k].target_peer]
+            peers = [r for k, r in rows.items() if ENTRY[k].target_peer(name)]
             best = max((_rate(r) for r in peers), default=0.0) or None
             top = _rate(rows.get("ceiling", [])) or None
             later_best = max((_later_rate(r) or 0.0 for r in peers), default=0.0)
@@ -1008,7 +1035,7 @@ def report(results: dict) -> None:
                 if later and later_top and key != "ceiling":
                     x_later_top = later / later_top
                 met = ""
-                if key.startswith("stoker") and x_best is not None:
+                if entry.target_row and x_best is not None:
                     met = f">= {target:g}x: 1st epoch {'met' if x_best >= target else 'NOT met'}"
                     if x_later is not None:
                         met += f", later {'met' if x_later >= target else 'NOT met'}"
@@ -1024,23 +1051,28 @@ def report(results: dict) -> None:
                     "later_rate": later,
                     "later_x_best_peer": x_later,
                 }
-            _report_in_memory(rows)
+            _report_beside(rows, name)
     _report_small(results, summary)
 
 
-def _report_in_memory(rows: dict) -> None:
-    """stoker over each peer that holds the whole table, which the target leaves out."""
+def _report_beside(rows: dict, name: str) -> None:
+    """stoker over each peer the target leaves out on set `name`, and why it does."""
     ours = [k for k in rows if k.startswith("stoker") and _good(rows[k])]
     for key, runs in rows.items():
-        if not (ENTRY[key].in_memory and _good(runs)) or not ours:
+        entry = ENTRY[key]
+        if not entry.peer or entry.target_peer(name) or not _good(runs):
             continue
+        if entry.in_memory:
+            why = "it holds the whole table in each process"
+        else:
+            why = "it hands out consecutive rows, unshuffled, as stoker's shuffle=False row does"
         for mine in ours:
             first = _rate(rows[mine]) / _rate(runs)
             later = _later_rate(rows[mine]), _later_rate(runs)
             again = f", later {later[0] / later[1]:.1f}x" if later[0] and later[1] else ""
             say(
-                f"- {ENTRY[mine].label} over {ENTRY[key].label} (not a target peer: it holds "
-                f"the whole table in each process): 1st epoch {first:.1f}x{again}"
+                f"- {ENTRY[mine].label} over {entry.label} (not a target peer: {why}): "
+                f"1st epoch {first:.1f}x{again}"
             )
 
 
